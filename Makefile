@@ -1,0 +1,47 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck unit e2e testenv bench crd clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+## demo: render the default GPU stack and print what each component deploys
+demo: $(STAMP)
+	$(BIN)/gpu-operator render --summary
+
+## test: every check and test, e2e against a real local control plane
+test: lint typecheck testenv
+	$(BIN)/pytest -q tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+e2e: $(STAMP) testenv
+	$(BIN)/pytest -q tests/e2e
+
+## testenv: build (once, cached) etcd, kube-apiserver, kcm, kube-scheduler and kwok
+testenv:
+	hack/build-components.sh
+
+bench: $(STAMP)
+	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+crd: $(STAMP)
+	$(BIN)/gpu-operator crd > crds/clusterpolicy.yaml
+
+clean:
+	rm -rf $(VENV) .testenv build dist src/*.egg-info

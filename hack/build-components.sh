@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok from their Go
+# modules into a versioned cache directory outside the repository. Idempotent: a binary that is
+# already cached is not rebuilt. Prints the bin directory on its last line.
+set -euo pipefail
+
+K8S_VERSION=${K8S_VERSION:-v1.34.4}
+ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
+KWOK_VERSION=${KWOK_VERSION:-v0.7.0}
+CACHE_ROOT=${TESTENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-operator-testenv}
+KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}"
+BIN="$CACHE_ROOT/$KEY/bin"
+WORK="$CACHE_ROOT/$KEY/src"
+export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
+
+mkdir -p "$BIN" "$WORK"
+command -v go >/dev/null || { echo "testenv: Go toolchain not found on PATH" >&2; exit 3; }
+
+log() { echo "testenv: $*" >&2; }
+
+build_k8s() {
+  local mod="$WORK/kubernetes"
+  mkdir -p "$mod"
+  if [ ! -f "$mod/go.mod" ]; then
+    log "preparing k8s.io/kubernetes $K8S_VERSION module"
+    local upstream minor
+    upstream=$(curl -fsSL "$(go env GOPROXY | cut -d, -f1)/k8s.io/kubernetes/@v/${K8S_VERSION}.mod")
+    minor="v0.${K8S_VERSION#v1.}"
+    {
+      echo "module testenv/kubernetes"
+      echo
+      echo "go $(echo "$upstream" | awk '/^go /{print $2; exit}')"
+      echo
+      echo "require k8s.io/kubernetes $K8S_VERSION"
+      echo
+      echo "$upstream" | awk '/=> \.\/staging\//{print $1}' | sort -u | while read -r m; do
+        echo "replace $m => $m $minor"
+      done
+    } >"$mod/go.mod.tmp"
+    mv "$mod/go.mod.tmp" "$mod/go.mod"
+    cat >"$mod/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+)
+GO
+    (cd "$mod" && go mod tidy -e >/dev/null 2>&1 || true)
+  fi
+  for cmd in kube-apiserver kube-controller-manager kube-scheduler; do
+    if [ ! -x "$BIN/$cmd" ]; then
+      log "building $cmd $K8S_VERSION (first build takes many minutes)"
+      (cd "$mod" && go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2)" -o "$BIN/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd")
+      mv "$BIN/$cmd.tmp" "$BIN/$cmd"
+    fi
+  done
+}
+
+build_etcd() {
+  [ -x "$BIN/etcd" ] && return
+  log "building etcd $ETCD_VERSION"
+  local mod="$WORK/etcd"
+  mkdir -p "$mod"
+  if [ ! -f "$mod/go.mod" ]; then
+    printf 'module testenv/etcd\n\ngo 1.24\n\nrequire go.etcd.io/etcd/server/v3 %s\n' "$ETCD_VERSION" >"$mod/go.mod"
+    printf '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3/etcdmain"\n' >"$mod/tools.go"
+    cat >"$mod/main.go" <<'GO'
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+GO
+    (cd "$mod" && go mod tidy >/dev/null)
+  fi
+  (cd "$mod" && go build -trimpath -ldflags "-s -w" -o "$BIN/etcd.tmp" .)
+  mv "$BIN/etcd.tmp" "$BIN/etcd"
+}
+
+build_kwok() {
+  [ -x "$BIN/kwok" ] && return
+  log "building kwok $KWOK_VERSION"
+  GOBIN="$BIN" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+}
+
+case "${1:-all}" in
+  all) build_etcd; build_kwok; build_k8s ;;
+  etcd) build_etcd ;;
+  kwok) build_kwok ;;
+  kubernetes) build_k8s ;;
+  *) echo "usage: $0 [all|etcd|kwok|kubernetes]" >&2; exit 2 ;;
+esac
+echo "$BIN"

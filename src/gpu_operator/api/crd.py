@@ -1,0 +1,124 @@
+"""The ClusterPolicy CRD, generated from the pydantic models.
+
+pydantic's JSON Schema is turned into a structural OpenAPI v3 schema: references inlined,
+optional unions collapsed, ``int | str`` made ``x-kubernetes-int-or-string``, and only the
+defaults NVIDIA's schema publishes kept (``x-crd-default``), so the apiserver fills in what
+NVIDIA's would and nothing more.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_operator.api.policy import GROUP, KIND, PLURAL, VERSION
+from gpu_operator.api.spec import ClusterPolicySpec
+from gpu_operator.api.status import ClusterPolicyStatus
+
+_DROP = {"title", "default", "x-crd-default", "$defs"}
+
+
+def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return _structural(merged, defs)
+    if "anyOf" in node:
+        branches = [b for b in node["anyOf"] if b.get("type") != "null"]
+        rest = {k: v for k, v in node.items() if k != "anyOf"}
+        types = {b.get("type") for b in branches}
+        if len(branches) == 1:
+            return _structural({**branches[0], **rest}, defs)
+        if types == {"integer", "string"}:
+            return _structural({"x-kubernetes-int-or-string": True, **rest}, defs)
+        raise ValueError(f"cannot express union {branches} in a structural schema")
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROP:
+            continue
+        if key == "properties":
+            out[key] = {name: _structural(sub, defs) for name, sub in value.items()}
+        elif key in ("items",) or (key == "additionalProperties" and isinstance(value, dict)):
+            out[key] = _structural(value, defs)
+        elif key == "const":
+            out["enum"] = [value]
+        elif key == "additionalProperties" and value is False:
+            continue  # unknown fields are pruned (or refused by kubectl's strict validation)
+        elif key == "propertyNames":
+            continue  # key patterns are checked by the models
+        elif key == "patternProperties":
+            # Structural schemas have no patternProperties: keep the value schema only.
+            (value_schema,) = value.values()
+            out["additionalProperties"] = _structural(value_schema, defs)
+        elif key == "required":
+            out[key] = sorted(value)
+        else:
+            out[key] = value
+    if "x-crd-default" in node:
+        out["default"] = node["x-crd-default"]
+    if out.get("x-kubernetes-preserve-unknown-fields") and "additionalProperties" in out:
+        del out["additionalProperties"]
+    if "enum" in out and "type" not in out:
+        out["type"] = _type_of(out["enum"][0])
+    if "properties" in out or out.get("x-kubernetes-preserve-unknown-fields"):
+        out.setdefault("type", "object")
+    return out
+
+
+def _type_of(value: Any) -> str:
+    return {bool: "boolean", int: "integer", str: "string"}[type(value)]
+
+
+def openapi_schema(model: type[Any]) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    return _structural(raw, raw.get("$defs", {}))
+
+
+def clusterpolicy_crd() -> dict[str, Any]:
+    spec_schema = openapi_schema(ClusterPolicySpec)
+    spec_schema["description"] = "Desired state of the GPU stack on every GPU node."
+    status_schema = openapi_schema(ClusterPolicyStatus)
+    status_schema["description"] = "Observed state, written by the operator."
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{PLURAL}.{GROUP}",
+            "labels": {"app.kubernetes.io/part-of": "gpu-operator"},
+        },
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": KIND.lower(),
+            },
+            "scope": "Cluster",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": "Status", "type": "string", "jsonPath": ".status.state"},
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "ClusterPolicy configures the NVIDIA GPU stack "
+                            "the operator installs and runs on GPU nodes.",
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema,
+                                "status": status_schema,
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }

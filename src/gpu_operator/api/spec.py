@@ -1,0 +1,383 @@
+"""ClusterPolicy ``spec``: every section of NVIDIA's nvidia.com/v1 schema.
+
+Sections the operator acts on are typed strictly. Sections it does not implement yet (sandbox,
+vGPU, VFIO, Kata, confidential computing, GDS, GDRCopy, PSP) are ``OpenSection``s: accepted,
+preserved, and reported in status as not implemented when enabled.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, StringConstraints
+
+from gpu_operator.api.base import (
+    INT_OR_PERCENT,
+    ApiModel,
+    Component,
+    ConfigRef,
+    EnvOnly,
+    EnvVar,
+    ImageRef,
+    IntOrPercent,
+    NamedConfig,
+    NonNegativeInt,
+    OpenSection,
+    Probe,
+    ServiceMonitor,
+    Toleration,
+    crd_default,
+)
+
+MigStrategy = Literal["none", "single", "mixed"]
+
+
+class OperatorMetrics(ApiModel):
+    service_monitor: ServiceMonitor | None = None
+
+
+class OperatorSpec(ApiModel):
+    default_runtime: Literal["containerd", "crio", "docker"] | None = Field(
+        default=None, description="Container runtime of GPU nodes when it cannot be detected."
+    )
+    runtime_class: str | None = Field(default=None, json_schema_extra=crd_default("nvidia"))
+    init_container: ImageRef | None = None
+    use_ocp_driver_toolkit: bool | None = Field(default=None, alias="use_ocp_driver_toolkit")
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    metrics: OperatorMetrics | None = None
+
+
+class SeccompProfile(ApiModel):
+    type: Literal["RuntimeDefault", "Unconfined", "Localhost"]
+    localhost_profile: str | None = None
+
+
+class SELinuxOptions(ApiModel):
+    level: str | None = None
+    role: str | None = None
+    type: str | None = None
+    user: str | None = None
+
+
+class Sysctl(ApiModel):
+    name: str
+    value: str
+
+
+class WindowsOptions(ApiModel):
+    gmsa_credential_spec: str | None = None
+    gmsa_credential_spec_name: str | None = None
+    host_process: bool | None = None
+    run_as_user_name: str | None = None
+
+
+class PodSecurityContext(ApiModel):
+    app_armor_profile: SeccompProfile | None = None
+    fs_group: int | None = None
+    fs_group_change_policy: Literal["OnRootMismatch", "Always"] | None = None
+    run_as_group: int | None = None
+    run_as_non_root: bool | None = None
+    run_as_user: int | None = None
+    se_linux_change_policy: str | None = Field(default=None, alias="seLinuxChangePolicy")
+    se_linux_options: SELinuxOptions | None = Field(default=None, alias="seLinuxOptions")
+    seccomp_profile: SeccompProfile | None = None
+    supplemental_groups: list[int] | None = None
+    supplemental_groups_policy: Literal["Merge", "Strict"] | None = None
+    sysctls: list[Sysctl] | None = None
+    windows_options: WindowsOptions | None = None
+
+
+class RollingUpdate(ApiModel):
+    max_unavailable: Annotated[str, StringConstraints(pattern=INT_OR_PERCENT)] | None = Field(
+        default=None, description='Pods of one DaemonSet down at once: "1" or "25%".'
+    )
+
+
+LabelName = Annotated[
+    str,
+    StringConstraints(
+        pattern=r"^([A-Za-z0-9.\-]+/)?[A-Za-z0-9]([A-Za-z0-9_.\-]*[A-Za-z0-9])?$", max_length=316
+    ),
+]
+
+
+class DaemonsetsSpec(ApiModel):
+    """Settings shared by every operand DaemonSet."""
+
+    labels: dict[LabelName, Annotated[str, StringConstraints(max_length=63)]] | None = None
+    annotations: dict[str, str] | None = None
+    tolerations: list[Toleration] | None = None
+    priority_class_name: str | None = None
+    update_strategy: Literal["RollingUpdate", "OnDelete"] | None = Field(
+        default=None, json_schema_extra=crd_default("RollingUpdate")
+    )
+    rolling_update: RollingUpdate | None = None
+    pod_security_context: PodSecurityContext | None = None
+
+
+class DriverManager(ImageRef):
+    env: list[EnvVar] | None = None
+
+
+class DrainSpec(ApiModel):
+    enable: bool | None = Field(default=None, json_schema_extra=crd_default(False))
+    force: bool | None = Field(default=None, json_schema_extra=crd_default(False))
+    pod_selector: str | None = None
+    timeout_seconds: NonNegativeInt | None = Field(default=None, json_schema_extra=crd_default(300))
+    delete_empty_dir: bool | None = Field(default=None, json_schema_extra=crd_default(False))
+
+
+class PodDeletionSpec(ApiModel):
+    force: bool | None = Field(default=None, json_schema_extra=crd_default(False))
+    timeout_seconds: NonNegativeInt | None = Field(default=None, json_schema_extra=crd_default(300))
+    delete_empty_dir: bool | None = Field(default=None, json_schema_extra=crd_default(False))
+
+
+class WaitForCompletionSpec(ApiModel):
+    pod_selector: str | None = None
+    timeout_seconds: NonNegativeInt | None = Field(default=None, json_schema_extra=crd_default(0))
+
+
+class UpgradePolicy(ApiModel):
+    auto_upgrade: bool | None = Field(
+        default=None,
+        description="Roll new driver versions across nodes automatically.",
+        json_schema_extra=crd_default(False),
+    )
+    max_parallel_upgrades: NonNegativeInt | None = Field(
+        default=None,
+        description="Nodes upgraded at once; 0 means no limit.",
+        json_schema_extra=crd_default(1),
+    )
+    max_unavailable: IntOrPercent | None = Field(
+        default=None,
+        description='Nodes that may be unavailable at once, a count or a percent such as "25%".',
+        json_schema_extra=crd_default("25%"),
+    )
+    pod_deletion: PodDeletionSpec | None = None
+    wait_for_completion: WaitForCompletionSpec | None = None
+    drain: DrainSpec | None = None
+
+
+class RdmaSpec(ApiModel):
+    enabled: bool | None = None
+    use_host_mofed: bool | None = None
+
+
+class LicensingConfig(ApiModel):
+    config_map_name: str | None = None
+    secret_name: str | None = None
+    nls_enabled: bool | None = None
+
+
+class RepoConfig(ApiModel):
+    config_map_name: str | None = None
+
+
+class VirtualTopology(ApiModel):
+    config: str | None = None
+
+
+class DriverSpec(Component):
+    use_nvidia_driver_crd: bool | None = Field(default=None, alias="useNvidiaDriverCRD")
+    use_open_kernel_modules: bool | None = None
+    kernel_module_type: Literal["auto", "open", "proprietary"] | None = Field(
+        default=None, json_schema_extra=crd_default("auto")
+    )
+    use_precompiled: bool | None = None
+    startup_probe: Probe | None = None
+    liveness_probe: Probe | None = None
+    readiness_probe: Probe | None = None
+    manager: DriverManager | None = None
+    rdma: RdmaSpec | None = None
+    repo_config: RepoConfig | None = None
+    cert_config: ConfigRef | None = None
+    licensing_config: LicensingConfig | None = None
+    virtual_topology: VirtualTopology | None = None
+    kernel_module_config: ConfigRef | None = None
+    secret_env: str | None = None
+    upgrade_policy: UpgradePolicy | None = None
+
+
+class ToolkitSpec(Component):
+    install_dir: str | None = Field(
+        default=None, json_schema_extra=crd_default("/usr/local/nvidia")
+    )
+
+
+class MpsSpec(ApiModel):
+    root: str | None = Field(default=None, json_schema_extra=crd_default("/run/nvidia/mps"))
+
+
+class DevicePluginSpec(Component):
+    config: NamedConfig | None = Field(
+        default=None,
+        description="ConfigMap of named device-plugin configs; nodes pick one with label "
+        "nvidia.com/device-plugin.config.",
+    )
+    mps: MpsSpec | None = None
+
+
+class DcgmSpec(Component):
+    enabled: bool = False
+    host_port: int | None = Field(default=None, ge=1, le=65535)
+
+
+class HpcJobMapping(ApiModel):
+    enabled: bool | None = None
+    directory: str | None = None
+
+
+class ExporterService(ApiModel):
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] | None = None
+    internal_traffic_policy: Literal["Cluster", "Local"] | None = None
+
+
+class DcgmExporterSpec(Component):
+    config: ConfigRef | None = Field(
+        default=None, description="ConfigMap holding the metrics CSV (dcgm-exporter format)."
+    )
+    annotations: dict[str, str] | None = None
+    enable_pod_labels: bool | None = None
+    enable_pod_uid: bool | None = Field(default=None, alias="enablePodUID")
+    host_pid: bool | None = Field(default=None, alias="hostPID")
+    hpc_job_mapping: HpcJobMapping | None = None
+    pod_label_allowlist_regex: list[str] | None = None
+    service: ExporterService | None = None
+    service_monitor: ServiceMonitor | None = None
+
+
+class NodeStatusExporterSpec(Component):
+    enabled: bool = False
+
+
+class GfdSpec(Component):
+    pass
+
+
+class MigSpec(ApiModel):
+    strategy: MigStrategy | None = Field(
+        default=None, description="How MIG devices are exposed: none, single or mixed."
+    )
+
+
+class MigManagerConfig(NamedConfig):
+    default: Literal["all-disabled", ""] | None = Field(
+        default=None, json_schema_extra=crd_default("all-disabled")
+    )
+
+
+class MigManagerSpec(Component):
+    config: MigManagerConfig | None = None
+    gpu_clients_config: ConfigRef | None = None
+
+
+class ValidatorSpec(Component):
+    plugin: EnvOnly | None = None
+    driver: EnvOnly | None = None
+    toolkit: EnvOnly | None = None
+    cuda: EnvOnly | None = None
+    vfio_pci: EnvOnly | None = Field(default=None, alias="vfioPCI")
+    vgpu_manager: EnvOnly | None = None
+    vgpu_devices: EnvOnly | None = None
+
+
+class EnabledOnly(ApiModel):
+    enabled: bool | None = None
+
+
+class CdiSpec(ApiModel):
+    enabled: bool | None = Field(default=None, json_schema_extra=crd_default(True))
+    default: bool | None = Field(default=None, json_schema_extra=crd_default(False))
+    nri_plugin_enabled: bool | None = Field(default=None, json_schema_extra=crd_default(False))
+
+
+class HostPathsSpec(ApiModel):
+    root_fs: str | None = Field(default=None, alias="rootFS")
+    driver_install_dir: str | None = None
+    kubelet_root_dir: str | None = Field(
+        default=None, json_schema_extra=crd_default("/var/lib/kubelet")
+    )
+
+
+class SandboxWorkloadsSpec(ApiModel):
+    enabled: bool | None = None
+    default_workload: Literal["container", "vm-passthrough", "vm-vgpu"] | None = Field(
+        default=None, json_schema_extra=crd_default("container")
+    )
+    mode: Literal["kubevirt", "kata"] | None = Field(
+        default=None, json_schema_extra=crd_default("kubevirt")
+    )
+
+
+class GpuNodeTaint(ApiModel):
+    """This project's addition: the taint that keeps non-GPU workloads off GPU nodes."""
+
+    enabled: bool = True
+    key: str = "nvidia.com/gpu"
+    value: str = "present"
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+
+
+class ClusterPolicySpec(ApiModel):
+    operator: OperatorSpec = Field(default_factory=OperatorSpec)
+    daemonsets: DaemonsetsSpec = Field(default_factory=DaemonsetsSpec)
+    driver: DriverSpec = Field(default_factory=DriverSpec)
+    toolkit: ToolkitSpec = Field(default_factory=ToolkitSpec)
+    device_plugin: DevicePluginSpec = Field(default_factory=DevicePluginSpec)
+    dcgm: DcgmSpec = Field(default_factory=DcgmSpec)
+    dcgm_exporter: DcgmExporterSpec = Field(default_factory=DcgmExporterSpec)
+    node_status_exporter: NodeStatusExporterSpec = Field(default_factory=NodeStatusExporterSpec)
+    gfd: GfdSpec = Field(default_factory=GfdSpec)
+    mig: MigSpec = Field(default_factory=MigSpec)
+    mig_manager: MigManagerSpec = Field(default_factory=MigManagerSpec)
+    validator: ValidatorSpec = Field(default_factory=ValidatorSpec)
+    cdi: CdiSpec = Field(default_factory=CdiSpec)
+    host_paths: HostPathsSpec = Field(default_factory=HostPathsSpec)
+    psa: EnabledOnly = Field(default_factory=EnabledOnly)
+    sandbox_workloads: SandboxWorkloadsSpec = Field(default_factory=SandboxWorkloadsSpec)
+    gpu_node_taint: GpuNodeTaint = Field(
+        default_factory=GpuNodeTaint,
+        description="Taint put on GPU nodes so only pods that tolerate it land there "
+        "(gpu-operator addition; NVIDIA's operator sets none).",
+    )
+    # Accepted and preserved, not acted on.
+    psp: OpenSection = Field(default_factory=OpenSection)
+    gds: OpenSection = Field(default_factory=OpenSection)
+    gdrcopy: OpenSection = Field(default_factory=OpenSection)
+    sandbox_device_plugin: OpenSection = Field(default_factory=OpenSection)
+    kata_sandbox_device_plugin: OpenSection = Field(default_factory=OpenSection)
+    vfio_manager: OpenSection = Field(default_factory=OpenSection)
+    vgpu_manager: OpenSection = Field(default_factory=OpenSection)
+    vgpu_device_manager: OpenSection = Field(default_factory=OpenSection)
+    kata_manager: OpenSection = Field(default_factory=OpenSection)
+    cc_manager: OpenSection = Field(default_factory=OpenSection)
+
+    def unimplemented_enabled(self) -> list[str]:
+        """Enabled sections this operator accepts but does not act on, by wire name.
+
+        The sandbox-family operands only run when sandboxWorkloads is enabled, as in NVIDIA's
+        operator, so their default ``enabled: true`` in NVIDIA's Helm values is not reported.
+        """
+        sandbox_only = {
+            "sandboxDevicePlugin",
+            "kataSandboxDevicePlugin",
+            "vfioManager",
+            "vgpuManager",
+            "vgpuDeviceManager",
+            "kataManager",
+            "ccManager",
+        }
+        names = []
+        for field_name, info in type(self).model_fields.items():
+            section = getattr(self, field_name)
+            if not isinstance(section, OpenSection) or not section.enabled:
+                continue
+            wire = info.alias or field_name
+            if wire in sandbox_only and not self.sandbox_workloads.enabled:
+                continue
+            names.append(wire)
+        if self.sandbox_workloads.enabled:
+            names.insert(0, "sandboxWorkloads")
+        return names
