@@ -1,0 +1,68 @@
+"""Install or upgrade the ClusterPolicy CRD at start-up, so the operator never runs against a
+stale schema (a frequent failure with NVIDIA's operator, whose Helm chart does not upgrade CRDs).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from gpu_operator import __version__
+from gpu_operator.api.crd import clusterpolicy_crd
+from gpu_operator.controller.kube import Kube
+from gpu_operator.controller.plan import content_hash
+
+log = logging.getLogger(__name__)
+
+VERSION_ANNOTATION = "nvidia.com/gpu-operator.version"
+SCHEMA_ANNOTATION = "nvidia.com/gpu-operator.schema-hash"
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.lstrip("v").split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def needs_update(current: dict[str, Any] | None, desired: dict[str, Any]) -> bool:
+    """Missing, older, or the same version with another schema: apply. Newer: leave it."""
+    if current is None:
+        return True
+    have = (current.get("metadata") or {}).get("annotations") or {}
+    want = desired["metadata"]["annotations"]
+    have_version = _version_tuple(have.get(VERSION_ANNOTATION, "0"))
+    want_version = _version_tuple(want[VERSION_ANNOTATION])
+    if have_version != want_version:
+        return have_version < want_version
+    return bool(have.get(SCHEMA_ANNOTATION) != want[SCHEMA_ANNOTATION])
+
+
+def desired_crd() -> dict[str, Any]:
+    crd = clusterpolicy_crd()
+    crd["metadata"]["annotations"] = {
+        VERSION_ANNOTATION: __version__,
+        SCHEMA_ANNOTATION: content_hash(crd["spec"]),
+    }
+    return crd
+
+
+def ensure_crd(kube: Kube, timeout: float = 60.0) -> bool:
+    """Apply the CRD when needed and wait until it is Established; True when it was applied."""
+    crd = desired_crd()
+    name = crd["metadata"]["name"]
+    current = kube.get("CustomResourceDefinition", name)
+    if not needs_update(current, crd):
+        return False
+    log.info("installing CustomResourceDefinition %s (version %s)", name, __version__)
+    kube.apply(crd)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = kube.get("CustomResourceDefinition", name) or {}
+        conditions = (got.get("status") or {}).get("conditions") or []
+        if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+            return True
+        time.sleep(0.2)
+    raise TimeoutError(f"CustomResourceDefinition {name} not Established after {timeout:.0f}s")

@@ -1,0 +1,94 @@
+"""From observed cluster state to the inputs of ``render`` and of node labelling (pure)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gpu_operator.api.spec import ClusterPolicySpec
+from gpu_operator.controller.nodes import NodePolicy, NodeView, Taint, is_gpu_node
+from gpu_operator.render.components import REGISTRY, section
+from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE, Facts, NodeOS, Runtime
+
+OS_ID = "feature.node.kubernetes.io/system-os_release.ID"
+OS_VERSION = "feature.node.kubernetes.io/system-os_release.VERSION_ID"
+NFD_PREFIX = "feature.node.kubernetes.io/"
+_RUNTIMES: dict[str, Runtime] = {"containerd": "containerd", "cri-o": "crio", "docker": "docker"}
+
+
+def node_os(node: NodeView) -> NodeOS | None:
+    os_id, version = node.labels.get(OS_ID), node.labels.get(OS_VERSION)
+    if not os_id or not version:
+        return None
+    return NodeOS(os_id.lower(), version)
+
+
+def detect_runtime(nodes: Iterable[NodeView], fallback: Runtime) -> Runtime:
+    """The runtime most GPU nodes report (``containerd://1.7.27`` -> containerd)."""
+    seen: Counter[Runtime] = Counter()
+    for node in nodes:
+        scheme = node.container_runtime.split("://", 1)[0]
+        if scheme in _RUNTIMES:
+            seen[_RUNTIMES[scheme]] += 1
+    return seen.most_common(1)[0][0] if seen else fallback
+
+
+def referenced_configmaps(spec: ClusterPolicySpec) -> tuple[str, ...]:
+    """User ConfigMaps whose content shapes operand pods (edits must roll those pods)."""
+    names = []
+    for ref in (spec.device_plugin.config, spec.mig_manager.config, spec.dcgm_exporter.config):
+        if ref is not None and ref.name:
+            names.append(ref.name)
+    return tuple(names)
+
+
+def configmap_hash(configmap: Mapping[str, Any]) -> str:
+    data = {"data": configmap.get("data") or {}, "binaryData": configmap.get("binaryData") or {}}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def gather_facts(
+    nodes: Iterable[NodeView],
+    spec: ClusterPolicySpec,
+    *,
+    namespace: str,
+    configmaps: Mapping[str, Mapping[str, Any]],
+    operator_image: str = DEFAULT_OPERATOR_IMAGE,
+    image_env: Mapping[str, str] | None = None,
+) -> Facts:
+    gpu_nodes = [n for n in nodes if is_gpu_node(n)]
+    oses = sorted({os for n in gpu_nodes if (os := node_os(n)) is not None})
+    fallback: Runtime = spec.operator.default_runtime or "containerd"
+    hashes = {
+        name: configmap_hash(configmaps[name])
+        for name in referenced_configmaps(spec)
+        if name in configmaps
+    }
+    return Facts(
+        namespace=namespace,
+        runtime=detect_runtime(gpu_nodes, fallback),
+        node_oses=tuple(oses),
+        operator_image=operator_image,
+        image_env=dict(image_env or {}),
+        config_hashes=hashes,
+    )
+
+
+def node_policy(spec: ClusterPolicySpec) -> NodePolicy:
+    """What every GPU node should carry under ``spec``."""
+    taint = spec.gpu_node_taint
+    mig_default = spec.mig_manager.config.default if spec.mig_manager.config else None
+    return NodePolicy(
+        deploy=tuple(c.name for c in REGISTRY if section(spec, c).enabled),
+        mig_only=frozenset(c.name for c in REGISTRY if c.mig_capable_only),
+        known=tuple(c.name for c in REGISTRY),
+        taint=Taint(taint.key, taint.value, taint.effect) if taint.enabled else None,
+        default_mig_config="all-disabled" if mig_default is None else (mig_default or None),
+    )
+
+
+def nfd_present(nodes: Iterable[NodeView]) -> bool:
+    return any(k.startswith(NFD_PREFIX) for n in nodes for k in n.labels)

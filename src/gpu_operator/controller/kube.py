@@ -1,0 +1,216 @@
+"""The operator's only door to the API server: a few REST verbs over the official client.
+
+Objects travel as plain dicts. Writes use one field manager. Nothing here decides anything.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+FIELD_MANAGER = "gpu-operator"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_SELECTOR = f"{MANAGED_BY}=gpu-operator"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """Where a kind lives in the REST tree."""
+
+    api_version: str
+    kind: str
+    plural: str
+    namespaced: bool
+
+    def collection(self, namespace: str | None = None) -> str:
+        base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        if self.namespaced and namespace:
+            return f"{base}/namespaces/{quote(namespace, safe='')}/{self.plural}"
+        return f"{base}/{self.plural}"
+
+    def item(self, name: str, namespace: str | None = None) -> str:
+        return f"{self.collection(namespace)}/{quote(name, safe='')}"
+
+
+KINDS: dict[str, Kind] = {
+    k.kind: k
+    for k in (
+        Kind("v1", "Namespace", "namespaces", False),
+        Kind("v1", "Node", "nodes", False),
+        Kind("v1", "Pod", "pods", True),
+        Kind("v1", "ConfigMap", "configmaps", True),
+        Kind("v1", "Secret", "secrets", True),
+        Kind("v1", "Service", "services", True),
+        Kind("v1", "ServiceAccount", "serviceaccounts", True),
+        Kind("v1", "Event", "events", True),
+        Kind("apps/v1", "DaemonSet", "daemonsets", True),
+        Kind("apps/v1", "ControllerRevision", "controllerrevisions", True),
+        Kind("rbac.authorization.k8s.io/v1", "Role", "roles", True),
+        Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", True),
+        Kind("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", False),
+        Kind("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "clusterrolebindings", False),
+        Kind("node.k8s.io/v1", "RuntimeClass", "runtimeclasses", False),
+        Kind("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors", True),
+        Kind("nvidia.com/v1", "ClusterPolicy", "clusterpolicies", False),
+        Kind(
+            "apiextensions.k8s.io/v1",
+            "CustomResourceDefinition",
+            "customresourcedefinitions",
+            False,
+        ),
+        Kind("coordination.k8s.io/v1", "Lease", "leases", True),
+    )
+}
+
+
+def kind_of(obj: Mapping[str, Any]) -> Kind:
+    return KINDS[obj["kind"]]
+
+
+class Kube:
+    """Blocking REST calls; the async shell runs them in worker threads."""
+
+    def __init__(self, api: k8s.ApiClient) -> None:
+        self.api = api
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float | None = 30.0,
+    ) -> Any:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        method, url, headers, body, _ = self.api.param_serialize(
+            method,
+            path,
+            query_params=list((query or {}).items()),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        resp = self.api.call_api(
+            method, url, header_params=headers, body=body, _request_timeout=timeout
+        )
+        data: bytes = resp.read()  # type: ignore[no-untyped-call]
+        if resp.status >= 400:
+            raise ApiException(
+                status=resp.status, reason=resp.reason, body=data.decode(errors="replace")
+            )
+        return json.loads(data) if data else None
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = self.request("GET", KINDS[kind].item(name, namespace))
+            return obj
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list_objects(
+        self,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[dict[str, Any]]:
+        query = {}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        if field_selector:
+            query["fieldSelector"] = field_selector
+        items: list[dict[str, Any]] = []
+        for page in self._pages(KINDS[kind].collection(namespace), query):
+            items.extend(page)
+        return items
+
+    def _pages(self, path: str, query: dict[str, str]) -> Iterator[list[dict[str, Any]]]:
+        query = {**query, "limit": "500"}
+        while True:
+            data = self.request("GET", path, query=query)
+            yield data.get("items") or []
+            token = (data.get("metadata") or {}).get("continue")
+            if not token:
+                return
+            query["continue"] = token
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def apply(self, obj: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        """Server-side apply with the operator's field manager, taking over conflicting fields."""
+        kind = kind_of(obj)
+        meta = obj["metadata"]
+        query = {"fieldManager": FIELD_MANAGER, "force": "true"}
+        if dry_run:
+            query["dryRun"] = "All"
+        result: dict[str, Any] = self.request(
+            "PATCH",
+            kind.item(meta["name"], meta.get("namespace")),
+            query=query,
+            body=dict(obj),
+            content_type="application/apply-patch+yaml",
+        )
+        return result
+
+    def delete(self, kind: str, name: str, namespace: str | None = None) -> bool:
+        """Delete in the background (dependents go by GC); False when it was already gone."""
+        try:
+            self.request(
+                "DELETE",
+                KINDS[kind].item(name, namespace),
+                body={"propagationPolicy": "Background"},
+            )
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    def merge_patch(
+        self,
+        kind: str,
+        name: str,
+        patch: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
+        path = KINDS[kind].item(name, namespace)
+        if subresource:
+            path += f"/{subresource}"
+        result: dict[str, Any] = self.request(
+            "PATCH", path, body=dict(patch), content_type="application/merge-patch+json"
+        )
+        return result
+
+    def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        kind = kind_of(obj)
+        result: dict[str, Any] = self.request(
+            "POST", kind.collection(obj["metadata"].get("namespace")), body=dict(obj)
+        )
+        return result
+
+    def evict(self, name: str, namespace: str) -> None:
+        """Eviction API: honours PodDisruptionBudgets (429 when one forbids it)."""
+        self.request(
+            "POST",
+            KINDS["Pod"].item(name, namespace) + "/eviction",
+            body={
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": name, "namespace": namespace},
+            },
+        )

@@ -1,0 +1,47 @@
+"""The operator's Prometheus metrics, on a registry of its own (several operators may share a
+process in tests)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+@dataclass
+class OperatorMetrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.reconciles = Counter("gpu_operator_reconcile", "Reconcile passes run.", registry=r)
+        self.reconcile_errors = Counter(
+            "gpu_operator_reconcile_errors", "Reconcile passes that failed.", registry=r
+        )
+        self.reconcile_seconds = Histogram(
+            "gpu_operator_reconcile_duration_seconds", "Time of one reconcile pass.", registry=r
+        )
+        self.writes = Counter(
+            "gpu_operator_api_writes",
+            "Write requests sent to the API server.",
+            ["verb", "kind"],
+            registry=r,
+        )
+        self.gpu_nodes = Gauge("gpu_operator_gpu_nodes", "Nodes with NVIDIA GPUs.", registry=r)
+        self.component_ready = Gauge(
+            "gpu_operator_component_ready",
+            "1 when the component is ready everywhere.",
+            ["component"],
+            registry=r,
+        )
+        self.policy_ready = Gauge(
+            "gpu_operator_clusterpolicy_ready",
+            "1 when the active ClusterPolicy is ready.",
+            registry=r,
+        )
+        self.upgrade_nodes = Gauge(
+            "gpu_operator_driver_upgrade_nodes",
+            "GPU nodes by driver upgrade progress.",
+            ["state"],
+            registry=r,
+        )

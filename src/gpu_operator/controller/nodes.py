@@ -1,0 +1,259 @@
+"""GPU node labels and taint: a pure computation from one Node and the active policy.
+
+The operator writes only keys it owns. Ownership is recorded on the Node itself (annotation
+``OWNED_ANNOTATION``) so that a restarted operator, or the cleanup after the ClusterPolicy is
+deleted, removes exactly what the operator added: a label or taint that was already there
+(a user's manual ``nvidia.com/gpu.present=true``, GKE's GPU taint) is never taken away.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+GPU_PRESENT = "nvidia.com/gpu.present"
+DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
+DEPLOY_OPERANDS = DEPLOY_PREFIX + "operands"
+MIG_CONFIG = "nvidia.com/mig.config"
+MIG_CAPABLE = "nvidia.com/mig.capable"
+OWNED_ANNOTATION = "nvidia.com/gpu-operator.owned"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+NFD_GPU_LABELS = (
+    "feature.node.kubernetes.io/pci-10de.present",
+    "feature.node.kubernetes.io/pci-0302_10de.present",
+    "feature.node.kubernetes.io/pci-0300_10de.present",
+)
+GKE_ACCELERATOR = "cloud.google.com/gke-accelerator"
+
+# Labels other parts of the GPU stack write (feature discovery, MIG manager, upgrades). They
+# mean nothing once the stack is gone, so uninstall removes them too (NVIDIA leaves them).
+_STACK_LABEL = re.compile(
+    r"^nvidia\.com/("
+    r"gpu\.(product|count|memory|family|compute\.(major|minor)|machine|replicas|sharing-strategy"
+    r"|multiprocessors|slices\.[a-z]+|engines\.[a-z]+)"
+    r"|cuda\..+|mig\.(capable|strategy|config\.state)|mps\.capable|gfd\.timestamp"
+    r"|mig-[0-9]+g\.[0-9]+gb(\.[a-z]+)*\..+"
+    r"|gpu-driver-upgrade-state)$"
+)
+
+
+def is_stack_label(key: str) -> bool:
+    return bool(_STACK_LABEL.match(key))
+
+
+@dataclass(frozen=True, order=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+    def to_k8s(self) -> dict[str, str]:
+        out = {"key": self.key, "effect": self.effect}
+        if self.value:
+            out["value"] = self.value
+        return out
+
+    @property
+    def ident(self) -> str:
+        """Taints are identified by key and effect, as the scheduler does."""
+        return f"{self.key}:{self.effect}"
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    taints: tuple[dict[str, Any], ...]
+    capacity: Mapping[str, str]
+    resource_version: str = ""
+    container_runtime: str = ""  # status.nodeInfo.containerRuntimeVersion, e.g. containerd://1.7
+    ready: bool = True
+    unschedulable: bool = False
+
+    @classmethod
+    def from_k8s(cls, node: Mapping[str, Any]) -> NodeView:
+        meta = node.get("metadata") or {}
+        return cls(
+            name=meta.get("name", ""),
+            labels=dict(meta.get("labels") or {}),
+            annotations=dict(meta.get("annotations") or {}),
+            taints=tuple((node.get("spec") or {}).get("taints") or ()),
+            capacity=dict((node.get("status") or {}).get("capacity") or {}),
+            resource_version=meta.get("resourceVersion", ""),
+            container_runtime=((node.get("status") or {}).get("nodeInfo") or {}).get(
+                "containerRuntimeVersion", ""
+            ),
+            ready=any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (node.get("status") or {}).get("conditions") or ()
+            ),
+            unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
+        )
+
+
+@dataclass(frozen=True)
+class Owned:
+    """What the operator added to a node."""
+
+    labels: frozenset[str] = frozenset()
+    taints: frozenset[str] = frozenset()
+
+    @classmethod
+    def parse(cls, annotations: Mapping[str, str]) -> Owned:
+        raw = annotations.get(OWNED_ANNOTATION)
+        if not raw:
+            return cls()
+        try:
+            data = json.loads(raw)
+            return cls(frozenset(data.get("labels", ())), frozenset(data.get("taints", ())))
+        except (ValueError, AttributeError, TypeError):
+            return cls()  # a mangled annotation: own nothing rather than guess
+
+    def dump(self) -> str | None:
+        if not self.labels and not self.taints:
+            return None
+        return json.dumps(
+            {"labels": sorted(self.labels), "taints": sorted(self.taints)}, separators=(",", ":")
+        )
+
+
+@dataclass(frozen=True)
+class NodePolicy:
+    """What the active ClusterPolicy asks of every GPU node."""
+
+    deploy: tuple[str, ...]  # deploy-label suffixes of enabled components
+    mig_only: frozenset[str] = frozenset({"mig-manager"})
+    known: tuple[str, ...] = ()  # every component suffix the operator manages
+    taint: Taint | None = None
+    default_mig_config: str | None = "all-disabled"
+
+
+@dataclass(frozen=True)
+class NodePatch:
+    labels: dict[str, str | None] = field(default_factory=dict)
+    annotations: dict[str, str | None] = field(default_factory=dict)
+    taints: list[dict[str, Any]] | None = None  # the whole new list, when it changes
+    resource_version: str = ""
+
+    def to_merge_patch(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {}
+        if self.labels:
+            meta["labels"] = self.labels
+        if self.annotations:
+            meta["annotations"] = self.annotations
+        body: dict[str, Any] = {"metadata": meta}
+        if self.taints is not None:
+            # Taints are replaced as a whole list: guard against a concurrent writer.
+            meta["resourceVersion"] = self.resource_version
+            body["spec"] = {"taints": self.taints}
+        return body
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").lower() == "true"
+
+
+def is_gpu_node(node: NodeView) -> bool:
+    """A node has NVIDIA GPUs when NFD, GKE, a person or the kubelet says so.
+
+    ``nvidia.com/gpu.present`` counts only when someone other than this operator set it,
+    otherwise a node could never stop being a GPU node.
+    """
+    labels = node.labels
+    if any(_truthy(labels.get(key)) for key in NFD_GPU_LABELS):
+        return True
+    if labels.get(GKE_ACCELERATOR):
+        return True
+    if _truthy(labels.get(GPU_PRESENT)) and GPU_PRESENT not in Owned.parse(node.annotations).labels:
+        return True
+    try:
+        return int(node.capacity.get(GPU_RESOURCE, "0")) > 0
+    except ValueError:
+        return False
+
+
+def desired_labels(node: NodeView, policy: NodePolicy) -> dict[str, str]:
+    """Labels the operator wants on a GPU node (keys it may then own)."""
+    labels = node.labels
+    want = {GPU_PRESENT: "true"}
+    if labels.get(DEPLOY_OPERANDS, "").lower() != "false":
+        mig_capable = _truthy(labels.get(MIG_CAPABLE))
+        for name in policy.deploy:
+            if name in policy.mig_only and not mig_capable:
+                continue
+            want[DEPLOY_PREFIX + name] = "true"
+        if mig_capable and "mig-manager" in policy.deploy and policy.default_mig_config:
+            want[MIG_CONFIG] = policy.default_mig_config
+    return want
+
+
+def plan_node(
+    node: NodeView, policy: NodePolicy | None, *, uninstall: bool = False
+) -> NodePatch | None:
+    """The one patch that brings a node to what ``policy`` asks, or None when it already is.
+
+    ``policy`` None means no active ClusterPolicy: the node gets back what it had before the
+    operator. ``uninstall`` also removes the labels the rest of the GPU stack wrote.
+    """
+    owned = Owned.parse(node.annotations)
+    labels: dict[str, str | None] = {}
+    new_owned_labels = set(owned.labels)
+    want = desired_labels(node, policy) if policy and is_gpu_node(node) else {}
+
+    for key, value in want.items():
+        current = node.labels.get(key)
+        if current is None:
+            labels[key] = value
+            new_owned_labels.add(key)
+        elif key.startswith(DEPLOY_PREFIX) and current != "true":
+            continue  # "false" is a person's choice; "paused-for-..." is another component's
+        elif key == MIG_CONFIG:
+            continue  # any layout someone chose wins over our default
+        elif current != value and key in owned.labels:
+            labels[key] = value
+
+    for key in owned.labels:
+        if key not in want:
+            if key in node.labels:
+                labels[key] = None
+            new_owned_labels.discard(key)
+    if uninstall:
+        for key in node.labels:
+            if is_stack_label(key):
+                labels[key] = None
+
+    taints, new_owned_taints = _plan_taints(node, policy if want else None, owned)
+    new_owned = Owned(frozenset(new_owned_labels), frozenset(new_owned_taints))
+    annotations: dict[str, str | None] = {}
+    if new_owned != owned:
+        annotations[OWNED_ANNOTATION] = new_owned.dump()
+    if not labels and not annotations and taints is None:
+        return None
+    return NodePatch(labels, annotations, taints, node.resource_version)
+
+
+def _plan_taints(
+    node: NodeView, policy: NodePolicy | None, owned: Owned
+) -> tuple[list[dict[str, Any]] | None, set[str]]:
+    present = {f"{t.get('key')}:{t.get('effect')}" for t in node.taints}
+    want = policy.taint if policy else None
+    new_owned = {ident for ident in owned.taints if ident in present}
+    keep = list(node.taints)
+    changed = False
+    # Drop owned taints that are no longer wanted.
+    for taint in node.taints:
+        ident = f"{taint.get('key')}:{taint.get('effect')}"
+        if ident in owned.taints and (want is None or want.ident != ident):
+            keep.remove(taint)
+            new_owned.discard(ident)
+            changed = True
+    if want is not None and want.ident not in present:
+        keep.append(want.to_k8s())
+        new_owned.add(want.ident)
+        changed = True
+    return (keep if changed else None), new_owned

@@ -1,0 +1,171 @@
+"""Start and stop the whole operator: CRD, leadership, kopf watches, the reconcile loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from kubernetes import client as k8s
+from prometheus_client import start_http_server
+
+from gpu_operator.controller.crd_install import ensure_crd
+from gpu_operator.controller.kube import Kube
+from gpu_operator.controller.leader import LeaderElector
+from gpu_operator.controller.metrics import OperatorMetrics
+from gpu_operator.controller.operator import (
+    Controller,
+    OperatorSettings,
+    build_registry,
+    configure,
+    connection_info,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunOptions:
+    settings: OperatorSettings = field(default_factory=OperatorSettings)
+    apply_crd: bool = True
+    leader_election: bool = True
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    health_endpoint: str | None = "http://0.0.0.0:8080/healthz"
+    metrics_port: int | None = 8081
+    lease_seconds: int = 30
+    renew_seconds: float = 10.0
+
+
+async def run_operator(
+    options: RunOptions,
+    api_config: k8s.Configuration,
+    *,
+    stop: asyncio.Event | None = None,
+    started: threading.Event | None = None,
+    metrics: OperatorMetrics | None = None,
+) -> Controller:
+    """Run until ``stop`` is set (graceful), leadership is lost, or something fails."""
+    stop = stop or asyncio.Event()
+    metrics = metrics or OperatorMetrics()
+    kube = Kube(k8s.ApiClient(api_config))
+    settings = options.settings
+    if options.metrics_port is not None:
+        start_http_server(options.metrics_port, registry=metrics.registry)
+    if options.apply_crd:
+        await asyncio.to_thread(ensure_crd, kube)
+
+    elector = None
+    if options.leader_election:
+        elector = LeaderElector(
+            kube,
+            settings.namespace,
+            options.identity,
+            lease_seconds=options.lease_seconds,
+            renew_seconds=options.renew_seconds,
+        )
+        acquire = asyncio.create_task(elector.acquire())
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait({acquire, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not acquire.done():
+            acquire.cancel()
+            return Controller(kube, settings, metrics)
+        stopping.cancel()
+
+    controller = Controller(kube, settings, metrics)
+    registry = build_registry(controller)
+
+    @kopf.on.startup(registry=registry)
+    def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure(settings, options.settings.namespace)
+
+    @kopf.on.login(registry=registry)
+    def _login(**_: Any) -> kopf.ConnectionInfo:
+        return connection_info(api_config)
+
+    kopf_stop: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    tasks = {
+        asyncio.create_task(
+            kopf.operator(
+                registry=registry,
+                namespaces=[settings.namespace],
+                standalone=True,
+                liveness_endpoint=options.health_endpoint,
+                stop_flag=kopf_stop,
+            ),
+            name="kopf",
+        ),
+        asyncio.create_task(controller.run(), name="reconcile"),
+        asyncio.create_task(stop.wait(), name="stop"),
+    }
+    if elector is not None:
+        tasks.add(asyncio.create_task(elector.hold(), name="lease"))
+    if started is not None:
+        ready = asyncio.create_task(controller.ready.wait())
+        ready.add_done_callback(lambda _: started.set())
+    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task in done:
+        if task.get_name() != "stop" and task.exception() is not None:
+            log.error("%s stopped: %s", task.get_name(), task.exception())
+    if not kopf_stop.done():
+        kopf_stop.set_result(None)
+    for task in pending:
+        if task.get_name() != "kopf":
+            task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), timeout=10)
+    if elector is not None:
+        await asyncio.to_thread(elector.release)
+    return controller
+
+
+class OperatorThread:
+    """The operator in a background thread with its own event loop (tests, demo, benchmarks)."""
+
+    def __init__(self, options: RunOptions, api_config: k8s.Configuration) -> None:
+        self.options = options
+        self.api_config = api_config
+        self.metrics = OperatorMetrics()
+        self.started = threading.Event()
+        self.controller: Controller | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._main, name="gpu-operator", daemon=True)
+        self.error: BaseException | None = None
+
+    def _main(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()
+        try:
+            self.controller = self._loop.run_until_complete(
+                run_operator(
+                    self.options,
+                    self.api_config,
+                    stop=self._stop,
+                    started=self.started,
+                    metrics=self.metrics,
+                )
+            )
+        except BaseException as exc:  # surfaced to the test that started it
+            self.error = exc
+            self.started.set()
+        finally:
+            self._loop.close()
+
+    def start(self, timeout: float = 60.0) -> OperatorThread:
+        self._thread.start()
+        if not self.started.wait(timeout):
+            raise TimeoutError("operator did not start")
+        if self.error is not None:
+            raise RuntimeError("operator failed to start") from self.error
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout)

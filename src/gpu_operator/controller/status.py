@@ -1,0 +1,151 @@
+"""ClusterPolicy status from what was observed: state, conditions, per-component summary.
+
+Pure: the same observations give the same status, and conditions keep their
+``lastTransitionTime`` unless their status flips, so an unchanged world writes no status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_operator.controller.readiness import DaemonSetReadiness
+
+READY = "Ready"
+ERROR = "Error"
+NOT_IMPLEMENTED = "NotImplemented"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything status depends on, gathered by the controller."""
+
+    namespace: str
+    generation: int
+    gpu_nodes: int
+    nfd_present: bool
+    components: Mapping[str, Sequence[DaemonSetReadiness]] = field(default_factory=dict)
+    problems: Sequence[str] = ()  # why the spec cannot be used; nothing was applied
+    apply_error: str | None = None  # an API failure while applying
+    unimplemented: Sequence[str] = ()
+    ignored_because: str | None = None  # name of the active policy when this one is not
+
+
+def _condition(
+    previous: Sequence[Mapping[str, Any]],
+    ctype: str,
+    status: str,
+    reason: str,
+    message: str,
+    now: str,
+    generation: int,
+) -> dict[str, Any]:
+    old = next((c for c in previous if c.get("type") == ctype), None)
+    since = old.get("lastTransitionTime") if old and old.get("status") == status else None
+    return {
+        "type": ctype,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": since or now,
+        "observedGeneration": generation,
+    }
+
+
+def compute_status(obs: Observation, previous: Mapping[str, Any], now: str) -> dict[str, Any]:
+    prev_conditions = previous.get("conditions") or []
+
+    def cond(ctype: str, status: str, reason: str, message: str) -> dict[str, Any]:
+        return _condition(prev_conditions, ctype, status, reason, message, now, obs.generation)
+
+    if obs.ignored_because is not None:
+        msg = f"ClusterPolicy {obs.ignored_because} is the active one; this one is ignored"
+        return {
+            "state": "ignored",
+            "namespace": obs.namespace,
+            "message": msg,
+            "observedGeneration": obs.generation,
+            "conditions": [
+                cond(READY, "False", "Ignored", msg),
+                cond(ERROR, "False", "Ignored", ""),
+            ],
+        }
+
+    components = [
+        {
+            "name": name,
+            "ready": all(d.ready for d in sets),
+            "desired": sum(d.desired for d in sets),
+            "available": sum(d.available for d in sets),
+            "updated": sum(d.updated for d in sets),
+            **(
+                {"message": "; ".join(f"{d.name}: {d.message}" for d in sets if d.message)}
+                if any(d.message for d in sets)
+                else {}
+            ),
+        }
+        for name, sets in obs.components.items()
+    ]
+    not_ready = [name for name, sets in obs.components.items() if not all(d.ready for d in sets)]
+
+    if obs.problems:
+        msg = "invalid spec, nothing applied: " + "; ".join(obs.problems)
+        ready = cond(READY, "False", "ReconcileFailed", msg)
+        error = cond(ERROR, "True", "ReconcileFailed", msg)
+    elif obs.apply_error:
+        ready = cond(READY, "False", "ReconcileFailed", obs.apply_error)
+        error = cond(ERROR, "True", "ReconcileFailed", obs.apply_error)
+    elif obs.gpu_nodes == 0:
+        reason = "NoGPUNodes" if obs.nfd_present else "NFDLabelsMissing"
+        msg = (
+            "no node with an NVIDIA GPU was found"
+            if obs.nfd_present
+            else "no node carries Node Feature Discovery labels; deploy NFD or label GPU nodes "
+            "nvidia.com/gpu.present=true"
+        )
+        ready = cond(READY, "False", reason, msg)
+        error = cond(ERROR, "False", reason, "")
+    elif not_ready:
+        msg = "not ready: " + ", ".join(not_ready)
+        ready = cond(READY, "False", "OperandNotReady", msg)
+        error = cond(ERROR, "False", "OperandNotReady", "")
+    else:
+        ready = cond(
+            READY, "True", "Reconciled", f"all components ready on {obs.gpu_nodes} GPU nodes"
+        )
+        error = cond(ERROR, "False", "Reconciled", "")
+
+    conditions = [ready, error]
+    if obs.unimplemented:
+        conditions.append(
+            cond(
+                NOT_IMPLEMENTED,
+                "True",
+                "SectionsNotImplemented",
+                "accepted but not acted on by this operator: " + ", ".join(obs.unimplemented),
+            )
+        )
+    status: dict[str, Any] = {
+        "state": "ready" if ready["status"] == "True" else "notReady",
+        "namespace": obs.namespace,
+        "observedGeneration": obs.generation,
+        "conditions": conditions,
+        "components": components,
+    }
+    if "upgrade" in previous:
+        status["upgrade"] = previous["upgrade"]  # owned by the upgrade controller
+    return status
+
+
+def active_policy(policies: Sequence[Mapping[str, Any]]) -> str | None:
+    """The oldest ClusterPolicy (creationTimestamp, then name) is the one that acts."""
+    live = [p for p in policies if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    if not live:
+        return None
+    oldest = min(
+        live,
+        key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"].get("name", "")),
+    )
+    name: str = oldest["metadata"]["name"]
+    return name

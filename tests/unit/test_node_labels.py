@@ -1,0 +1,187 @@
+"""Node labels and taint: only the operator's own keys, exactly undone on removal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_operator.controller.nodes import (
+    OWNED_ANNOTATION,
+    NodePolicy,
+    NodeView,
+    Owned,
+    Taint,
+    is_gpu_node,
+    plan_node,
+)
+
+TAINT = Taint("nvidia.com/gpu", "present", "NoSchedule")
+POLICY = NodePolicy(
+    deploy=("driver", "container-toolkit", "device-plugin", "mig-manager"), taint=TAINT
+)
+NFD = {"feature.node.kubernetes.io/pci-10de.present": "true"}
+
+
+def node(
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    taints: list[dict[str, Any]] | None = None,
+    capacity: dict[str, str] | None = None,
+) -> NodeView:
+    return NodeView("n1", labels or {}, annotations or {}, tuple(taints or ()), capacity or {}, "7")
+
+
+def apply(view: NodeView, policy: NodePolicy | None, uninstall: bool = False) -> NodeView:
+    """What the node looks like after the planned patch (a merge patch, applied by hand)."""
+    patch = plan_node(view, policy, uninstall=uninstall)
+    if patch is None:
+        return view
+    labels = dict(view.labels)
+    for k, v in patch.labels.items():
+        if v is None:
+            labels.pop(k, None)
+        else:
+            labels[k] = v
+    annotations = dict(view.annotations)
+    for k, v in patch.annotations.items():
+        if v is None:
+            annotations.pop(k, None)
+        else:
+            annotations[k] = v
+    taints = view.taints if patch.taints is None else tuple(patch.taints)
+    return NodeView(view.name, labels, annotations, taints, dict(view.capacity), "8")
+
+
+def test_detection_sources() -> None:
+    assert is_gpu_node(node(NFD))
+    assert is_gpu_node(node({"feature.node.kubernetes.io/pci-0302_10de.present": "true"}))
+    assert is_gpu_node(node({"cloud.google.com/gke-accelerator": "nvidia-l4"}))
+    assert is_gpu_node(node({"nvidia.com/gpu.present": "true"}))
+    assert is_gpu_node(node(capacity={"nvidia.com/gpu": "8"}))
+    assert not is_gpu_node(node({"feature.node.kubernetes.io/pci-10de.present": "false"}))
+    assert not is_gpu_node(node({"kubernetes.io/os": "linux"}, capacity={"nvidia.com/gpu": "0"}))
+    # Our own gpu.present label is not evidence of a GPU.
+    owned = Owned(frozenset({"nvidia.com/gpu.present"})).dump() or ""
+    assert not is_gpu_node(node({"nvidia.com/gpu.present": "true"}, {OWNED_ANNOTATION: owned}))
+
+
+def test_gpu_node_gets_labels_and_taint_then_nothing_more() -> None:
+    before = node({**NFD, "team": "ml"}, taints=[{"key": "dedicated", "effect": "NoExecute"}])
+    after = apply(before, POLICY)
+    assert after.labels == {
+        **NFD,
+        "team": "ml",
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.deploy.driver": "true",
+        "nvidia.com/gpu.deploy.container-toolkit": "true",
+        "nvidia.com/gpu.deploy.device-plugin": "true",
+    }
+    assert list(after.taints) == [
+        {"key": "dedicated", "effect": "NoExecute"},
+        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+    ]
+    assert plan_node(after, POLICY) is None  # idempotent: a second pass writes nothing
+
+
+def test_mig_manager_and_default_layout_only_on_mig_capable_nodes() -> None:
+    after = apply(node({**NFD, "nvidia.com/mig.capable": "true"}), POLICY)
+    assert after.labels["nvidia.com/gpu.deploy.mig-manager"] == "true"
+    assert after.labels["nvidia.com/mig.config"] == "all-disabled"
+    chosen = apply(
+        node({**NFD, "nvidia.com/mig.capable": "true", "nvidia.com/mig.config": "x"}), POLICY
+    )
+    assert chosen.labels["nvidia.com/mig.config"] == "x"
+
+
+def test_cpu_node_is_left_alone() -> None:
+    assert plan_node(node({"kubernetes.io/os": "linux"}), POLICY) is None
+
+
+def test_paused_and_false_deploy_labels_are_left_alone() -> None:
+    labels = {
+        **NFD,
+        "nvidia.com/gpu.deploy.device-plugin": "paused-for-mig-change",
+        "nvidia.com/gpu.deploy.driver": "false",
+    }
+    after = apply(node(labels), POLICY)
+    assert after.labels["nvidia.com/gpu.deploy.device-plugin"] == "paused-for-mig-change"
+    assert after.labels["nvidia.com/gpu.deploy.driver"] == "false"
+
+
+def test_operands_false_removes_every_deploy_label() -> None:
+    labelled = apply(node(NFD), POLICY)
+    off = apply(
+        NodeView(
+            "n1",
+            {**labelled.labels, "nvidia.com/gpu.deploy.operands": "false"},
+            labelled.annotations,
+            labelled.taints,
+            {},
+            "9",
+        ),
+        POLICY,
+    )
+    assert not [
+        k
+        for k in off.labels
+        if k.startswith("nvidia.com/gpu.deploy.") and k != "nvidia.com/gpu.deploy.operands"
+    ]
+    assert off.labels["nvidia.com/gpu.present"] == "true"
+
+
+def test_disabling_a_component_removes_its_label() -> None:
+    labelled = apply(node(NFD), POLICY)
+    fewer = NodePolicy(deploy=("driver",), taint=TAINT)
+    after = apply(labelled, fewer)
+    assert "nvidia.com/gpu.deploy.device-plugin" not in after.labels
+    assert after.labels["nvidia.com/gpu.deploy.driver"] == "true"
+
+
+def test_removal_restores_exactly_what_was_there() -> None:
+    gke_taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    original = node(
+        {**NFD, "nvidia.com/gpu.deploy.driver": "true", "team": "ml"},
+        {"note": "x"},
+        [gke_taint],
+    )
+    labelled = apply(original, POLICY)
+    # Feature discovery adds its labels meanwhile.
+    with_gfd = NodeView(
+        "n1",
+        {
+            **labelled.labels,
+            "nvidia.com/gpu.product": "Tesla-T4",
+            "nvidia.com/cuda.driver-version.major": "580",
+        },
+        labelled.annotations,
+        labelled.taints,
+        {},
+        "9",
+    )
+    gone = apply(with_gfd, None, uninstall=True)
+    assert gone.labels == original.labels  # the user's deploy.driver=true label survives
+    assert gone.annotations == original.annotations
+    assert list(gone.taints) == [gke_taint]  # GKE's taint was there before: not ours to remove
+
+
+def test_node_losing_its_gpu_loses_our_labels_and_taint() -> None:
+    labelled = apply(node({**NFD, "team": "ml"}), POLICY)
+    labels = {k: v for k, v in labelled.labels.items() if k not in NFD}
+    lost = apply(NodeView("n1", labels, labelled.annotations, labelled.taints, {}, "9"), POLICY)
+    assert lost.labels == {"team": "ml"}
+    assert lost.taints == ()
+    assert OWNED_ANNOTATION not in lost.annotations
+
+
+def test_taint_can_be_disabled_and_is_then_removed() -> None:
+    labelled = apply(node(NFD), POLICY)
+    untainted = apply(labelled, NodePolicy(deploy=POLICY.deploy, taint=None))
+    assert untainted.taints == ()
+    patch = plan_node(labelled, NodePolicy(deploy=POLICY.deploy, taint=None))
+    assert patch is not None
+    assert patch.to_merge_patch()["metadata"]["resourceVersion"] == "8"  # list replace is guarded
+
+
+def test_mangled_ownership_annotation_owns_nothing() -> None:
+    view = node({**NFD, "nvidia.com/gpu.present": "true"}, {OWNED_ANNOTATION: "{not json"})
+    gone = apply(view, None)
+    assert gone.labels["nvidia.com/gpu.present"] == "true"
