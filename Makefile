@@ -41,7 +41,7 @@ bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
 crd: $(STAMP)
-	$(BIN)/gpu-operator crd > crds/clusterpolicy.yaml
+	$(BIN)/gpu-operator crd > crds/clusterpolicy.yaml.tmp && mv crds/clusterpolicy.yaml.tmp crds/clusterpolicy.yaml
 
 clean:
 	rm -rf $(VENV) .testenv build dist src/*.egg-info

@@ -70,10 +70,18 @@ def crd_default(value: Any) -> dict[str, Any]:
 
 
 NonNegativeInt = Annotated[int, Field(ge=0)]
-Quantity = (
-    int
-    | Annotated[str, StringConstraints(pattern=r"^[+-]?[0-9.]+([eE][+-]?[0-9]+|[a-zA-Z]{1,2})?$")]
-)
+QUANTITY = r"^[+-]?[0-9.]+([eE][+-]?[0-9]+|[numkMGTPE]i?)?$"
+
+
+def _quantity(value: int | str) -> int | str:
+    if isinstance(value, str) and not re.fullmatch(QUANTITY, value):
+        raise ValueError("must be a Kubernetes quantity such as 500m, 2 or 4Gi")
+    return value
+
+
+Quantity = Annotated[
+    int | str, AfterValidator(_quantity), WithJsonSchema({"x-kubernetes-int-or-string": True})
+]
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]
 INT_OR_PERCENT = r"^([0-9]+|(100|[1-9]?[0-9])%)$"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +35,10 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
             ("function-", "constrained-str", "literal[")
         ):
             continue  # pydantic names the union branch it tried; users think in fields
+        elif part == "[key]":
+            path += " (the key)"
+        elif not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part):
+            path += f"[{part!r}]"  # a map key such as a label name
         else:
             path += f".{part}"
     return path

@@ -7,9 +7,10 @@ preserved, and reported in status as not implemented when enabled.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import AfterValidator, Field, StringConstraints
 
 from gpu_operator.api.base import (
     INT_OR_PERCENT,
@@ -94,18 +95,33 @@ class RollingUpdate(ApiModel):
     )
 
 
-LabelName = Annotated[
-    str,
-    StringConstraints(
-        pattern=r"^([A-Za-z0-9.\-]+/)?[A-Za-z0-9]([A-Za-z0-9_.\-]*[A-Za-z0-9])?$", max_length=316
-    ),
-]
+LABEL_KEY = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9_.\-]{0,61}[A-Za-z0-9])?$"
+LABEL_VALUE = r"^([A-Za-z0-9]([A-Za-z0-9_.\-]{0,61}[A-Za-z0-9])?)?$"
+
+
+def _label_key(value: str) -> str:
+    if not re.fullmatch(LABEL_KEY, value) or len(value) > 316:
+        raise ValueError("must be a label key such as example.com/team or team")
+    return value
+
+
+def _label_value(value: str) -> str:
+    if not re.fullmatch(LABEL_VALUE, value):
+        raise ValueError(
+            "must be a label value: at most 63 letters, digits, '-', '_' or '.', "
+            "starting and ending with a letter or digit"
+        )
+    return value
+
+
+LabelKey = Annotated[str, AfterValidator(_label_key)]
+LabelValue = Annotated[str, AfterValidator(_label_value)]
 
 
 class DaemonsetsSpec(ApiModel):
     """Settings shared by every operand DaemonSet."""
 
-    labels: dict[LabelName, Annotated[str, StringConstraints(max_length=63)]] | None = None
+    labels: dict[LabelKey, LabelValue] | None = None
     annotations: dict[str, str] | None = None
     tolerations: list[Toleration] | None = None
     priority_class_name: str | None = None

@@ -1,0 +1,133 @@
+"""Helpers shared by the operator e2e tests: private clusters, identities, waiting, auditing."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kubernetes import client as k8s
+
+from gpu_operator import testenv
+from gpu_operator.controller.kube import Kube
+from gpu_operator.controller.operator import OperatorSettings
+from gpu_operator.controller.runner import OperatorThread, RunOptions
+
+T = TypeVar("T")
+WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
+
+
+@contextmanager
+def private_cluster(
+    bin_dir: Path, gpu_nodes: int = 0, cpu_nodes: int = 0
+) -> Iterator[testenv.Cluster]:
+    """A control plane of its own, for tests that own cluster-scoped state (nodes, policies)."""
+    state = testenv.default_state_dir() / f"op-{uuid.uuid4().hex[:8]}"
+    cluster = testenv.start(state, gpu_nodes=gpu_nodes, cpu_nodes=cpu_nodes, bin_dir=bin_dir)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def wait_for(
+    what: str, probe: Callable[[], T | None], timeout: float = 60.0, every: float = 0.3
+) -> T:
+    """Poll ``probe`` until it returns something truthy; fail naming ``what`` and the last value."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+
+
+def service_account_config(
+    cluster: testenv.Cluster, namespace: str, name: str, cluster_role: str = "cluster-admin"
+) -> k8s.Configuration:
+    """Credentials of a ServiceAccount bound to ``cluster_role`` (a token, as in a real pod)."""
+    with cluster.api_client() as api:
+        kube = Kube(api)
+        if kube.get("Namespace", namespace) is None:
+            kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        if kube.get("ServiceAccount", name, namespace) is None:
+            kube.create(
+                {
+                    "apiVersion": "v1",
+                    "kind": "ServiceAccount",
+                    "metadata": {"name": name, "namespace": namespace},
+                }
+            )
+        binding = f"{namespace}-{name}-{cluster_role}"
+        if cluster_role and kube.get("ClusterRoleBinding", binding) is None:
+            kube.create(
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "ClusterRoleBinding",
+                    "metadata": {"name": binding},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "ClusterRole",
+                        "name": cluster_role,
+                    },
+                    "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+                }
+            )
+        token = kube.request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+            body={
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"expirationSeconds": 7200},
+            },
+        )["status"]["token"]
+    config = k8s.Configuration(host=cluster.api_url, ssl_ca_cert=str(cluster.ca_file))
+    config.api_key = {"authorization": f"Bearer {token}"}
+    return config
+
+
+def start_operator(config: k8s.Configuration, namespace: str, **settings: Any) -> OperatorThread:
+    options = RunOptions(
+        settings=OperatorSettings(namespace=namespace, **settings),
+        metrics_port=None,
+        health_endpoint=None,
+        renew_seconds=2.0,
+        lease_seconds=6,
+    )
+    return OperatorThread(options, config).start()
+
+
+def audit_writes(
+    cluster: testenv.Cluster, username: str, since: datetime
+) -> list[Mapping[str, Any]]:
+    """Write requests ``username`` made since ``since``, from the apiserver's audit log."""
+    out = []
+    with cluster.audit_log.open() as log:
+        for line in log:
+            event = json.loads(line)
+            if event.get("stage") != "ResponseComplete" or event.get("verb") not in WRITE_VERBS:
+                continue
+            if event.get("user", {}).get("username") != username:
+                continue
+            stamp = datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
+            if stamp >= since:
+                out.append(event)
+    return out
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def policy_status(kube: Kube, name: str) -> dict[str, Any]:
+    obj = kube.get("ClusterPolicy", name) or {}
+    status: dict[str, Any] = obj.get("status") or {}
+    return status

@@ -1,0 +1,339 @@
+"""The operator against a real control plane: NVIDIA's Helm-default ClusterPolicy on 4 GPU and 2
+CPU kwok nodes, then every change a platform team makes, in order, on one cluster."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpu_operator import testenv
+from gpu_operator.controller.kube import Kube
+from gpu_operator.controller.nodes import OWNED_ANNOTATION
+from gpu_operator.controller.runner import OperatorThread
+from tests.e2e.support import (
+    audit_writes,
+    now,
+    policy_status,
+    private_cluster,
+    service_account_config,
+    start_operator,
+    wait_for,
+)
+from tests.paths import NVIDIA_REFERENCE
+
+NS = "gpu-operator"
+SA_USER = f"system:serviceaccount:{NS}:gpu-operator"
+# A user's taint that operands do not tolerate would keep them off the node; PreferNoSchedule
+# does not, so the GPU node can carry it and still run the stack.
+USER_TAINT = {"key": "dedicated", "value": "ml", "effect": "PreferNoSchedule"}
+GPU_NODES = ["gpu-node-0", "gpu-node-1", "gpu-node-2", "gpu-node-3"]
+CPU_NODES = ["cpu-node-0", "cpu-node-1"]
+ENABLED_IN_HELM_DEFAULT = {
+    "nvidia-driver-daemonset-ubuntu22.04",
+    "nvidia-driver-daemonset-rhel9",
+    "nvidia-container-toolkit-daemonset",
+    "nvidia-operator-validator",
+    "nvidia-device-plugin-daemonset",
+    "nvidia-dcgm-exporter",
+    "gpu-feature-discovery",
+    "nvidia-mig-manager",
+}
+
+
+@dataclass
+class Env:
+    cluster: testenv.Cluster
+    kube: Kube
+    operator: OperatorThread
+
+    def restart_operator(self) -> None:
+        self.operator.stop()
+        self.operator = start_operator(service_account_config(self.cluster, NS, "gpu-operator"), NS)
+
+
+@pytest.fixture(scope="module")
+def env(testenv_bin_dir: Path) -> Iterator[Env]:
+    with private_cluster(testenv_bin_dir) as cluster:
+        manifests = [
+            testenv.node_manifest(
+                name,
+                gpu=True,
+                os_id="rhel" if name == "gpu-node-3" else "ubuntu",
+                os_version="9.4" if name == "gpu-node-3" else "22.04",
+                extra_labels={"team": "ml"} if name == "gpu-node-0" else None,
+                taints=[USER_TAINT] if name == "gpu-node-0" else (),
+            )
+            for name in GPU_NODES
+        ] + [
+            testenv.node_manifest(
+                name, gpu=False, extra_labels={"team": "web"}, taints=[USER_TAINT]
+            )
+            for name in CPU_NODES
+        ]
+        cluster.create_nodes(manifests)
+        api = cluster.api_client()
+        kube = Kube(api)
+        operator = start_operator(service_account_config(cluster, NS, "gpu-operator"), NS)
+        env = Env(cluster, kube, operator)
+        try:
+            yield env
+        finally:
+            env.operator.stop()
+            api.close()
+
+
+def helm_default() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(
+        (NVIDIA_REFERENCE / "clusterpolicy-helm-default.yaml").read_text()
+    )
+    return doc
+
+
+def daemonsets(kube: Kube) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in kube.list_objects("DaemonSet", NS)}
+
+
+def wait_ready(kube: Kube, name: str = "cluster-policy", timeout: float = 90) -> dict[str, Any]:
+    return wait_for(
+        f"ClusterPolicy {name} ready",
+        lambda: (s := policy_status(kube, name)).get("state") == "ready" and s,
+        timeout,
+    )
+
+
+def node(kube: Kube, name: str) -> dict[str, Any]:
+    got = kube.get("Node", name)
+    assert got is not None
+    return got
+
+
+def operator_labels(n: dict[str, Any]) -> dict[str, str]:
+    labels = n["metadata"].get("labels") or {}
+    return {k: v for k, v in labels.items() if k.startswith("nvidia.com/")}
+
+
+def test_helm_default_converges(env: Env) -> None:
+    env.kube.create(helm_default())
+    status = wait_ready(env.kube)
+    assert status["namespace"] == NS
+    assert {c["type"]: c["reason"] for c in status["conditions"]}["Ready"] == "Reconciled"
+
+    ds = daemonsets(env.kube)
+    assert set(ds) == ENABLED_IN_HELM_DEFAULT
+    assert ds["nvidia-driver-daemonset-ubuntu22.04"]["spec"]["updateStrategy"]["type"] == "OnDelete"
+    # One driver DaemonSet per OS, each on its own nodes; mig-manager only on MIG-capable nodes.
+    assert ds["nvidia-driver-daemonset-ubuntu22.04"]["status"]["numberReady"] == 3
+    assert ds["nvidia-driver-daemonset-rhel9"]["status"]["numberReady"] == 1
+    assert ds["nvidia-mig-manager"]["status"]["desiredNumberScheduled"] == 0
+    for name in ENABLED_IN_HELM_DEFAULT - {
+        "nvidia-driver-daemonset-ubuntu22.04",
+        "nvidia-driver-daemonset-rhel9",
+        "nvidia-mig-manager",
+    }:
+        assert ds[name]["status"]["numberReady"] == 4, name
+
+    pods = env.kube.list_objects("Pod", NS)
+    assert pods and {p["spec"]["nodeName"] for p in pods} == set(GPU_NODES)
+    for name in GPU_NODES:
+        labels = operator_labels(node(env.kube, name))
+        assert labels["nvidia.com/gpu.present"] == "true"
+        assert labels["nvidia.com/gpu.deploy.driver"] == "true"
+        assert "nvidia.com/gpu.deploy.mig-manager" not in labels  # not MIG-capable
+        taints = node(env.kube, name)["spec"]["taints"]
+        assert {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"} in taints
+    for name in CPU_NODES:
+        got = node(env.kube, name)
+        assert operator_labels(got) == {}
+        assert got["spec"]["taints"] == [USER_TAINT]
+        assert OWNED_ANNOTATION not in (got["metadata"].get("annotations") or {})
+    # The user's label and taint on a GPU node are still there.
+    gpu0 = node(env.kube, "gpu-node-0")
+    assert gpu0["metadata"]["labels"]["team"] == "ml"
+    assert USER_TAINT in gpu0["spec"]["taints"]
+
+
+def test_every_child_is_owned_by_the_policy(env: Env) -> None:
+    uid = env.kube.get("ClusterPolicy", "cluster-policy")["metadata"]["uid"]  # type: ignore[index]
+    for kind in ("DaemonSet", "ServiceAccount", "ConfigMap", "Service", "Role", "RoleBinding"):
+        for obj in env.kube.list_objects(kind, NS, label_selector="app.kubernetes.io/managed-by"):
+            refs = obj["metadata"].get("ownerReferences") or []
+            assert [r["uid"] for r in refs] == [uid], (kind, obj["metadata"]["name"])
+
+
+def test_image_version_change_updates_only_that_daemonset(env: Env) -> None:
+    before = {n: d["metadata"]["generation"] for n, d in daemonsets(env.kube).items()}
+    env.kube.merge_patch(
+        "ClusterPolicy", "cluster-policy", {"spec": {"devicePlugin": {"version": "v0.99.0"}}}
+    )
+    wait_for(
+        "device plugin image updated",
+        lambda: (
+            "v0.99.0"
+            in daemonsets(env.kube)["nvidia-device-plugin-daemonset"]["spec"]["template"]["spec"][
+                "containers"
+            ][0]["image"]
+        ),
+    )
+    wait_ready(env.kube)
+    after = {n: d["metadata"]["generation"] for n, d in daemonsets(env.kube).items()}
+    changed = {n for n in before if after[n] != before[n]}
+    assert changed == {"nvidia-device-plugin-daemonset"}
+
+
+def test_disabling_a_component_prunes_it(env: Env) -> None:
+    env.kube.merge_patch(
+        "ClusterPolicy", "cluster-policy", {"spec": {"dcgmExporter": {"enabled": False}}}
+    )
+    wait_for("dcgm-exporter pruned", lambda: "nvidia-dcgm-exporter" not in daemonsets(env.kube))
+    wait_for(
+        "exporter Service, ConfigMap, ServiceAccount pruned",
+        lambda: all(
+            env.kube.get(kind, name, NS) is None
+            for kind, name in (
+                ("Service", "nvidia-dcgm-exporter"),
+                ("ConfigMap", "nvidia-dcgm-exporter-metrics"),
+                ("ServiceAccount", "nvidia-dcgm-exporter"),
+            )
+        ),
+    )
+    wait_for(
+        "deploy label removed",
+        lambda: all(
+            "nvidia.com/gpu.deploy.dcgm-exporter" not in operator_labels(node(env.kube, n))
+            for n in GPU_NODES
+        ),
+    )
+    status = wait_ready(env.kube)
+    assert "dcgm-exporter" not in {c["name"] for c in status["components"]}
+
+
+def test_edited_device_plugin_config_rolls_its_pods(env: Env) -> None:
+    config = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "time-slicing", "namespace": NS},
+        "data": {
+            "any": "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+            "    - name: nvidia.com/gpu\n      replicas: 4\n"
+        },
+    }
+    env.kube.create(config)
+    env.kube.merge_patch(
+        "ClusterPolicy",
+        "cluster-policy",
+        {"spec": {"devicePlugin": {"config": {"name": "time-slicing", "default": "any"}}}},
+    )
+
+    def template_hash() -> str | None:
+        ds = daemonsets(env.kube)["nvidia-device-plugin-daemonset"]
+        annotations = ds["spec"]["template"]["metadata"].get("annotations") or {}
+        return annotations.get("nvidia.com/config-hash")
+
+    first = wait_for("config hash on the pod template", template_hash)
+    env.kube.merge_patch(
+        "ConfigMap", "time-slicing", {"data": {"any": config["data"]["any"].replace("4", "8")}}, NS
+    )
+    wait_for("pods rolled after the ConfigMap edit", lambda: template_hash() not in (None, first))
+    wait_ready(env.kube)
+
+
+def test_second_policy_is_ignored(env: Env) -> None:
+    second = helm_default()
+    second["metadata"] = {"name": "zz-second"}
+    env.kube.create(second)
+    status = wait_for(
+        "second policy ignored",
+        lambda: (s := policy_status(env.kube, "zz-second")).get("state") == "ignored" and s,
+    )
+    assert "cluster-policy" in status["message"]
+    assert policy_status(env.kube, "cluster-policy")["state"] == "ready"
+    env.kube.delete("ClusterPolicy", "zz-second")
+    wait_for("second policy gone", lambda: env.kube.get("ClusterPolicy", "zz-second") is None)
+    # Its deletion must not clean the nodes the active policy still manages.
+    assert operator_labels(node(env.kube, "gpu-node-1"))["nvidia.com/gpu.present"] == "true"
+
+
+def test_restart_converges_without_duplicates(env: Env) -> None:
+    def inventory() -> list[tuple[str, str]]:
+        out = []
+        for kind in ("DaemonSet", "ServiceAccount", "ConfigMap", "Service", "Role", "RoleBinding"):
+            out += [
+                (kind, o["metadata"]["name"])
+                for o in env.kube.list_objects(kind, NS)
+                if (o["metadata"].get("labels") or {}).get("app.kubernetes.io/managed-by")
+            ]
+        return sorted(out)
+
+    before = inventory()
+    # Stop mid-change: a new version is in flight when the operator dies.
+    env.operator.stop()
+    env.kube.merge_patch(
+        "ClusterPolicy", "cluster-policy", {"spec": {"toolkit": {"version": "v1.99.0"}}}
+    )
+    env.restart_operator()
+    wait_for(
+        "toolkit updated after the restart",
+        lambda: (
+            "v1.99.0"
+            in daemonsets(env.kube)["nvidia-container-toolkit-daemonset"]["spec"]["template"][
+                "spec"
+            ]["containers"][0]["image"]
+        ),
+    )
+    wait_ready(env.kube)
+    assert inventory() == before
+
+
+def test_steady_state_is_silent(env: Env) -> None:
+    wait_ready(env.kube)
+    time.sleep(3)  # let the last status write of the previous test settle
+    start = now()
+    time.sleep(60)
+    writes = audit_writes(env.cluster, SA_USER, start)
+    others = [w for w in writes if w["objectRef"]["resource"] != "leases"]
+    leases = [w for w in writes if w["objectRef"]["resource"] == "leases"]
+    assert others == [], [(w["verb"], w["objectRef"]) for w in others]
+    assert len(leases) <= 60 / 2 + 2  # leadership renewals only (renew period 2 s here)
+
+
+def test_node_joining_and_losing_its_gpu(env: Env) -> None:
+    env.cluster.create_gpu_node("gpu-node-4")
+    wait_for(
+        "new node labelled and running the stack",
+        lambda: (
+            operator_labels(node(env.kube, "gpu-node-4")).get("nvidia.com/gpu.deploy.driver")
+            == "true"
+        ),
+    )
+    wait_ready(env.kube)
+    env.kube.merge_patch(
+        "Node",
+        "gpu-node-4",
+        {"metadata": {"labels": {"feature.node.kubernetes.io/pci-10de.present": None}}},
+    )
+    gone = wait_for(
+        "labels and taint removed from the node that lost its GPU",
+        lambda: (n := node(env.kube, "gpu-node-4")) and not operator_labels(n) and n,
+    )
+    assert not [t for t in gone["spec"].get("taints") or [] if t["key"] == "nvidia.com/gpu"]
+
+
+def test_deleting_the_policy_cleans_up_and_keeps_user_state(env: Env) -> None:
+    env.kube.delete("ClusterPolicy", "cluster-policy")
+    wait_for("policy deleted", lambda: env.kube.get("ClusterPolicy", "cluster-policy") is None)
+    wait_for("children garbage-collected", lambda: not daemonsets(env.kube))
+    for name in GPU_NODES:
+        got = node(env.kube, name)
+        assert operator_labels(got) == {}, name
+        assert not [t for t in got["spec"].get("taints") or [] if t["key"] == "nvidia.com/gpu"]
+        assert OWNED_ANNOTATION not in (got["metadata"].get("annotations") or {})
+    gpu0 = node(env.kube, "gpu-node-0")
+    assert gpu0["metadata"]["labels"]["team"] == "ml"
+    assert gpu0["spec"]["taints"] == [USER_TAINT]
+    assert node(env.kube, "cpu-node-0")["spec"]["taints"] == [USER_TAINT]

@@ -1,0 +1,126 @@
+"""Bad ClusterPolicies against the real apiserver and operator: refused at `kubectl apply` by
+the CRD schema, or reported in status and Events with the field named, never half-applied."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from gpu_operator import testenv
+from gpu_operator.controller.kube import Kube
+from tests.e2e.support import (
+    policy_status,
+    private_cluster,
+    service_account_config,
+    start_operator,
+    wait_for,
+)
+from tests.paths import NVIDIA_REFERENCE
+
+NS = "gpu-operator"
+
+
+@pytest.fixture(scope="module")
+def cluster(testenv_bin_dir: Path) -> Iterator[testenv.Cluster]:
+    with private_cluster(testenv_bin_dir, gpu_nodes=1) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def kube(cluster: testenv.Cluster) -> Iterator[Kube]:
+    with cluster.api_client() as api:
+        yield Kube(api)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: testenv.Cluster, kube: Kube) -> Iterator[None]:
+    op = start_operator(service_account_config(cluster, NS, "gpu-operator"), NS)
+    try:
+        yield None
+    finally:
+        op.stop()
+
+
+def policy(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "nvidia.com/v1",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def strict_dry_run(kube: Kube, obj: dict[str, Any]) -> Any:
+    """What `kubectl apply --dry-run=server` does, with kubectl's default strict validation."""
+    return kube.request(
+        "POST",
+        "/apis/nvidia.com/v1/clusterpolicies",
+        query={"dryRun": "All", "fieldValidation": "Strict"},
+        body=obj,
+    )
+
+
+@pytest.mark.parametrize("name", ["clusterpolicy-helm-default.yaml", "clusterpolicy-sample.yaml"])
+def test_nvidia_documents_pass_our_crd_unchanged(operator: None, kube: Kube, name: str) -> None:
+    doc = yaml.safe_load((NVIDIA_REFERENCE / name).read_text())
+    created = strict_dry_run(kube, doc)
+    assert created["spec"]["driver"]["enabled"] is True
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"mig": {"strategy": "bogus"}}, "spec.mig.strategy"),
+        (
+            {"driver": {"upgradePolicy": {"maxParallelUpgrades": -1}}},
+            "spec.driver.upgradePolicy.maxParallelUpgrades",
+        ),
+        (
+            {"driver": {"upgradePolicy": {"maxUnavailable": "25 percent"}}},
+            "spec.driver.upgradePolicy.maxUnavailable",
+        ),
+        ({"toolkit": {"enabled": "maybe"}}, "spec.toolkit.enabled"),
+        ({"devicePlugn": {"enabled": True}}, "spec.devicePlugn"),
+    ],
+)
+def test_apiserver_refuses_with_the_field_named(
+    operator: None, kube: Kube, spec: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ApiException) as info:
+        strict_dry_run(kube, policy("bad", spec))
+    assert info.value.status in (400, 422)
+    assert field.removeprefix("spec.").split(".")[-1] in str(info.value.body)
+    assert kube.get("ClusterPolicy", "bad") is None
+
+
+def test_invalid_policy_is_reported_and_nothing_applied(operator: None, kube: Kube) -> None:
+    # The CRD cannot express label-key syntax; the models can. Nothing may be applied from it.
+    kube.create(policy("invalid", {"daemonsets": {"labels": {"bad key!": "x"}}}))
+    status = wait_for(
+        "invalid policy reported",
+        lambda: (s := policy_status(kube, "invalid")).get("state") == "notReady" and s,
+    )
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    error = next(c for c in status["conditions"] if c["type"] == "Error")
+    assert ready["reason"] == error["reason"] == "ReconcileFailed"
+    assert error["status"] == "True"
+    assert "spec.daemonsets.labels['bad key!']" in error["message"]
+    events = kube.list_objects("Event", "default", field_selector="involvedObject.name=invalid")
+    assert any(
+        e["reason"] == "ReconcileFailed" and "spec.daemonsets.labels" in e["message"]
+        for e in events
+    )
+    assert kube.list_objects("DaemonSet", NS) == []
+    assert (
+        kube.list_objects("ServiceAccount", NS, label_selector="app.kubernetes.io/managed-by") == []
+    )
+
+    # Fixing it applies the stack.
+    kube.merge_patch("ClusterPolicy", "invalid", {"spec": {"daemonsets": {"labels": None}}})
+    wait_for("fixed policy ready", lambda: policy_status(kube, "invalid").get("state") == "ready")
+    assert kube.list_objects("DaemonSet", NS)
