@@ -54,9 +54,26 @@ async def run_operator(
     stop = stop or asyncio.Event()
     metrics = metrics or OperatorMetrics()
     kube = Kube(k8s.ApiClient(api_config))
-    settings = options.settings
+    server = None
     if options.metrics_port is not None:
-        start_http_server(options.metrics_port, registry=metrics.registry)
+        server, _ = start_http_server(options.metrics_port, registry=metrics.registry)
+    try:
+        return await _run(options, api_config, kube, stop, started, metrics)
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+
+async def _run(
+    options: RunOptions,
+    api_config: k8s.Configuration,
+    kube: Kube,
+    stop: asyncio.Event,
+    started: threading.Event | None,
+    metrics: OperatorMetrics,
+) -> Controller:
+    settings = options.settings
     if options.apply_crd:
         await asyncio.to_thread(ensure_crd, kube)
 
@@ -157,8 +174,11 @@ class OperatorThread:
         finally:
             self._loop.close()
 
-    def start(self, timeout: float = 60.0) -> OperatorThread:
+    def start(self, timeout: float = 60.0, *, wait: bool = True) -> OperatorThread:
+        """Start; with ``wait`` block until it leads and its caches are filled."""
         self._thread.start()
+        if not wait:
+            return self
         if not self.started.wait(timeout):
             raise TimeoutError("operator did not start")
         if self.error is not None:
@@ -169,3 +189,74 @@ class OperatorThread:
         if self._loop is not None and self._stop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout)
+
+
+IMAGE_ENV_NAMES = (
+    "DRIVER_IMAGE",
+    "DRIVER_MANAGER_IMAGE",
+    "CONTAINER_TOOLKIT_IMAGE",
+    "DEVICE_PLUGIN_IMAGE",
+    "GFD_IMAGE",
+    "MIG_MANAGER_IMAGE",
+    "DCGM_EXPORTER_IMAGE",
+    "DCGM_IMAGE",
+    "VALIDATOR_IMAGE",
+)
+
+
+def api_configuration(kubeconfig: str | None) -> k8s.Configuration:
+    """In-cluster credentials in a pod, else the kubeconfig (``--kubeconfig``/KUBECONFIG)."""
+    from kubernetes import config as kubeconfig_loader
+
+    configuration = k8s.Configuration()
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        kubeconfig_loader.load_incluster_config(  # type: ignore[no-untyped-call]
+            client_configuration=configuration
+        )
+    else:
+        kubeconfig_loader.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, client_configuration=configuration
+        )
+    return configuration
+
+
+def main_run(
+    *,
+    kubeconfig: str | None,
+    namespace: str | None,
+    apply_crd: bool,
+    leader_election: bool,
+    health_port: int,
+    metrics_port: int,
+) -> int:
+    """``gpu-operator run``: until SIGTERM/SIGINT, then hand leadership over and exit."""
+    import signal
+
+    logging.basicConfig(
+        level=os.environ.get("LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    settings = OperatorSettings(
+        namespace=namespace or os.environ.get("OPERATOR_NAMESPACE", "gpu-operator"),
+        operator_image=os.environ.get("OPERATOR_IMAGE", OperatorSettings().operator_image),
+        image_env={k: os.environ[k] for k in IMAGE_ENV_NAMES if os.environ.get(k)},
+    )
+    options = RunOptions(
+        settings=settings,
+        apply_crd=apply_crd,
+        leader_election=leader_election,
+        health_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
+        metrics_port=metrics_port or None,
+    )
+    config = api_configuration(kubeconfig)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run_operator(options, config, stop=stop)
+
+    asyncio.run(run())
+    return 0

@@ -1,0 +1,80 @@
+"""Two replicas: only the Lease holder acts, the other takes over when it goes; health and
+metrics endpoints answer."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from gpu_operator.controller.kube import Kube
+from gpu_operator.controller.operator import OperatorSettings
+from gpu_operator.controller.runner import OperatorThread, RunOptions
+from tests.e2e.support import policy_status, private_cluster, service_account_config, wait_for
+from tests.paths import NVIDIA_REFERENCE
+
+NS = "gpu-operator"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def replica(config: object, identity: str, health: int, metrics: int) -> OperatorThread:
+    options = RunOptions(
+        settings=OperatorSettings(namespace=NS),
+        identity=identity,
+        health_endpoint=f"http://127.0.0.1:{health}/healthz",
+        metrics_port=metrics,
+        renew_seconds=1.0,
+        lease_seconds=4,
+    )
+    return OperatorThread(options, config)  # type: ignore[arg-type]
+
+
+def get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return str(resp.read().decode())
+
+
+def test_one_leader_acts_and_the_other_takes_over(testenv_bin_dir: Path) -> None:
+    with private_cluster(testenv_bin_dir, gpu_nodes=1) as cluster, cluster.api_client() as api:
+        kube = Kube(api)
+        config = service_account_config(cluster, NS, "gpu-operator")
+        ports = [free_port() for _ in range(4)]
+        first = replica(config, "replica-a", ports[0], ports[1]).start()
+        second = replica(config, "replica-b", ports[2], ports[3]).start(wait=False)
+        try:
+            kube.create(
+                yaml.safe_load((NVIDIA_REFERENCE / "clusterpolicy-helm-default.yaml").read_text())
+            )
+            wait_for("ready", lambda: policy_status(kube, "cluster-policy").get("state") == "ready")
+            lease = kube.get("Lease", "gpu-operator-leader", NS)
+            assert lease is not None and lease["spec"]["holderIdentity"] == "replica-a"
+            assert not second.started.is_set()  # the standby does not act
+
+            assert wait_for("healthz", lambda: get(f"http://127.0.0.1:{ports[0]}/healthz"))
+            metrics = get(f"http://127.0.0.1:{ports[1]}/metrics")
+            assert "gpu_operator_reconcile_total" in metrics
+            assert "gpu_operator_gpu_nodes 1.0" in metrics
+            assert 'gpu_operator_component_ready{component="device-plugin"} 1.0' in metrics
+
+            first.stop()  # graceful: hands the Lease over at once
+            wait_for("standby took over", second.started.is_set, timeout=30)
+            kube.merge_patch(
+                "ClusterPolicy", "cluster-policy", {"spec": {"gfd": {"enabled": False}}}
+            )
+            wait_for(
+                "new leader acted",
+                lambda: kube.get("DaemonSet", "gpu-feature-discovery", NS) is None,
+            )
+            lease = kube.get("Lease", "gpu-operator-leader", NS)
+            assert lease is not None and lease["spec"]["holderIdentity"] == "replica-b"
+        finally:
+            first.stop()
+            second.stop()
