@@ -69,8 +69,14 @@ def test_empty_spec_uses_defaults() -> None:
 
 
 def test_unimplemented_sections_are_reported_when_enabled() -> None:
-    spec = parse_spec({"gds": {"enabled": True}, "sandboxWorkloads": {"enabled": True}})
-    assert spec.unimplemented_enabled() == ["sandboxWorkloads", "gds"]
+    spec = parse_spec(
+        {
+            "gds": {"enabled": True},
+            "sandboxWorkloads": {"enabled": True},
+            "nodeStatusExporter": {"enabled": True},
+        }
+    )
+    assert spec.unimplemented_enabled() == ["nodeStatusExporter", "sandboxWorkloads", "gds"]
     # NVIDIA's Helm default enables sandbox operands, which only act with sandboxWorkloads on.
     helm = parse_document(nvidia_doc("clusterpolicy-helm-default.yaml"))
     assert helm.unimplemented_enabled() == []

@@ -396,4 +396,6 @@ class ClusterPolicySpec(ApiModel):
             names.append(wire)
         if self.sandbox_workloads.enabled:
             names.insert(0, "sandboxWorkloads")
+        if self.node_status_exporter.enabled:
+            names.insert(0, "nodeStatusExporter")
         return names

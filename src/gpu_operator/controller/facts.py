@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.controller.nodes import NodePolicy, NodeView, Taint, is_gpu_node
+from gpu_operator.render import config_hash
 from gpu_operator.render.components import REGISTRY, section
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE, Facts, NodeOS, Runtime
 
@@ -39,15 +38,16 @@ def detect_runtime(nodes: Iterable[NodeView], fallback: Runtime) -> Runtime:
 def referenced_configmaps(spec: ClusterPolicySpec) -> tuple[str, ...]:
     """User ConfigMaps whose content shapes operand pods (edits must roll those pods)."""
     names = []
-    for ref in (spec.device_plugin.config, spec.mig_manager.config, spec.dcgm_exporter.config):
+    refs = (
+        spec.device_plugin.config,
+        spec.mig_manager.config,
+        spec.mig_manager.gpu_clients_config,
+        spec.dcgm_exporter.config,
+    )
+    for ref in refs:
         if ref is not None and ref.name:
             names.append(ref.name)
     return tuple(names)
-
-
-def configmap_hash(configmap: Mapping[str, Any]) -> str:
-    data = {"data": configmap.get("data") or {}, "binaryData": configmap.get("binaryData") or {}}
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def gather_facts(
@@ -63,7 +63,7 @@ def gather_facts(
     oses = sorted({os for n in gpu_nodes if (os := node_os(n)) is not None})
     fallback: Runtime = spec.operator.default_runtime or "containerd"
     hashes = {
-        name: configmap_hash(configmaps[name])
+        name: config_hash(configmaps[name])
         for name in referenced_configmaps(spec)
         if name in configmaps
     }

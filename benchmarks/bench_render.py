@@ -1,0 +1,93 @@
+"""Timing of the renderer and of policy loading; prints figures, never fails on them.
+
+    python benchmarks/bench_render.py [--repeat N]
+
+- render: the full stack (every component on, ServiceMonitor, 3 node OSes), templates cached,
+  imports excluded; the first (cold) call is reported apart.
+  Rendered texts repeat between reconciles, so their parsed form is cached; the uncached
+  figure is what a changed policy costs.
+- load: YAML load + parse_document of NVIDIA's Helm-default ClusterPolicy, as ``render -f``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from gpu_operator.api import parse_spec
+from gpu_operator.cli import policy_from_text
+from gpu_operator.render import Facts, NodeOS, render
+from gpu_operator.render.engine import _parse
+
+NVIDIA_HELM_DEFAULT = (
+    Path(__file__).resolve().parents[1].parent
+    / "shared"
+    / "reference"
+    / "nvidia"
+    / "clusterpolicy-helm-default.yaml"
+)
+FULL_STACK = {
+    "dcgm": {"enabled": True},
+    "devicePlugin": {"config": {"name": "device-plugin-configs", "default": "default"}},
+    "dcgmExporter": {"enablePodLabels": True, "serviceMonitor": {"enabled": True}},
+    "migManager": {"gpuClientsConfig": {"name": "gpu-clients"}},
+    "daemonsets": {"labels": {"team": "gpu"}, "annotations": {"a": "b"}},
+}
+THREE_OSES = (NodeOS("ubuntu", "22.04"), NodeOS("ubuntu", "24.04"), NodeOS("rhel", "9.4"))
+
+
+def measure(fn: Callable[[], object], repeat: int) -> list[float]:
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def report(name: str, samples: list[float]) -> None:
+    ms = sorted(s * 1000 for s in samples)
+    p95 = ms[min(len(ms) - 1, round(0.95 * (len(ms) - 1)))]
+    print(
+        f"{name:<40} n={len(ms):<5} median={statistics.median(ms):8.3f} ms  "
+        f"p95={p95:8.3f} ms  min={ms[0]:8.3f} ms"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeat", type=int, default=500)
+    args = parser.parse_args()
+
+    policy = parse_spec(FULL_STACK)
+    facts = Facts(node_oses=THREE_OSES)
+    cold = measure(lambda: render(policy, facts), 1)
+    objects = render(policy, facts)
+    text = NVIDIA_HELM_DEFAULT.read_text()
+
+    def uncached() -> None:
+        _parse.cache_clear()
+        render(policy, facts)
+
+    def load() -> None:
+        policy_from_text(text, "helm-default")
+
+    daemonsets = sum(o["kind"] == "DaemonSet" for o in objects)
+    print(
+        f"python {platform.python_version()}, {platform.machine()}, libyaml {yaml.__with_libyaml__}"
+    )
+    print(f"full stack: {len(objects)} objects, {daemonsets} DaemonSets")
+    report("render full stack, first call", cold)
+    report("render full stack", measure(lambda: render(policy, facts), args.repeat))
+    report("render full stack, YAML parse uncached", measure(uncached, args.repeat))
+    report("load+validate NVIDIA helm default", measure(load, args.repeat))
+
+
+if __name__ == "__main__":
+    main()

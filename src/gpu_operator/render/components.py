@@ -1,0 +1,184 @@
+"""The component registry: every operand the operator deploys, in deployment order.
+
+Components are data, not code paths: an entry names the ClusterPolicy section, the template
+folder (``templates/<name>/``), the DaemonSet/app name, the deploy-gate label and the default
+image. Adding a component is a folder of templates plus one entry here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpu_operator.api.base import Component
+from gpu_operator.api.spec import ClusterPolicySpec
+from gpu_operator.render.facts import Facts
+from gpu_operator.render.images import ImageDefault, resolve_image, split_reference
+
+DEPLOY_LABEL_PREFIX = "nvidia.com/gpu.deploy."
+
+
+@dataclass(frozen=True)
+class ComponentDef:
+    """One operand. ``name`` is the template folder and the deploy-label suffix."""
+
+    name: str
+    spec_field: str  # the ClusterPolicy section, as spelt on the wire (``devicePlugin``)
+    app: str  # DaemonSet name and pod label ``app``
+    service_account: str  # also the name of the component's RBAC objects
+    image_env: str  # the operator Deployment's fallback env var for the image
+    default_image: ImageDefault | None  # None: the project's own image (Facts.operator_image)
+    agent: str | None = None  # ``gpu-operator agent <agent>`` when running the project image
+    foreign_command: tuple[str, ...] = ()  # entrypoint for another image; () keeps the image's
+    mig_capable_only: bool = False  # deploy label set only on MIG-capable nodes
+    per_os: bool = False  # one DaemonSet per node OS (driver images are built per OS)
+    on_delete: bool = False  # pods replaced only by the upgrade controller
+    gpu_runtime: bool = True  # pods need the NVIDIA runtime to see GPUs and driver libs
+    env_sections: tuple[str, ...] = ()  # sub-sections whose ``env`` joins the component's
+    # NVIDIA images (repository/name) that cannot do this component's job in our pod layout;
+    # a spec naming one gets the project's image instead of a pod that never works.
+    replaced_images: tuple[str, ...] = ()
+
+    @property
+    def deploy_label(self) -> str:
+        return DEPLOY_LABEL_PREFIX + self.name
+
+
+REGISTRY: tuple[ComponentDef, ...] = (
+    ComponentDef(
+        name="driver",
+        spec_field="driver",
+        app="nvidia-driver-daemonset",
+        service_account="nvidia-driver",
+        image_env="DRIVER_IMAGE",
+        default_image=ImageDefault("nvcr.io/nvidia", "driver", "580.95.05"),
+        per_os=True,
+        on_delete=True,
+        gpu_runtime=False,
+    ),
+    ComponentDef(
+        name="container-toolkit",
+        spec_field="toolkit",
+        app="nvidia-container-toolkit-daemonset",
+        service_account="nvidia-container-toolkit",
+        image_env="CONTAINER_TOOLKIT_IMAGE",
+        default_image=ImageDefault("nvcr.io/nvidia/k8s", "container-toolkit", "v1.17.8"),
+        gpu_runtime=False,
+    ),
+    ComponentDef(
+        name="operator-validator",
+        spec_field="validator",
+        app="nvidia-operator-validator",
+        service_account="nvidia-operator-validator",
+        image_env="VALIDATOR_IMAGE",
+        default_image=None,
+        agent="validate",
+        env_sections=("driver", "toolkit", "cuda", "plugin"),
+        # NVIDIA's validator is its operator image (entrypoint: NVIDIA's operator), run as one
+        # init container per check; NVIDIA's Helm values point validator.image at it.
+        replaced_images=(
+            "nvcr.io/nvidia/gpu-operator",
+            "nvcr.io/nvidia/cloud-native/gpu-operator-validator",
+        ),
+    ),
+    ComponentDef(
+        name="device-plugin",
+        spec_field="devicePlugin",
+        app="nvidia-device-plugin-daemonset",
+        service_account="nvidia-device-plugin",
+        image_env="DEVICE_PLUGIN_IMAGE",
+        default_image=ImageDefault("nvcr.io/nvidia", "k8s-device-plugin", "v0.17.4"),
+    ),
+    ComponentDef(
+        name="dcgm",
+        spec_field="dcgm",
+        app="nvidia-dcgm",
+        service_account="nvidia-dcgm",
+        image_env="DCGM_IMAGE",
+        default_image=ImageDefault("nvcr.io/nvidia/cloud-native", "dcgm", "4.2.3-1-ubuntu22.04"),
+    ),
+    ComponentDef(
+        name="dcgm-exporter",
+        spec_field="dcgmExporter",
+        app="nvidia-dcgm-exporter",
+        service_account="nvidia-dcgm-exporter",
+        image_env="DCGM_EXPORTER_IMAGE",
+        default_image=None,
+        agent="exporter",
+    ),
+    ComponentDef(
+        name="gpu-feature-discovery",
+        spec_field="gfd",
+        app="gpu-feature-discovery",
+        service_account="nvidia-gpu-feature-discovery",
+        image_env="GFD_IMAGE",
+        default_image=None,
+        agent="discover",
+        foreign_command=("gpu-feature-discovery",),
+    ),
+    ComponentDef(
+        name="mig-manager",
+        spec_field="migManager",
+        app="nvidia-mig-manager",
+        service_account="nvidia-mig-manager",
+        image_env="MIG_MANAGER_IMAGE",
+        default_image=None,
+        agent="mig-manager",
+        mig_capable_only=True,
+    ),
+)
+
+_ATTRIBUTE_BY_WIRE = {
+    (info.alias or name): name for name, info in ClusterPolicySpec.model_fields.items()
+}
+
+
+def component(name: str) -> ComponentDef:
+    """The registry entry called ``name``; KeyError names the known ones."""
+    for entry in REGISTRY:
+        if entry.name == name:
+            return entry
+    raise KeyError(f"unknown component {name!r}; known: {[c.name for c in REGISTRY]}")
+
+
+def section(policy: ClusterPolicySpec, comp: ComponentDef) -> Component:
+    """The ClusterPolicy section that configures ``comp``."""
+    value = getattr(policy, _ATTRIBUTE_BY_WIRE[comp.spec_field])
+    assert isinstance(value, Component), comp.spec_field
+    return value
+
+
+def default_image(comp: ComponentDef, operator_image: str) -> ImageDefault:
+    """The built-in default image; agent components run the operator's own image."""
+    if comp.default_image is not None:
+        return comp.default_image
+    parts = split_reference(operator_image)
+    return ImageDefault(parts.repository or "", parts.image or "", parts.version or "latest")
+
+
+def component_image(comp: ComponentDef, spec: Component, facts: Facts) -> str:
+    """The image ``comp`` runs: the spec's, completed from the env fallback and the default."""
+    default = default_image(comp, facts.operator_image)
+    fallback = facts.image_env.get(comp.image_env)
+    image = resolve_image(spec, default, fallback)
+    if _repository(image) in comp.replaced_images:
+        return resolve_image(None, default, fallback)
+    return image
+
+
+def _repository(image: str) -> str:
+    parts = split_reference(image)
+    return f"{parts.repository}/{parts.image}" if parts.repository else parts.image or ""
+
+
+def command(comp: ComponentDef, image: str, operator_image: str) -> list[str] | None:
+    """The container command: the project's agent only when ``image`` is the project's image.
+
+    A user who points e.g. ``gfd`` back at NVIDIA's image gets NVIDIA's entrypoint
+    (``foreign_command``, or the image's own when that is empty); env names are NVIDIA's either
+    way, so both images read the same settings. ``None`` leaves the template's command alone.
+    """
+    if comp.agent is None:
+        return None
+    if _repository(image) == _repository(operator_image):
+        return ["gpu-operator", "agent", comp.agent]
+    return list(comp.foreign_command) or None
