@@ -34,8 +34,8 @@ e2e: $(STAMP) testenv
 	$(BIN)/pytest -q tests/e2e
 
 ## testenv: build (once, cached) etcd, kube-apiserver, kcm, kube-scheduler and kwok
-testenv:
-	hack/build-components.sh
+testenv: $(STAMP)
+	hack/testenv build
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done

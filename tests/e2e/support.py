@@ -32,7 +32,7 @@ def private_cluster(
     try:
         yield cluster
     finally:
-        cluster.stop()
+        cluster.stop(remove_state=True)
 
 
 def wait_for(

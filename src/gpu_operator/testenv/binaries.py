@@ -1,0 +1,120 @@
+"""Where the control-plane binaries live, and how to get them built.
+
+`hack/build-components.sh` is the single source of truth for versions and the cache layout; this
+module mirrors its defaults (reading them from the script when the repository is at hand) so that
+a cached build is found without Go installed and without running the script.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import IO
+
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+# Fallbacks for when the package runs outside a checkout; keep in step with the script.
+_DEFAULT_VERSIONS = {"K8S_VERSION": "v1.34.4", "ETCD_VERSION": "v3.6.16", "KWOK_VERSION": "v0.7.0"}
+
+
+class BinariesError(RuntimeError):
+    """The binaries are missing and cannot be built here (reason in the message)."""
+
+
+def repo_root() -> Path | None:
+    """The checkout holding `hack/build-components.sh`: from $TESTENV_REPO_ROOT, cwd or here."""
+    env = os.environ.get("TESTENV_REPO_ROOT")
+    starts = [Path(env)] if env else []
+    starts += [Path.cwd(), Path(__file__).resolve()]
+    for start in starts:
+        for candidate in (start, *start.parents):
+            if (candidate / "hack" / "build-components.sh").is_file():
+                return candidate
+    return None
+
+
+def build_script() -> Path | None:
+    root = repo_root()
+    return root / "hack" / "build-components.sh" if root else None
+
+
+def versions() -> dict[str, str]:
+    """Pinned versions: environment overrides, else the script's defaults, else ours."""
+    found = dict(_DEFAULT_VERSIONS)
+    script = build_script()
+    if script is not None:
+        text = script.read_text()
+        for key in found:
+            match = re.search(rf"^{key}=\$\{{{key}:-([^}}]+)\}}", text, re.MULTILINE)
+            if match:
+                found[key] = match.group(1)
+    for key in found:
+        found[key] = os.environ.get(key, found[key])
+    return found
+
+
+def cache_bin_dir() -> Path:
+    """The versioned cache directory the build script writes to."""
+    v = versions()
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    root = Path(os.environ.get("TESTENV_CACHE") or Path(xdg) / "gpu-operator-testenv")
+    key = f"k8s-{v['K8S_VERSION']}_etcd-{v['ETCD_VERSION']}_kwok-{v['KWOK_VERSION']}"
+    return root / key / "bin"
+
+
+def missing(bin_dir: Path) -> list[str]:
+    return [c for c in COMPONENTS if not os.access(bin_dir / c, os.X_OK)]
+
+
+def cached_bin_dir() -> Path | None:
+    """The bin dir if every binary is already there ($TESTENV_BIN_DIR wins), else None."""
+    env = os.environ.get("TESTENV_BIN_DIR")
+    bin_dir = Path(env) if env else cache_bin_dir()
+    return bin_dir if not missing(bin_dir) else None
+
+
+def why_unbuildable() -> str | None:
+    """A one-line reason the binaries can be neither found nor built, or None if they can."""
+    if cached_bin_dir() is not None:
+        return None
+    if shutil.which("go") is None:
+        return (
+            "Go toolchain not found on PATH and the control-plane binaries are not cached in "
+            f"{cache_bin_dir()}; install Go (or set TESTENV_BIN_DIR) and run `hack/testenv build`"
+        )
+    if build_script() is None:
+        return "hack/build-components.sh not found (run from the gpu-operator checkout)"
+    return None
+
+
+def ensure_binaries(log: IO[str] | None = None) -> Path:
+    """Return the bin dir, building the components first if any is missing (slow when cold).
+
+    Build output goes to `log` when given (else inherits stderr); raises BinariesError.
+    """
+    cached = cached_bin_dir()
+    if cached is not None:
+        return cached
+    reason = why_unbuildable()
+    if reason:
+        raise BinariesError(reason)
+    script = build_script()
+    assert script is not None
+    proc = subprocess.run(
+        ["bash", str(script), "all"],
+        stdout=subprocess.PIPE,
+        stderr=log if log is not None else None,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise BinariesError(f"{script} failed with exit code {proc.returncode}")
+    lines = proc.stdout.strip().splitlines()
+    bin_dir = Path(lines[-1]) if lines else cache_bin_dir()
+    absent = missing(bin_dir)
+    if absent:
+        raise BinariesError(f"build finished but {', '.join(absent)} missing in {bin_dir}")
+    return bin_dir

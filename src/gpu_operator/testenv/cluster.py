@@ -1,0 +1,632 @@
+"""Start, describe and stop a real control plane on loopback: etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler and kwok (which plays every kubelet).
+
+All state lives in one directory (default `.testenv/` in the checkout): PKI, kubeconfigs, etcd
+data, logs, the audit log and `state.json`, which records ports and PIDs so that `stop()` from
+any later process tears down exactly what `start()` left running.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import functools
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+from kubernetes import client
+
+from . import binaries, nodes, pki
+from .processes import (
+    ProcessRecord,
+    alive,
+    find_strays,
+    free_ports,
+    spawn,
+    terminate,
+    wait_ports_free,
+)
+
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDR = "10.128.0.1/14"
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+"""
+# No Stage objects: kwok uses its default node (init + lease heartbeat) and pod stages. The
+# parallelism (default 4) bounds how fast hundreds of nodes and their pods turn Ready.
+KWOK_CONFIG = """\
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options:
+  nodePlayStageParallelism: 16
+  podPlayStageParallelism: 16
+  nodeLeaseParallelism: 16
+"""
+STATE_FILE = "state.json"
+START_TIMEOUT = 120.0
+
+
+class TestenvError(RuntimeError):
+    """The control plane could not be started or reached; the message says why."""
+
+
+def default_state_dir() -> Path:
+    """`$TESTENV_STATE_DIR`, else `.testenv/` in the checkout (or the cwd outside one)."""
+    env = os.environ.get("TESTENV_STATE_DIR")
+    if env:
+        return Path(env).resolve()
+    root = binaries.repo_root()
+    return (root or Path.cwd()) / ".testenv"
+
+
+@dataclass(frozen=True)
+class Clients:
+    """The typed API objects tests use, sharing one ApiClient, plus a working namespace."""
+
+    api: client.ApiClient
+    core: client.CoreV1Api
+    apps: client.AppsV1Api
+    custom: client.CustomObjectsApi
+    apiext: client.ApiextensionsV1Api
+    namespace: str = "default"
+
+    @classmethod
+    def for_api(cls, api: client.ApiClient, namespace: str = "default") -> Clients:
+        return cls(
+            api,
+            client.CoreV1Api(api),
+            client.AppsV1Api(api),
+            client.CustomObjectsApi(api),
+            client.ApiextensionsV1Api(api),
+            namespace,
+        )
+
+
+@dataclass
+class Cluster:
+    """A handle on a running testenv; cheap to rebuild from `state.json` with `load()`."""
+
+    state_dir: Path
+    api_url: str
+    ports: dict[str, int]
+    processes: list[ProcessRecord]
+    bin_dir: Path
+    # Seconds from the start of `start()` until each milestone (apiserver ready, nodes, ...).
+    timings: dict[str, float] = field(default_factory=dict)
+    popens: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / "kubeconfig"
+
+    @property
+    def audit_log(self) -> Path:
+        """JSON lines, one per request at level Metadata: count by `user.username`/`userAgent`."""
+        return self.state_dir / "audit.log"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.state_dir / "pki" / "ca.crt"
+
+    @property
+    def admin_cert(self) -> pki.KeyPair:
+        return pki.KeyPair(
+            self.state_dir / "pki" / "client-admin.crt", self.state_dir / "pki" / "client-admin.key"
+        )
+
+    def api_client(self, *, pool_size: int = 32) -> client.ApiClient:
+        """A fresh cluster-admin ApiClient; callers own it (close() it when done)."""
+        config = client.Configuration(
+            host=self.api_url,
+            ssl_ca_cert=str(self.ca_file),
+            cert_file=str(self.admin_cert.cert),
+            key_file=str(self.admin_cert.key),
+            connection_pool_maxsize=pool_size,
+        )
+        return client.ApiClient(config)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.ca_file))
+        ctx.load_cert_chain(str(self.admin_cert.cert), str(self.admin_cert.key))
+        return ctx
+
+    def get(self, path: str, timeout: float = 5.0) -> str:
+        """GET a raw apiserver path (e.g. /readyz?verbose) as cluster-admin."""
+        with urllib.request.urlopen(
+            self.api_url + path, context=self.ssl_context(), timeout=timeout
+        ) as resp:
+            return str(resp.read().decode())
+
+    def apiserver_metrics(self) -> str:
+        """Prometheus text from the apiserver's /metrics (apiserver_request_total etc.)."""
+        return self.get("/metrics", timeout=30.0)
+
+    def running(self) -> bool:
+        return bool(self.processes) and all(alive(p) for p in self.processes)
+
+    def healthy(self) -> bool:
+        try:
+            return self.running() and self.get("/readyz").strip() == "ok"
+        except (OSError, urllib.error.URLError):
+            return False
+
+    # Nodes ---------------------------------------------------------------------------------
+
+    def create_gpu_node(
+        self,
+        name: str,
+        os_id: str = "ubuntu",
+        os_version: str = "22.04",
+        extra_labels: Mapping[str, str] | None = None,
+        *,
+        wait: bool = True,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """Create one kwok-managed GPU node (see nodes.node_manifest) and wait for Ready."""
+        manifest = nodes.node_manifest(
+            name, gpu=True, os_id=os_id, os_version=os_version, extra_labels=extra_labels, **kwargs
+        )
+        self.create_nodes([manifest], wait=wait)
+        return manifest
+
+    def create_cpu_node(
+        self,
+        name: str,
+        extra_labels: Mapping[str, str] | None = None,
+        *,
+        wait: bool = True,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """Create one kwok-managed node without NVIDIA hardware and wait for Ready."""
+        manifest = nodes.node_manifest(name, gpu=False, extra_labels=extra_labels, **kwargs)
+        self.create_nodes([manifest], wait=wait)
+        return manifest
+
+    def create_nodes(
+        self,
+        manifests: Sequence[Mapping[str, Any]],
+        *,
+        wait: bool = True,
+        timeout: float = 120.0,
+    ) -> list[str]:
+        """Create many Nodes concurrently, then (by default) wait until kwok has them Ready."""
+        with self.api_client() as api:
+            names = nodes.create_nodes(api, manifests)
+            if wait:
+                nodes.wait_nodes_ready(api, names, timeout=timeout)
+        return names
+
+    def add_nodes(self, gpu: int = 0, cpu: int = 0, *, wait: bool = True) -> list[str]:
+        """Add `gpu-node-N` / `cpu-node-N` nodes, numbering on from those that exist."""
+        with self.api_client() as api:
+            existing = {nodes.node_name(n) for n in client.CoreV1Api(api).list_node().items}
+        manifests: list[dict[str, Any]] = []
+        for prefix, count, is_gpu in (("gpu-node", gpu, True), ("cpu-node", cpu, False)):
+            i = 0
+            while count:
+                name = f"{prefix}-{i}"
+                i += 1
+                if name not in existing:
+                    manifests.append(nodes.node_manifest(name, gpu=is_gpu))
+                    count -= 1
+        return self.create_nodes(manifests, wait=wait) if manifests else []
+
+    # Lifecycle -----------------------------------------------------------------------------
+
+    def stop(self, *, remove_state: bool = False) -> None:
+        """Kill every component (and any stray mentioning our state dir); wait for the ports.
+
+        `remove_state` then deletes the state dir (logs included) for throwaway clusters."""
+        stop(self.state_dir)
+        if remove_state:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+        for proc in self.popens:
+            proc.poll()
+        self.popens.clear()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "api_url": self.api_url,
+            "kubeconfig": str(self.kubeconfig),
+            "audit_log": str(self.audit_log),
+            "bin_dir": str(self.bin_dir),
+            "ports": self.ports,
+            "processes": [p.to_json() for p in self.processes],
+            "timings": self.timings,
+        }
+
+
+def claim_state_dir(parent: Path, name: str) -> tuple[Path, IO[str]]:
+    """Lock `parent/name` (else `name-1`, `name-2`, ...) for this process, so concurrent test
+    sessions never stop each other's cluster. Keep the returned file open while using the dir;
+    the kernel drops the lock when the process exits, however it exits."""
+    for i in range(64):
+        candidate = parent / (name if i == 0 else f"{name}-{i}")
+        candidate.mkdir(parents=True, exist_ok=True)
+        lock = (candidate / ".lock").open("w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            continue
+        return candidate.resolve(), lock
+    raise TestenvError(f"no free state dir {parent / name}-N (64 sessions hold one)")
+
+
+def load(state_dir: Path | None = None) -> Cluster | None:
+    """The cluster recorded in `state_dir`, or None if nothing was ever started there."""
+    state_dir = (state_dir or default_state_dir()).resolve()
+    try:
+        data = json.loads((state_dir / STATE_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return Cluster(
+        state_dir=state_dir,
+        api_url=str(data["api_url"]),
+        ports={str(k): int(v) for k, v in data["ports"].items()},
+        processes=[ProcessRecord.from_json(p) for p in data["processes"]],
+        bin_dir=Path(data["bin_dir"]),
+        timings={str(k): float(v) for k, v in data.get("timings", {}).items()},
+    )
+
+
+def stray_markers(state_dir: Path) -> list[str]:
+    """Paths that appear in the arguments of exactly this state dir's components (and not in
+    those of a state dir nested inside it)."""
+    names = ("etcd", "pki/", "kwok.yaml", "kwok.kubeconfig", "kube-controller-manager.kubeconfig")
+    return [f"{state_dir}{os.sep}{name}" for name in (*names, "kube-scheduler.kubeconfig")]
+
+
+def stop(state_dir: Path | None = None) -> None:
+    """Tear down whatever was started in `state_dir`, even by a process that has since died.
+
+    Raises TestenvError if a port is still bound afterwards.
+    """
+    state_dir = (state_dir or default_state_dir()).resolve()
+    cluster = load(state_dir)
+    records = cluster.processes if cluster else []
+    # Strays: components whose arguments mention this state dir but that state.json missed
+    # (e.g. the starter was killed between spawning and writing the file).
+    strays = find_strays(binaries.COMPONENTS, stray_markers(state_dir))
+    terminate(records, strays)
+    (state_dir / STATE_FILE).unlink(missing_ok=True)
+    if cluster:
+        busy = wait_ports_free(cluster.ports.values())
+        # Once our processes are gone a listener can only be someone else's that picked the
+        # freed port (other clusters choose free ports too); only ours would be an error.
+        left = find_strays(binaries.COMPONENTS, stray_markers(state_dir))
+        if busy and left:
+            raise TestenvError(f"ports {busy} still held by testenv processes {left}")
+
+
+def _kubeconfig(api_url: str, ca: Path, pair: pki.KeyPair, user: str) -> str:
+    def b64(path: Path) -> str:
+        return base64.b64encode(path.read_bytes()).decode()
+
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "testenv",
+                "cluster": {"server": api_url, "certificate-authority-data": b64(ca)},
+            }
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {
+                    "client-certificate-data": b64(pair.cert),
+                    "client-key-data": b64(pair.key),
+                },
+            }
+        ],
+        "contexts": [{"name": "testenv", "context": {"cluster": "testenv", "user": user}}],
+        "current-context": "testenv",
+    }
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def _tail(path: str, lines: int = 25) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def _https_ok(url: str, ctx: ssl.SSLContext) -> bool:
+    try:
+        with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+class _Starter:
+    """Spawns components and fails fast with the log tail when one of them exits."""
+
+    def __init__(
+        self, state_dir: Path, bin_dir: Path, die_with_parent: bool, timings: dict[str, float]
+    ) -> None:
+        self.t0 = time.monotonic()
+        self.timings = timings
+        self.state_dir = state_dir
+        self.bin_dir = bin_dir
+        self.die_with_parent = die_with_parent
+        self.records: list[ProcessRecord] = []
+        self.popens: list[subprocess.Popen[bytes]] = []
+
+    def spawn(self, name: str, args: Sequence[str]) -> None:
+        proc, record = spawn(
+            name,
+            [str(self.bin_dir / name), *args],
+            self.state_dir / "logs" / f"{name}.log",
+            die_with_parent=self.die_with_parent,
+            cwd=self.state_dir,
+        )
+        self.popens.append(proc)
+        self.records.append(record)
+
+    def check(self) -> None:
+        for proc, record in zip(self.popens, self.records, strict=True):
+            if proc.poll() is not None:
+                raise TestenvError(
+                    f"{record.name} exited with code {proc.returncode} during startup; "
+                    f"last lines of {record.log}:\n{_tail(record.log)}"
+                )
+
+    def wait_for(self, what: str, ready: Callable[[], bool], deadline: float) -> None:
+        while True:
+            self.check()
+            if ready():
+                self.timings[what] = round(time.monotonic() - self.t0, 3)
+                return
+            if time.monotonic() > deadline:
+                logs = "\n".join(f"--- {r.log}\n{_tail(r.log, 10)}" for r in self.records)
+                raise TestenvError(f"timed out waiting for {what}\n{logs}")
+            time.sleep(0.1)
+
+
+def start(
+    state_dir: Path | None = None,
+    *,
+    gpu_nodes: int = 0,
+    cpu_nodes: int = 0,
+    bin_dir: Path | None = None,
+    detach: bool = False,
+    timeout: float = START_TIMEOUT,
+) -> Cluster:
+    """Start a fresh control plane in `state_dir` (wiping earlier state) and wait until it is
+    usable: apiserver ready, controllers and scheduler healthy, the `default` ServiceAccount in
+    place (pods can be created) and the requested nodes Ready.
+
+    `detach=False` (called from the main thread) ties the components to this process's lifetime
+    (PR_SET_PDEATHSIG) so a killed test run leaves nothing behind; `detach=True` (the CLI's
+    `up`) lets them outlive it. Either way `stop()` finds them from `state.json`.
+    """
+    state_dir = (state_dir or default_state_dir()).resolve()
+    bin_dir = bin_dir or binaries.ensure_binaries()
+    for attempt in range(3):
+        try:
+            return _start_once(state_dir, gpu_nodes, cpu_nodes, bin_dir, detach, timeout)
+        except TestenvError as exc:
+            # A port chosen as free can be taken by another process (e.g. a concurrent
+            # cluster) before our component binds it; pick new ports and try again.
+            if attempt == 2 or "address already in use" not in str(exc):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_once(
+    state_dir: Path, gpu_nodes: int, cpu_nodes: int, bin_dir: Path, detach: bool, timeout: float
+) -> Cluster:
+    stop(state_dir)  # never two clusters on one state dir; also clears what a crash left
+    for sub in ("etcd", "logs", "kcm", "scheduler"):
+        shutil.rmtree(state_dir / sub, ignore_errors=True)
+    for name in ("audit.log", "kubeconfig"):
+        (state_dir / name).unlink(missing_ok=True)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / ".gitignore").write_text("*\n")
+
+    deadline = time.monotonic() + timeout
+    keys = pki.load_or_generate(state_dir / "pki")
+    names = ("etcd", "etcd-peer", "kube-apiserver", "kcm", "scheduler", "kwok")
+    ports = dict(zip(names, free_ports(len(names)), strict=True))
+    api_url = f"https://127.0.0.1:{ports['kube-apiserver']}"
+    ca = keys.ca.cert
+
+    kubeconfigs = {}
+    for user in ("admin", "kube-controller-manager", "kube-scheduler", "kwok"):
+        path = state_dir / ("kubeconfig" if user == "admin" else f"{user}.kubeconfig")
+        path.write_text(_kubeconfig(api_url, ca, keys.clients[user], user))
+        path.chmod(0o600)
+        kubeconfigs[user] = path
+    audit_policy = state_dir / "audit-policy.yaml"
+    audit_policy.write_text(AUDIT_POLICY)
+
+    cluster = Cluster(state_dir, api_url, ports, [], bin_dir)
+    # PR_SET_PDEATHSIG fires when the spawning *thread* exits, so only the main thread can
+    # tie the components' lifetime to the process; other threads rely on stop()/strays.
+    die_with_parent = not detach and threading.current_thread() is threading.main_thread()
+    starter = _Starter(state_dir, bin_dir, die_with_parent, cluster.timings)
+    etcd_url = f"http://127.0.0.1:{ports['etcd']}"
+    peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
+
+    def record_state() -> None:
+        cluster.processes = list(starter.records)
+        (state_dir / STATE_FILE).write_text(json.dumps(cluster.to_json(), indent=2) + "\n")
+
+    try:
+        starter.spawn(
+            "etcd",
+            [
+                "--name=testenv",
+                f"--data-dir={state_dir / 'etcd'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=testenv={peer_url}",
+                "--initial-cluster-state=new",
+                "--unsafe-no-fsync=true",  # throwaway data: skip fsync, much faster writes
+                "--quota-backend-bytes=8589934592",
+                "--log-level=warn",
+            ],
+        )
+        record_state()
+        starter.spawn(
+            "kube-apiserver",
+            [
+                f"--etcd-servers={etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={ports['kube-apiserver']}",
+                f"--cert-dir={state_dir / 'pki'}",
+                f"--tls-cert-file={keys.apiserver.cert}",
+                f"--tls-private-key-file={keys.apiserver.key}",
+                f"--client-ca-file={ca}",
+                f"--requestheader-client-ca-file={keys.front_proxy_ca.cert}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={keys.front_proxy_client.cert}",
+                f"--proxy-client-key-file={keys.front_proxy_client.key}",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                "--allow-privileged=true",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={keys.sa_pub}",
+                f"--service-account-signing-key-file={keys.sa_key}",
+                # Loopback is not a valid Endpoints address, so don't publish the apiserver
+                # as the endpoint of the `kubernetes` Service (nothing in-cluster dials it).
+                "--endpoint-reconciler-type=none",
+                f"--audit-policy-file={audit_policy}",
+                f"--audit-log-path={cluster.audit_log}",
+                "--audit-log-maxsize=0",
+                "--audit-log-maxbackup=0",
+                "--profiling=false",
+            ],
+        )
+        record_state()
+        admin_ctx = cluster.ssl_context()
+        starter.wait_for(
+            "kube-apiserver /readyz", lambda: _https_ok(api_url + "/readyz", admin_ctx), deadline
+        )
+        kcm_kc = kubeconfigs["kube-controller-manager"]
+        starter.spawn(
+            "kube-controller-manager",
+            [
+                f"--kubeconfig={kcm_kc}",
+                f"--authentication-kubeconfig={kcm_kc}",
+                f"--authorization-kubeconfig={kcm_kc}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={ports['kcm']}",
+                f"--cert-dir={state_dir / 'kcm'}",
+                "--leader-elect=false",
+                f"--service-account-private-key-file={keys.sa_key}",
+                f"--root-ca-file={ca}",
+                f"--cluster-signing-cert-file={ca}",
+                f"--cluster-signing-key-file={keys.ca.key}",
+                "--use-service-account-credentials=true",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                # Defaults (20/30) throttle the DaemonSet controller on hundreds of nodes.
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
+                "--controllers=*",
+                "--profiling=false",
+            ],
+        )
+        sched_kc = kubeconfigs["kube-scheduler"]
+        starter.spawn(
+            "kube-scheduler",
+            [
+                f"--kubeconfig={sched_kc}",
+                f"--authentication-kubeconfig={sched_kc}",
+                f"--authorization-kubeconfig={sched_kc}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={ports['scheduler']}",
+                f"--cert-dir={state_dir / 'scheduler'}",
+                "--leader-elect=false",
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
+                "--profiling=false",
+            ],
+        )
+        kwok_config = state_dir / "kwok.yaml"
+        # An explicit config keeps a developer's ~/.kwok/kwok.yaml out of the picture.
+        kwok_config.write_text(KWOK_CONFIG)
+        starter.spawn(
+            "kwok",
+            [
+                f"--kubeconfig={kubeconfigs['kwok']}",
+                f"--config={kwok_config}",
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                # Renew a Lease per node like a kubelet does (0 would mean status heartbeats).
+                "--node-lease-duration-seconds=40",
+                f"--cidr={POD_CIDR}",
+                f"--server-address=127.0.0.1:{ports['kwok']}",
+            ],
+        )
+        record_state()
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE  # self-signed serving certs of kcm and scheduler
+        for what, port in (("kube-controller-manager", "kcm"), ("kube-scheduler", "scheduler")):
+            url = f"https://127.0.0.1:{ports[port]}/healthz"
+            starter.wait_for(
+                f"{what} /healthz", functools.partial(_https_ok, url, insecure), deadline
+            )
+        starter.wait_for("kwok /healthz", lambda: _http_ok(ports["kwok"]), deadline)
+        with cluster.api_client() as api:
+            core = client.CoreV1Api(api)
+            starter.wait_for("the default ServiceAccount", lambda: _has_default_sa(core), deadline)
+        cluster.popens = starter.popens
+        if gpu_nodes or cpu_nodes:
+            cluster.add_nodes(gpu=gpu_nodes, cpu=cpu_nodes)
+            cluster.timings["nodes Ready"] = round(time.monotonic() - starter.t0, 3)
+    except BaseException:
+        record_state()
+        try:
+            stop(state_dir)
+        finally:
+            for proc in starter.popens:
+                proc.poll()
+        raise
+    record_state()
+    return cluster
+
+
+def _http_ok(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def _has_default_sa(core: client.CoreV1Api) -> bool:
+    try:
+        core.read_namespaced_service_account("default", "default")
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True

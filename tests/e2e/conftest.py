@@ -1,0 +1,152 @@
+"""Fixtures for end-to-end tests against a real control plane (`hack/testenv`).
+
+Every test under tests/e2e is marked `e2e`. One cluster (2 GPU nodes, 1 CPU node) serves the
+whole session and is always torn down; each test gets its own namespace and fresh clients.
+
+Skip policy: outside CI, a machine without Go (and without cached binaries) skips e2e with one
+line saying so. With CI set, failing to build or start the control plane fails the tests.
+Set TESTENV_REUSE=1 to run against a cluster already started with `hack/testenv up`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from gpu_operator import testenv
+
+E2E_DIR = Path(__file__).resolve().parent
+SESSION_GPU_NODES = 2
+SESSION_CPU_NODES = 1
+
+_UNAVAILABLE = pytest.StashKey[str]()  # why the binaries cannot be had, if they cannot
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if E2E_DIR in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the binaries here, before any test runs, so a cold build (many minutes) is not
+    charged to the first test's timeout."""
+    selected = [i for i in session.items if i.get_closest_marker("e2e")]
+    if not selected or session.config.option.collectonly:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    reason = testenv.why_unbuildable()
+    if reason is None and testenv.binaries.cached_bin_dir() is None:
+        log = testenv.default_state_dir() / "build.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        if reporter:
+            reporter.write_line(f"testenv: building control-plane binaries (log: {log})")
+        try:
+            with log.open("w") as out:
+                testenv.ensure_binaries(log=out)
+        except testenv.BinariesError as exc:
+            session.config.stash[_UNAVAILABLE] = f"{exc} (see {log})"
+        return
+    if reason is None:
+        return
+    if in_ci():
+        session.config.stash[_UNAVAILABLE] = f"CI is set and {reason}"
+        return
+    if reporter:
+        reporter.write_line(f"testenv: skipping {len(selected)} e2e tests: {reason}")
+    for item in selected:
+        item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def testenv_bin_dir(pytestconfig: pytest.Config) -> Path:
+    """The control-plane binaries; fails (never skips) when they could not be built."""
+    problem = pytestconfig.stash.get(_UNAVAILABLE, None)
+    if problem:
+        pytest.fail(f"testenv unavailable: {problem}", pytrace=False)
+    try:
+        return testenv.ensure_binaries()
+    except testenv.BinariesError as exc:
+        pytest.fail(f"testenv unavailable: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def cluster(testenv_bin_dir: Path) -> Iterator[testenv.Cluster]:
+    """The session's control plane with SESSION_GPU_NODES GPU and SESSION_CPU_NODES CPU nodes."""
+    if os.environ.get("TESTENV_REUSE"):
+        running = testenv.load()
+        if running is not None and running.healthy():
+            yield running
+            return
+    state_dir, lock = testenv.claim_state_dir(testenv.default_state_dir(), "e2e")
+    try:
+        started = testenv.start(
+            state_dir,
+            gpu_nodes=SESSION_GPU_NODES,
+            cpu_nodes=SESSION_CPU_NODES,
+            bin_dir=testenv_bin_dir,
+        )
+    except (testenv.TestenvError, OSError, TimeoutError) as exc:
+        lock.close()
+        pytest.fail(f"testenv could not start: {exc}", pytrace=False)
+    try:
+        yield started
+    finally:
+        started.stop()
+        lock.close()
+
+
+@pytest.fixture
+def api_client(cluster: testenv.Cluster) -> Iterator[client.ApiClient]:
+    with cluster.api_client() as api:
+        yield api
+
+
+@pytest.fixture
+def core_v1(api_client: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(api_client)
+
+
+@pytest.fixture
+def apps_v1(api_client: client.ApiClient) -> client.AppsV1Api:
+    return client.AppsV1Api(api_client)
+
+
+@pytest.fixture
+def custom_objects(api_client: client.ApiClient) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(api_client)
+
+
+@pytest.fixture
+def apiextensions_v1(api_client: client.ApiClient) -> client.ApiextensionsV1Api:
+    return client.ApiextensionsV1Api(api_client)
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, core_v1: client.CoreV1Api) -> Iterator[str]:
+    """A fresh namespace named after the test; deleted (not awaited) afterwards."""
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"e2e-{slug}-{uuid.uuid4().hex[:6]}"
+    core_v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    yield name
+    try:
+        core_v1.delete_namespace(name)
+    except client.ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+@pytest.fixture
+def kube(api_client: client.ApiClient, namespace: str) -> testenv.Clients:
+    """Core/Apps/CustomObjects/Apiextensions clients bound to this test's namespace."""
+    return testenv.Clients.for_api(api_client, namespace)

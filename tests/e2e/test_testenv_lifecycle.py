@@ -1,0 +1,111 @@
+"""Starting and stopping the control plane leaves no processes and no bound ports behind,
+however the starter ends: stopped cleanly, exited after a detached `up`, or killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from gpu_operator import testenv
+from gpu_operator.testenv.processes import alive, listening_ports, port_bindable
+
+REPO = Path(__file__).resolve().parents[2]
+CYCLES = 10
+
+
+def _assert_nothing_left(state_dir: Path, cluster: testenv.Cluster) -> None:
+    strays = testenv.find_strays(testenv.binaries.COMPONENTS, testenv.stray_markers(state_dir))
+    assert strays == [], f"stray component processes: {strays}"
+    assert not [p.name for p in cluster.processes if alive(p)]
+    ports = set(cluster.ports.values())
+    assert not ports & listening_ports(), "a component port is still listening"
+    assert all(port_bindable(p) for p in ports), "a component port cannot be bound again"
+
+
+def test_ten_start_stop_cycles_leave_no_processes_or_ports(
+    tmp_path: Path, testenv_bin_dir: Path
+) -> None:
+    state_dir = tmp_path / "env"
+    starts, stops = [], []
+    for _ in range(CYCLES):
+        t0 = time.monotonic()
+        cluster = testenv.start(state_dir, gpu_nodes=1, bin_dir=testenv_bin_dir)
+        starts.append(time.monotonic() - t0)
+        assert cluster.healthy()
+        assert len(cluster.processes) == len(testenv.binaries.COMPONENTS)
+        t0 = time.monotonic()
+        cluster.stop()
+        stops.append(time.monotonic() - t0)
+        _assert_nothing_left(state_dir, cluster)
+    print(
+        f"\n{CYCLES} cycles: start (to 1 Ready GPU node) mean {sum(starts) / CYCLES:.2f}s "
+        f"max {max(starts):.2f}s; stop mean {sum(stops) / CYCLES:.2f}s max {max(stops):.2f}s; "
+        f"total {sum(starts) + sum(stops):.1f}s"
+    )
+
+
+def _cli(state_dir: Path, bin_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(REPO / "hack" / "testenv"), "--state-dir", str(state_dir), *args],
+        env={**os.environ, "TESTENV_BIN_DIR": str(bin_dir)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+def test_detached_up_outlives_the_cli_and_down_removes_everything(
+    tmp_path: Path, testenv_bin_dir: Path
+) -> None:
+    state_dir = tmp_path / "env"
+    up = _cli(state_dir, testenv_bin_dir, "up", "--gpu-nodes", "1", "--cpu-nodes", "1")
+    try:
+        assert up.returncode == 0, up.stderr
+        kubeconfig = state_dir / "kubeconfig"
+        assert up.stdout.splitlines() == [str(kubeconfig), f"export KUBECONFIG={kubeconfig}"]
+        cluster = testenv.load(state_dir)
+        assert cluster is not None and cluster.healthy(), "components outlive the CLI"
+        status = _cli(state_dir, testenv_bin_dir, "status")
+        assert status.returncode == 0 and "2/2 Ready" in status.stdout, status.stdout
+    finally:
+        down = _cli(state_dir, testenv_bin_dir, "down")
+    assert down.returncode == 0, down.stderr
+    assert cluster is not None
+    _assert_nothing_left(state_dir, cluster)
+    assert _cli(state_dir, testenv_bin_dir, "status").returncode == 1
+
+
+def test_killed_starter_takes_its_components_with_it(tmp_path: Path, testenv_bin_dir: Path) -> None:
+    """A test run killed with SIGKILL must not leave a control plane running (PDEATHSIG)."""
+    state_dir = tmp_path / "env"
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        from pathlib import Path
+        from gpu_operator import testenv
+        testenv.start(Path({str(state_dir)!r}), bin_dir=Path({str(testenv_bin_dir)!r}))
+        print("up", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=180, check=False
+    )
+    assert proc.stdout.strip() == "up", proc.stderr
+    assert proc.returncode == -signal.SIGKILL
+    cluster = testenv.load(state_dir)
+    assert cluster is not None
+    try:
+        deadline = time.monotonic() + 15
+        while any(alive(p) for p in cluster.processes) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p.name for p in cluster.processes if alive(p)]
+    finally:
+        testenv.stop(state_dir)
+    _assert_nothing_left(state_dir, cluster)
