@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from gpu_operator.agent.cli import add_agent_commands
 from gpu_operator.api import ClusterPolicySpec, PolicyError, parse_document
 from gpu_operator.api.crd import clusterpolicy_crd
 from gpu_operator.render import RenderedComponent, default_policy, render_components
@@ -113,6 +114,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu-operator", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    add_agent_commands(sub)
     crd = sub.add_parser("crd", help="print the ClusterPolicy CustomResourceDefinition")
     crd.set_defaults(func=_cmd_crd)
 

@@ -1,0 +1,364 @@
+"""``gpu-operator agent ...``: the node agents' command line.
+
+Every agent takes ``--simulate PROFILE:COUNT`` (or ``GPU_OPERATOR_SIMULATE``) to run against a
+simulated NVML instead of the driver, and reads the same environment variables as NVIDIA's
+images, so manifests carry over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import yaml
+
+# Light imports only: each command imports what it alone needs (pydantic, prometheus_client),
+# so a feature-discovery pod does not carry the exporter's or the MIG manager's memory.
+from gpu_operator.agent import discovery, kube, validate
+from gpu_operator.agent.deviceplugin_config import MigStrategy, load_device_plugin_config
+from gpu_operator.agent.nvml import Nvml, NvmlError
+from gpu_operator.agent.podresources import KUBELET_SOCKET
+from gpu_operator.agent.simulated import ENV_SIMULATE, ENV_STATE, install_simulated_nvml
+
+if TYPE_CHECKING:
+    from gpu_operator.agent.migparted import MigPartedConfig
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MIG_CONFIG = "/mig-parted-config/config.yaml"
+EXPORTER_PORT = 9400
+
+
+def _env_bool(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    return default if value is None else value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _setup(args: argparse.Namespace) -> None:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=os.environ.get("LOG_LEVEL", "INFO").upper(),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+    spec = getattr(args, "simulate", None)
+    if spec:
+        state = getattr(args, "simulate_state", None) or None
+        install_simulated_nvml(spec, state_file=state)
+        log.info("using simulated NVML: %s", spec)
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--simulate",
+        metavar="PROFILE:COUNT",
+        default=os.environ.get(ENV_SIMULATE) or None,
+        help="simulated GPUs instead of the driver, e.g. a100-40gb:8 (env GPU_OPERATOR_SIMULATE)",
+    )
+    parser.add_argument(
+        "--simulate-state",
+        metavar="PATH",
+        default=os.environ.get(ENV_STATE) or None,
+        help="file sharing simulated MIG state between agents (env GPU_OPERATOR_SIMULATE_STATE)",
+    )
+
+
+def _node_name(args: argparse.Namespace) -> str | None:
+    return cast(str | None, getattr(args, "node_name", None) or os.environ.get("NODE_NAME"))
+
+
+# -- discover -----------------------------------------------------------------------------------
+def _cmd_discover(args: argparse.Namespace) -> int:
+    _setup(args)
+    config = load_device_plugin_config(args.config_file)
+    strategy: MigStrategy = args.mig_strategy or config.flags.mig_strategy or "none"
+    interval = args.sleep_interval
+    if interval is None:
+        gfd = config.flags.gfd
+        interval = (gfd.sleep_interval if gfd and gfd.sleep_interval else None) or "60s"
+    oneshot = args.oneshot or _env_bool("GFD_ONESHOT")
+    node = _node_name(args)
+    core = None if args.output else kube.core_api()
+    nvml = Nvml().open()
+    try:
+        return discovery.run_discover(
+            nvml.inventory,
+            mig_strategy=strategy,
+            sharing=config.sharing_settings(),
+            node_name=node,
+            core_api=core,
+            output=args.output,
+            interval_s=discovery.parse_interval(interval),
+            oneshot=oneshot,
+            machine_file=Path(args.machine_type_file),
+            with_timestamp=not _env_bool("GFD_NO_TIMESTAMP"),
+        )
+    finally:
+        nvml.close()
+
+
+# -- mig-manager --------------------------------------------------------------------------------
+def _cmd_mig_manager(args: argparse.Namespace) -> int:
+    from gpu_operator.agent import mig_manager, migparted
+
+    _setup(args)
+    node = _node_name(args)
+    if not node:
+        log.error("NODE_NAME is required")
+        return 2
+    path = args.config_file
+
+    def config() -> MigPartedConfig:
+        return migparted.load_mig_config(path)
+
+    core = kube.core_api()
+    with Nvml() as nvml:
+        if args.once:
+            step = mig_manager.reconcile(core, node, config, nvml, first_pass=True)
+            print(f"{step.phase} {step.reason}".strip())
+            return 1 if step.phase == "failed" else 0
+        mig_manager.run_mig_manager(core, node, config, nvml)
+    return 0
+
+
+def _cmd_mig_parted(args: argparse.Namespace) -> int:
+    from gpu_operator.agent import migparted
+
+    _setup(args)
+    with Nvml() as nvml:
+        if args.action == "generate":
+            sys.stdout.write(migparted.standard_configs(nvml.inventory()).to_yaml())
+            return 0
+        config = migparted.load_mig_config(args.config_file)
+        try:
+            if args.action == "plan":
+                plan = migparted.plan(nvml.inventory(), config, args.config)
+                for gpu in plan.gpus:
+                    layout = ", ".join(f"{i.profile}@{i.placement.start}" for i in gpu.layout or ())
+                    state = "applied" if gpu.already_applied else "to apply"
+                    mig = "mig on" if gpu.mig_enabled else "mig off"
+                    print(f"GPU {gpu.index} ({gpu.name}): {mig} [{layout}] {state}")
+                return 0
+            migparted.apply_config(nvml, config, args.config)
+            print(f"MIG config {args.config} applied")
+            return 0
+        except (migparted.MigPlanError, migparted.MigApplyError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+
+
+# -- exporter -----------------------------------------------------------------------------------
+def _cmd_exporter(args: argparse.Namespace) -> int:
+    from gpu_operator.agent import exporter
+
+    _setup(args)
+    counters = exporter.load_counters(args.collectors)
+    host, _, port = args.address.rpartition(":")
+    nvml = Nvml().open()
+    metrics = exporter.Exporter(
+        nvml,
+        counters,
+        hostname=os.environ.get("NODE_NAME") or None,
+        interval_s=args.interval_ms / 1000.0,
+        pod_resources_socket=args.pod_resources_socket or None,
+    ).start()
+    server = exporter.make_server(metrics, host, int(port or EXPORTER_PORT))
+    log.info("serving /metrics and /health on %s", args.address)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        metrics.stop()
+        nvml.close()
+    return 0
+
+
+# -- validate -----------------------------------------------------------------------------------
+def _cmd_validate(args: argparse.Namespace) -> int:
+    _setup(args)
+    node = _node_name(args)
+    components = [c.strip() for c in args.components.split(",") if c.strip()]
+    unknown = sorted(set(components) - set(validate.COMPONENTS))
+    if unknown:
+        log.error("unknown components %s (known: %s)", unknown, ", ".join(validate.COMPONENTS))
+        return 2
+    read_node = None
+    if "plugin" in components and node:
+        core = kube.core_api()
+
+        def read_node() -> kube.NodeView:
+            return kube.read_node(core, node)
+
+    def read_inventory() -> Any:
+        with Nvml() as nvml:
+            return nvml.inventory()
+
+    validator = validate.Validator(
+        read_inventory=read_inventory,
+        read_node=read_node,
+        runtime_configs=args.runtime_config or validate.RUNTIME_CONFIGS,
+        directory=Path(args.output_dir),
+        components=components,
+        driver_root=args.driver_root,
+    )
+    return validate.run_validator(
+        validator, interval_s=args.interval, oneshot=args.oneshot, stop=threading.Event()
+    )
+
+
+# -- nvml-info ----------------------------------------------------------------------------------
+def inventory_document(nvml: Nvml) -> dict[str, Any]:
+    inventory = nvml.inventory()
+    return {
+        "driverVersion": inventory.driver_version,
+        "cudaDriverVersion": inventory.cuda_driver_version,
+        "gpus": [
+            {
+                "index": g.index,
+                "name": g.name,
+                "uuid": g.uuid,
+                "pciBusId": g.pci_bus_id,
+                "pciDeviceId": g.device_filter_id,
+                "memoryMiB": g.memory_mib,
+                "computeCapability": f"{g.compute_major}.{g.compute_minor}",
+                "architecture": g.architecture,
+                "mig": {
+                    "capable": g.mig_capable,
+                    "current": g.mig_current,
+                    "pending": g.mig_pending,
+                    "devices": [
+                        {
+                            "uuid": d.uuid,
+                            "profile": d.profile,
+                            "gi": d.gi_id,
+                            "ci": d.ci_id,
+                            "memoryMiB": d.memory_mib,
+                            "multiprocessors": d.sm_count,
+                            "placement": f"{d.placement.start}:{d.placement.size}",
+                        }
+                        for d in g.mig_devices
+                    ],
+                },
+            }
+            for g in inventory.gpus
+        ],
+    }
+
+
+def _cmd_nvml_info(args: argparse.Namespace) -> int:
+    _setup(args)
+    try:
+        with Nvml() as nvml:
+            sys.stdout.write(yaml.safe_dump(inventory_document(nvml), sort_keys=False))
+    except NvmlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# -- wiring -------------------------------------------------------------------------------------
+def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``agent`` and its sub-commands to the main parser's sub-parsers."""
+    agent = subparsers.add_parser("agent", help="node agents (run in the operand pods)")
+    sub = agent.add_subparsers(dest="agent_command", required=True)
+
+    p = sub.add_parser("discover", help="GPU feature discovery: label the node")
+    _add_common(p)
+    p.add_argument(
+        "--mig-strategy",
+        choices=["none", "single", "mixed"],
+        default=os.environ.get("MIG_STRATEGY") or None,
+    )
+    p.add_argument(
+        "--sleep-interval",
+        default=os.environ.get("GFD_SLEEP_INTERVAL") or None,
+        help="time between passes, e.g. 60s (env GFD_SLEEP_INTERVAL)",
+    )
+    p.add_argument("--oneshot", action="store_true", help="one pass, then exit (env GFD_ONESHOT)")
+    p.add_argument(
+        "--output",
+        "-o",
+        default=os.environ.get("GFD_OUTPUT_FILE") or None,
+        help="'-' prints key=value lines, a path writes them; default: patch the Node",
+    )
+    p.add_argument(
+        "--config-file",
+        default=os.environ.get("CONFIG_FILE") or None,
+        help="device-plugin config (sharing, migStrategy) (env CONFIG_FILE)",
+    )
+    p.add_argument(
+        "--machine-type-file",
+        default=os.environ.get("GFD_MACHINE_TYPE_FILE", str(discovery.MACHINE_TYPE_FILE)),
+    )
+    p.add_argument("--node-name", default=None, help="default: env NODE_NAME")
+    p.set_defaults(func=_cmd_discover)
+
+    p = sub.add_parser("mig-manager", help="apply the MIG layout named by nvidia.com/mig.config")
+    _add_common(p)
+    p.add_argument(
+        "--config-file",
+        default=os.environ.get("CONFIG_FILE", DEFAULT_MIG_CONFIG),
+        help="mig-parted config or ConfigMap YAML (env CONFIG_FILE)",
+    )
+    p.add_argument("--node-name", default=None, help="default: env NODE_NAME")
+    p.add_argument("--once", action="store_true", help="reconcile until idle, then exit")
+    p.set_defaults(func=_cmd_mig_manager)
+
+    p = sub.add_parser("mig-parted", help="plan/apply a MIG config locally, or generate configs")
+    _add_common(p)
+    p.add_argument("action", choices=["plan", "apply", "generate"])
+    p.add_argument("config", nargs="?", default="all-disabled", help="config name")
+    p.add_argument("--config-file", "-f", default=os.environ.get("CONFIG_FILE", DEFAULT_MIG_CONFIG))
+    p.set_defaults(func=_cmd_mig_parted)
+
+    p = sub.add_parser("exporter", help="Prometheus GPU metrics on :9400 (dcgm-exporter names)")
+    _add_common(p)
+    p.add_argument(
+        "--collectors",
+        "-f",
+        default=os.environ.get("DCGM_EXPORTER_COLLECTORS") or None,
+        help="counters CSV (env DCGM_EXPORTER_COLLECTORS); default: all NVML fields",
+    )
+    p.add_argument("--address", "-a", default=os.environ.get("DCGM_EXPORTER_LISTEN", ":9400"))
+    p.add_argument(
+        "--interval-ms",
+        "-c",
+        type=int,
+        default=int(os.environ.get("DCGM_EXPORTER_INTERVAL", "30000")),
+    )
+    p.add_argument(
+        "--pod-resources-socket",
+        default=os.environ.get("POD_RESOURCES_SOCKET", KUBELET_SOCKET),
+    )
+    p.set_defaults(func=_cmd_exporter)
+
+    p = sub.add_parser("validate", help="validate driver, toolkit, CUDA and device plugin")
+    _add_common(p)
+    p.add_argument(
+        "--components", default=os.environ.get("COMPONENTS", ",".join(validate.COMPONENTS))
+    )
+    p.add_argument(
+        "--output-dir", default=os.environ.get("VALIDATIONS_DIR", str(validate.VALIDATIONS_DIR))
+    )
+    p.add_argument(
+        "--runtime-config",
+        action="append",
+        default=None,
+        help="container runtime config to check (repeatable; globs allowed)",
+    )
+    p.add_argument("--driver-root", default=os.environ.get("NVIDIA_DRIVER_ROOT", "/"))
+    p.add_argument("--interval", type=float, default=10.0)
+    p.add_argument("--oneshot", action="store_true")
+    p.add_argument("--node-name", default=None, help="default: env NODE_NAME")
+    p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("nvml-info", help="print the GPU inventory as YAML")
+    _add_common(p)
+    p.set_defaults(func=_cmd_nvml_info)
+    return cast(argparse.ArgumentParser, agent)

@@ -1,0 +1,346 @@
+"""The MIG manager: apply the layout named by the node label ``nvidia.com/mig.config``.
+
+:func:`step` is the whole state machine as a pure function: node labels and annotations, the
+pods on the node, the GPU inventory and the parsed config in; actions out (patch the node, wait
+for pods, apply a plan). All state lives on the Node, so a restarted manager carries on where
+the old one stopped:
+
+1. no ``nvidia.com/mig.config`` label: nothing to do;
+2. the config cannot apply to this hardware: ``failed`` with the reason (no pause);
+3. the GPUs already match: ``success`` (and nothing else changes);
+4. otherwise ``pending``: remember the operands' deploy labels in an annotation and set them
+   to ``paused-for-mig-change`` (a ``false`` stays ``false``), in one patch;
+5. wait until the device plugin, feature discovery, DCGM and its exporter pods left the node;
+6. apply the plan through NVML;
+7. restore the deploy labels exactly, drop the annotation, ``success`` (or ``failed`` + reason).
+
+A failed config is not retried until the label changes or the manager restarts, so a broken
+layout does not pause and unpause the node's operands forever.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_operator.agent import kube
+from gpu_operator.agent.inventory import Inventory
+from gpu_operator.agent.kube import PodView
+from gpu_operator.agent.migparted import (
+    MigBackend,
+    MigPartedConfig,
+    MigPlan,
+    MigPlanError,
+    apply_plan,
+    plan,
+)
+
+log = logging.getLogger(__name__)
+
+CONFIG_LABEL = "nvidia.com/mig.config"
+STATE_LABEL = "nvidia.com/mig.config.state"
+PAUSED = "paused-for-mig-change"
+DEPLOY_LABELS = (
+    "nvidia.com/gpu.deploy.device-plugin",
+    "nvidia.com/gpu.deploy.gpu-feature-discovery",
+    "nvidia.com/gpu.deploy.dcgm-exporter",
+    "nvidia.com/gpu.deploy.dcgm",
+)
+OPERAND_APPS = frozenset(
+    {
+        "nvidia-device-plugin-daemonset",
+        "gpu-feature-discovery",
+        "nvidia-dcgm-exporter",
+        "nvidia-dcgm",
+    }
+)
+PAUSE_ANNOTATION = "nvidia.com/mig-manager.paused-labels"
+REASON_ANNOTATION = "nvidia.com/mig.config.state.reason"
+FAILED_ANNOTATION = "nvidia.com/mig-manager.failed-config"
+DEFAULT_WAIT_TIMEOUT_S = 600.0
+
+
+# -- observations and actions --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Observed:
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    pods: Sequence[PodView]
+    inventory: Inventory
+    config: MigPartedConfig | None
+    config_error: str = ""  # why the config file could not be read, when config is None
+    now: float = 0.0
+    apply_error: str = ""  # the previous ApplyMig failed with this
+    first_pass: bool = False  # just started: retry a config that failed before
+
+
+@dataclass(frozen=True)
+class PatchNode:
+    labels: Mapping[str, str | None] = field(default_factory=dict)
+    annotations: Mapping[str, str | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WaitForPods:
+    pods: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ApplyMig:
+    plan: MigPlan
+
+
+Action = PatchNode | WaitForPods | ApplyMig
+
+
+@dataclass(frozen=True)
+class Step:
+    phase: str  # idle | failed | success | pausing | waiting | applying
+    actions: tuple[Action, ...] = ()
+    reason: str = ""
+
+    @property
+    def idle(self) -> bool:
+        return not self.actions
+
+
+@dataclass(frozen=True)
+class Paused:
+    """What the manager remembers on the Node while operands are paused."""
+
+    config: str
+    since: float
+    labels: Mapping[str, str | None]
+
+    def encode(self) -> str:
+        return json.dumps(
+            {"config": self.config, "since": self.since, "labels": dict(self.labels)},
+            sort_keys=True,
+        )
+
+    @staticmethod
+    def decode(text: str | None) -> Paused | None:
+        if not text:
+            return None
+        try:
+            doc = json.loads(text)
+            labels = {str(k): (None if v is None else str(v)) for k, v in doc["labels"].items()}
+            return Paused(str(doc["config"]), float(doc["since"]), labels)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            log.warning("ignoring unreadable %s annotation: %r", PAUSE_ANNOTATION, text)
+            return None
+
+
+# -- the state machine ---------------------------------------------------------------------------
+def _finish(obs: Observed, paused: Paused | None, state: str | None, reason: str) -> Step:
+    """Restore paused labels (where still paused by us), then record the outcome."""
+    labels: dict[str, str | None] = {}
+    annotations: dict[str, str | None] = {}
+    if paused is not None:
+        for key, original in paused.labels.items():
+            current = obs.labels.get(key)
+            if current == PAUSED and current != original:
+                labels[key] = original
+        annotations[PAUSE_ANNOTATION] = None
+    if state is not None and obs.labels.get(STATE_LABEL) != state:
+        labels[STATE_LABEL] = state
+    if state == "failed":
+        if obs.annotations.get(REASON_ANNOTATION) != reason:
+            annotations[REASON_ANNOTATION] = reason
+        if obs.annotations.get(FAILED_ANNOTATION) != obs.labels.get(CONFIG_LABEL):
+            annotations[FAILED_ANNOTATION] = obs.labels.get(CONFIG_LABEL)
+    else:
+        for key in (REASON_ANNOTATION, FAILED_ANNOTATION):
+            if key in obs.annotations:
+                annotations[key] = None
+    actions: tuple[Action, ...] = ()
+    if labels or annotations:
+        actions = (PatchNode(labels=labels, annotations=annotations),)
+    return Step(phase=state or "idle", actions=actions, reason=reason)
+
+
+def _pause_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """Deploy labels to pause: ``true`` or unset. ``false`` stays ``false``, and another
+    component's pause (``paused-for-driver-upgrade``) is left alone."""
+    return {k: PAUSED for k in DEPLOY_LABELS if labels.get(k) in (None, "", "true")}
+
+
+def blocking_pods(pods: Sequence[PodView]) -> list[PodView]:
+    """Operand pods still on the node (finished pods no longer hold the GPUs)."""
+    return [
+        p
+        for p in pods
+        if p.labels.get("app") in OPERAND_APPS and p.phase not in ("Succeeded", "Failed")
+    ]
+
+
+def step(obs: Observed, *, wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S) -> Step:
+    """One decision of the MIG manager from what it observes now."""
+    desired = obs.labels.get(CONFIG_LABEL)
+    paused = Paused.decode(obs.annotations.get(PAUSE_ANNOTATION))
+    if not desired:
+        return _finish(obs, paused, None, "") if paused else Step("idle")
+    if (
+        not obs.first_pass
+        and obs.labels.get(STATE_LABEL) == "failed"
+        and obs.annotations.get(FAILED_ANNOTATION) == desired
+        and paused is None
+    ):
+        return Step("failed", reason=obs.annotations.get(REASON_ANNOTATION, ""))
+    if obs.config is None:
+        return _finish(obs, paused, "failed", obs.config_error or "no MIG config file")
+    try:
+        mig_plan = plan(obs.inventory, obs.config, desired)
+    except MigPlanError as exc:
+        return _finish(obs, paused, "failed", str(exc))
+    if mig_plan.already_applied:
+        return _finish(obs, paused, "success", "")
+    if obs.apply_error:
+        return _finish(obs, paused, "failed", obs.apply_error)
+    if paused is None:
+        original = {k: obs.labels.get(k) for k in DEPLOY_LABELS}
+        record = Paused(config=desired, since=obs.now, labels=original)
+        labels: dict[str, str | None] = {STATE_LABEL: "pending", **_pause_labels(obs.labels)}
+        annotations: dict[str, str | None] = {PAUSE_ANNOTATION: record.encode()}
+        for key in (REASON_ANNOTATION, FAILED_ANNOTATION):
+            if key in obs.annotations:
+                annotations[key] = None
+        return Step("pausing", (PatchNode(labels=labels, annotations=annotations),))
+    # Paused: keep the pause in force (someone may have reset a label), then wait or apply.
+    reassert: dict[str, str | None] = dict(_pause_labels(obs.labels))
+    if obs.labels.get(STATE_LABEL) != "pending":
+        reassert[STATE_LABEL] = "pending"
+    prefix: tuple[Action, ...] = (PatchNode(labels=reassert),) if reassert else ()
+    waiting = blocking_pods(obs.pods)
+    if waiting:
+        if obs.now - paused.since > wait_timeout_s:
+            names = ", ".join(f"{p.namespace}/{p.name}" for p in waiting)
+            return _finish(
+                obs, paused, "failed", f"timed out after {wait_timeout_s:.0f}s waiting for {names}"
+            )
+        names_t = tuple(f"{p.namespace}/{p.name}" for p in waiting)
+        return Step("waiting", (*prefix, WaitForPods(names_t)))
+    return Step("applying", (*prefix, ApplyMig(mig_plan)))
+
+
+# -- the loop ------------------------------------------------------------------------------------
+ConfigSource = MigPartedConfig | Callable[[], MigPartedConfig]
+
+
+def _read_config(source: ConfigSource) -> tuple[MigPartedConfig | None, str]:
+    if isinstance(source, MigPartedConfig):
+        return source, ""
+    try:
+        return source(), ""
+    except Exception as exc:  # unreadable file: report it on the node, keep running
+        return None, f"cannot read MIG config: {exc}"
+
+
+def reconcile(
+    core_api: Any,
+    node_name: str,
+    config: ConfigSource,
+    nvml: MigBackend,
+    *,
+    first_pass: bool = False,
+    wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S,
+    poll_interval_s: float = 2.0,
+    stop: threading.Event | None = None,
+    clock: Callable[[], float] = time.time,
+    max_steps: int = 10_000,
+) -> Step:
+    """Run steps until the manager is idle (or only waiting and ``stop`` is set)."""
+    stop = stop or threading.Event()
+    apply_error = ""
+    for _ in range(max_steps):
+        node = kube.read_node(core_api, node_name)
+        paused = PAUSE_ANNOTATION in node.annotations
+        pods = kube.pods_on_node(core_api, node_name) if paused else []
+        cfg, cfg_error = _read_config(config)
+        result = step(
+            Observed(
+                labels=node.labels,
+                annotations=node.annotations,
+                pods=pods,
+                inventory=nvml.inventory(),
+                config=cfg,
+                config_error=cfg_error,
+                now=clock(),
+                apply_error=apply_error,
+                first_pass=first_pass,
+            ),
+            wait_timeout_s=wait_timeout_s,
+        )
+        apply_error = ""
+        if result.phase in ("failed", "success") and result.actions:
+            log.info(
+                "node %s: MIG config %s -> %s %s",
+                node_name,
+                node.labels.get(CONFIG_LABEL),
+                result.phase,
+                result.reason,
+            )
+        waiting = False
+        for action in result.actions:
+            if isinstance(action, PatchNode):
+                kube.patch_node_metadata(
+                    core_api, node_name, labels=action.labels, annotations=action.annotations
+                )
+            elif isinstance(action, ApplyMig):
+                log.info("node %s: applying MIG config %s", node_name, action.plan.config)
+                try:
+                    apply_plan(nvml, action.plan)
+                except Exception as exc:
+                    log.warning("node %s: applying MIG config failed: %s", node_name, exc)
+                    apply_error = str(exc)
+            else:
+                waiting = True
+        if result.idle:
+            return result
+        first_pass = False
+        if waiting and stop.wait(poll_interval_s):
+            return result
+    raise RuntimeError(f"node {node_name}: MIG manager did not settle in {max_steps} steps")
+
+
+def run_mig_manager(
+    core_api: Any,
+    node_name: str,
+    config: ConfigSource,
+    nvml: MigBackend,
+    *,
+    stop: threading.Event | None = None,
+    resync_s: int = 60,
+    poll_interval_s: float = 2.0,
+    wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S,
+) -> None:
+    """Reconcile now, then again whenever the Node changes (watch), at least every ``resync_s``."""
+    stop = stop or threading.Event()
+    first = True
+    while not stop.is_set():
+        try:
+            reconcile(
+                core_api,
+                node_name,
+                config,
+                nvml,
+                first_pass=first,
+                wait_timeout_s=wait_timeout_s,
+                poll_interval_s=poll_interval_s,
+                stop=stop,
+            )
+            first = False
+            version = kube.read_node(core_api, node_name).resource_version
+        except Exception as exc:  # API hiccups: log, back off, retry
+            log.warning("node %s: MIG manager pass failed: %s", node_name, exc)
+            stop.wait(poll_interval_s)
+            continue
+        if stop.is_set():
+            return
+        if not kube.wait_for_node_change(core_api, node_name, version, resync_s):
+            stop.wait(poll_interval_s)

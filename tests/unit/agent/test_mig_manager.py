@@ -1,0 +1,391 @@
+"""The MIG manager's state machine (pure step) and its loop against an in-memory Node."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import pytest
+
+from gpu_operator.agent import mig_manager as mm
+from gpu_operator.agent.inventory import Inventory
+from gpu_operator.agent.kube import PodView
+from gpu_operator.agent.mig_manager import (
+    CONFIG_LABEL,
+    FAILED_ANNOTATION,
+    PAUSE_ANNOTATION,
+    PAUSED,
+    REASON_ANNOTATION,
+    STATE_LABEL,
+    ApplyMig,
+    Observed,
+    PatchNode,
+    Paused,
+    WaitForPods,
+    step,
+)
+from gpu_operator.agent.migparted import MigPartedConfig, load_mig_config
+from gpu_operator.agent.nvml import Nvml
+
+from .conftest import MIG_CONFIGMAP, Simulate, inventory_with
+
+DP = "nvidia.com/gpu.deploy.device-plugin"
+GFD = "nvidia.com/gpu.deploy.gpu-feature-discovery"
+EXP = "nvidia.com/gpu.deploy.dcgm-exporter"
+DCGM = "nvidia.com/gpu.deploy.dcgm"
+DEPLOY = {DP: "true", GFD: "true", EXP: "false"}  # dcgm: unset
+
+
+@pytest.fixture
+def config(nvidia_mig_config: MigPartedConfig) -> MigPartedConfig:
+    return nvidia_mig_config
+
+
+def observe(
+    inventory: Inventory,
+    config: MigPartedConfig,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str] | None = None,
+    pods: list[PodView] | None = None,
+    **kwargs: Any,
+) -> Observed:
+    return Observed(
+        labels=dict(labels),
+        annotations=dict(annotations or {}),
+        pods=pods or [],
+        inventory=inventory,
+        config=config,
+        now=kwargs.pop("now", 1000.0),
+        **kwargs,
+    )
+
+
+def paused_annotation(config: str = "all-1g.5gb", since: float = 1000.0) -> dict[str, str]:
+    original = {DP: "true", GFD: "true", EXP: "false", DCGM: None}
+    return {PAUSE_ANNOTATION: Paused(config, since, original).encode()}
+
+
+PAUSED_LABELS = {DP: PAUSED, GFD: PAUSED, EXP: "false", DCGM: PAUSED, STATE_LABEL: "pending"}
+
+
+def test_no_config_label_nothing_to_do(simulate: Simulate, config: MigPartedConfig) -> None:
+    inv = inventory_with(simulate, "a100-40gb:2")
+    assert step(observe(inv, config, DEPLOY)).actions == ()
+
+
+def test_already_applied_only_records_success(simulate: Simulate, config: MigPartedConfig) -> None:
+    inv = inventory_with(simulate, "a100-40gb:2")  # MIG off: all-disabled already holds
+    result = step(observe(inv, config, {**DEPLOY, CONFIG_LABEL: "all-disabled"}))
+    assert result.phase == "success"
+    assert result.actions == (PatchNode(labels={STATE_LABEL: "success"}),)
+    settled = {**DEPLOY, CONFIG_LABEL: "all-disabled", STATE_LABEL: "success"}
+    assert step(observe(inv, config, settled)).actions == ()
+
+
+def test_new_config_pauses_operands_false_stays_false(
+    simulate: Simulate, config: MigPartedConfig
+) -> None:
+    inv = inventory_with(simulate, "a100-40gb:2")
+    result = step(
+        observe(
+            inv, config, {**DEPLOY, CONFIG_LABEL: "all-1g.5gb", STATE_LABEL: "success"}, now=1000.0
+        )
+    )
+    assert result.phase == "pausing"
+    (patch,) = result.actions
+    assert isinstance(patch, PatchNode)
+    assert patch.labels == {STATE_LABEL: "pending", DP: PAUSED, GFD: PAUSED, DCGM: PAUSED}
+    saved = Paused.decode(patch.annotations[PAUSE_ANNOTATION])
+    assert saved == Paused(
+        "all-1g.5gb", 1000.0, {DP: "true", GFD: "true", EXP: "false", DCGM: None}
+    )
+
+
+def test_another_components_pause_is_left_alone(
+    simulate: Simulate, config: MigPartedConfig
+) -> None:
+    inv = inventory_with(simulate, "a100-40gb:1")
+    labels = {DP: "paused-for-driver-upgrade", GFD: "true", CONFIG_LABEL: "all-1g.5gb"}
+    (patch,) = step(observe(inv, config, labels)).actions
+    assert isinstance(patch, PatchNode)
+    assert DP not in patch.labels and patch.labels[GFD] == PAUSED
+
+
+def test_waits_for_operand_pods(simulate: Simulate, config: MigPartedConfig) -> None:
+    inv = inventory_with(simulate, "a100-40gb:2")
+    pods = [
+        PodView(
+            "nvidia-device-plugin-daemonset-x1",
+            "gpu-operator",
+            {"app": "nvidia-device-plugin-daemonset"},
+            "Running",
+        ),
+        PodView(
+            "nvidia-dcgm-exporter-x2", "gpu-operator", {"app": "nvidia-dcgm-exporter"}, "Running"
+        ),
+        PodView("training-0", "ml", {"app": "trainer"}, "Running"),  # not an operand
+        PodView(
+            "gpu-feature-discovery-old",
+            "gpu-operator",
+            {"app": "gpu-feature-discovery"},
+            "Succeeded",
+        ),
+    ]
+    labels = {**PAUSED_LABELS, CONFIG_LABEL: "all-1g.5gb"}
+    result = step(observe(inv, config, labels, paused_annotation(), pods, now=1100.0))
+    assert result.phase == "waiting"
+    assert result.actions == (
+        WaitForPods(
+            (
+                "gpu-operator/nvidia-device-plugin-daemonset-x1",
+                "gpu-operator/nvidia-dcgm-exporter-x2",
+            )
+        ),
+    )
+
+
+def test_applies_once_the_operands_are_gone(simulate: Simulate, config: MigPartedConfig) -> None:
+    inv = inventory_with(simulate, "a100-40gb:2")
+    labels = {**PAUSED_LABELS, CONFIG_LABEL: "all-1g.5gb"}
+    result = step(observe(inv, config, labels, paused_annotation()))
+    assert result.phase == "applying"
+    (apply,) = result.actions
+    assert isinstance(apply, ApplyMig)
+    assert apply.plan.config == "all-1g.5gb"
+    assert [g.index for g in apply.plan.gpus if not g.already_applied] == [0, 1]
+
+
+def test_success_restores_labels_exactly(simulate: Simulate, config: MigPartedConfig) -> None:
+    inv = inventory_with(simulate, "a100-40gb:2", "all-1g.5gb")  # the apply happened
+    labels = {**PAUSED_LABELS, CONFIG_LABEL: "all-1g.5gb"}
+    annotations = {
+        **paused_annotation(),
+        FAILED_ANNOTATION: "all-7g.40gb",
+        REASON_ANNOTATION: "old",
+    }
+    result = step(observe(inv, config, labels, annotations))
+    assert result.phase == "success"
+    assert result.actions == (
+        PatchNode(
+            labels={DP: "true", GFD: "true", DCGM: None, STATE_LABEL: "success"},
+            annotations={PAUSE_ANNOTATION: None, REASON_ANNOTATION: None, FAILED_ANNOTATION: None},
+        ),
+    )
+
+
+def test_a_label_changed_during_the_pause_is_not_overwritten(
+    simulate: Simulate, config: MigPartedConfig
+) -> None:
+    inv = inventory_with(simulate, "a100-40gb:1", "all-1g.5gb")
+    labels = {**PAUSED_LABELS, DP: "false", CONFIG_LABEL: "all-1g.5gb"}  # an admin disabled it
+    (patch,) = step(observe(inv, config, labels, paused_annotation())).actions
+    assert isinstance(patch, PatchNode)
+    assert DP not in patch.labels and patch.labels[GFD] == "true"
+
+
+def test_apply_failure_restores_and_fails_with_reason(
+    simulate: Simulate, config: MigPartedConfig
+) -> None:
+    inv = inventory_with(simulate, "a100-40gb:2")
+    labels = {**PAUSED_LABELS, CONFIG_LABEL: "all-1g.5gb"}
+    result = step(observe(inv, config, labels, paused_annotation(), apply_error="GPU 1: in use"))
+    assert result.phase == "failed"
+    assert result.actions == (
+        PatchNode(
+            labels={DP: "true", GFD: "true", DCGM: None, STATE_LABEL: "failed"},
+            annotations={
+                PAUSE_ANNOTATION: None,
+                REASON_ANNOTATION: "GPU 1: in use",
+                FAILED_ANNOTATION: "all-1g.5gb",
+            },
+        ),
+    )
+
+
+def test_non_mig_gpu_fails_without_pausing(simulate: Simulate, config: MigPartedConfig) -> None:
+    inv = inventory_with(simulate, "t4:1")
+    result = step(observe(inv, config, {**DEPLOY, CONFIG_LABEL: "all-1g.5gb"}))
+    assert result.phase == "failed"
+    assert "Tesla T4) is not MIG capable" in result.reason
+    (patch,) = result.actions
+    assert isinstance(patch, PatchNode)
+    assert patch.labels == {STATE_LABEL: "failed"}
+    assert patch.annotations[REASON_ANNOTATION] == result.reason
+
+
+def test_unknown_config_and_unreadable_file_fail(
+    simulate: Simulate, config: MigPartedConfig
+) -> None:
+    inv = inventory_with(simulate, "a100-40gb:1")
+    assert (
+        "unknown MIG config 'all-9g'" in step(observe(inv, config, {CONFIG_LABEL: "all-9g"})).reason
+    )
+    broken = Observed({CONFIG_LABEL: "all-1g.5gb"}, {}, [], inv, None, config_error="no such file")
+    assert step(broken).reason == "no such file"
+
+
+def test_a_failed_config_is_retried_only_on_restart(
+    simulate: Simulate, config: MigPartedConfig
+) -> None:
+    inv = inventory_with(simulate, "a100-40gb:1")
+    labels = {**DEPLOY, CONFIG_LABEL: "all-1g.5gb", STATE_LABEL: "failed"}
+    annotations = {FAILED_ANNOTATION: "all-1g.5gb", REASON_ANNOTATION: "boom"}
+    assert step(observe(inv, config, labels, annotations)).actions == ()
+    assert step(observe(inv, config, labels, annotations, first_pass=True)).phase == "pausing"
+    other = {**labels, CONFIG_LABEL: "all-7g.40gb"}
+    assert step(observe(inv, config, other, annotations)).phase == "pausing"
+
+
+def test_restart_mid_way_resumes(simulate: Simulate, config: MigPartedConfig) -> None:
+    inv = inventory_with(simulate, "a100-40gb:2")
+    labels = {**PAUSED_LABELS, CONFIG_LABEL: "all-1g.5gb"}
+    result = step(observe(inv, config, labels, paused_annotation(), first_pass=True))
+    assert result.phase == "applying"
+
+
+def test_pause_is_reasserted_if_someone_undid_it(
+    simulate: Simulate, config: MigPartedConfig
+) -> None:
+    inv = inventory_with(simulate, "a100-40gb:1")
+    labels = {**PAUSED_LABELS, GFD: "true", CONFIG_LABEL: "all-1g.5gb"}
+    first, second = step(observe(inv, config, labels, paused_annotation())).actions
+    assert first == PatchNode(labels={GFD: PAUSED})
+    assert isinstance(second, ApplyMig)
+
+
+def test_waiting_too_long_fails_and_restores(simulate: Simulate, config: MigPartedConfig) -> None:
+    inv = inventory_with(simulate, "a100-40gb:1")
+    pods = [PodView("dcgm-1", "gpu-operator", {"app": "nvidia-dcgm"}, "Running")]
+    labels = {**PAUSED_LABELS, CONFIG_LABEL: "all-1g.5gb"}
+    result = step(observe(inv, config, labels, paused_annotation(since=0.0), pods, now=601.0))
+    assert result.phase == "failed"
+    assert "timed out after 600s waiting for gpu-operator/dcgm-1" in result.reason
+
+
+def test_label_removed_while_paused_restores(simulate: Simulate, config: MigPartedConfig) -> None:
+    inv = inventory_with(simulate, "a100-40gb:1")
+    labels = {k: v for k, v in PAUSED_LABELS.items()}
+    (patch,) = step(observe(inv, config, labels, paused_annotation())).actions
+    assert patch == PatchNode(
+        labels={DP: "true", GFD: "true", DCGM: None}, annotations={PAUSE_ANNOTATION: None}
+    )
+
+
+def test_unreadable_pause_annotation_is_ignored() -> None:
+    assert Paused.decode("{not json") is None
+    assert Paused.decode(json.dumps({"config": "x"})) is None
+
+
+# -- the loop against an in-memory API -----------------------------------------------------------
+class FakeCore:
+    """A Node and its pods; paused deploy labels make the matching operand pods go away, as
+    the DaemonSet controller would."""
+
+    APPS: ClassVar[dict[str, str]] = {
+        DP: "nvidia-device-plugin-daemonset",
+        GFD: "gpu-feature-discovery",
+        EXP: "nvidia-dcgm-exporter",
+        DCGM: "nvidia-dcgm",
+    }
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.labels = dict(labels)
+        self.annotations: dict[str, str] = {}
+        self.patches: list[dict[str, Any]] = []
+        self.version = 1
+        self.pods = [
+            {
+                "metadata": {
+                    "name": f"{app}-abc",
+                    "namespace": "gpu-operator",
+                    "labels": {"app": app},
+                },
+                "status": {"phase": "Running"},
+            }
+            for key, app in self.APPS.items()
+            if labels.get(key) == "true"
+        ]
+
+    def read_node(self, name: str) -> dict[str, Any]:
+        return {
+            "metadata": {
+                "name": name,
+                "labels": dict(self.labels),
+                "annotations": dict(self.annotations),
+                "resourceVersion": str(self.version),
+            },
+            "status": {},
+        }
+
+    def patch_node(self, name: str, body: dict[str, Any], **kwargs: Any) -> None:
+        assert kwargs["_content_type"] == "application/merge-patch+json"
+        self.patches.append(body)
+        self.version += 1
+        for section, target in (("labels", self.labels), ("annotations", self.annotations)):
+            for key, value in body["metadata"].get(section, {}).items():
+                if value is None:
+                    target.pop(key, None)
+                else:
+                    target[key] = value
+        paused = {app for key, app in self.APPS.items() if self.labels.get(key) != "true"}
+        self.pods = [p for p in self.pods if p["metadata"]["labels"]["app"] not in paused]
+
+    def list_pod_for_all_namespaces(self, field_selector: str) -> dict[str, Any]:
+        assert field_selector == "spec.nodeName=gpu-node-1"
+        return {"items": list(self.pods)}
+
+
+def test_reconcile_applies_restores_and_then_writes_nothing(simulate: Simulate) -> None:
+    sim = simulate("a100-40gb:8")
+    core = FakeCore({**DEPLOY, DCGM: "true", CONFIG_LABEL: "all-balanced"})
+    with Nvml() as nvml:
+        result = mm.reconcile(
+            core,
+            "gpu-node-1",
+            lambda: load_mig_config(MIG_CONFIGMAP),
+            nvml,
+            first_pass=True,
+            poll_interval_s=0.01,
+        )
+        assert result.phase == "success"
+        assert core.labels == {
+            **DEPLOY,
+            DCGM: "true",
+            CONFIG_LABEL: "all-balanced",
+            STATE_LABEL: "success",
+        }
+        assert core.annotations == {}
+        assert all(
+            dict(g.instance_counts()) == {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}
+            for g in nvml.inventory().gpus
+        )
+        # pending and the pause went out in one patch, the restore in another
+        assert core.patches[0]["metadata"]["labels"][STATE_LABEL] == "pending"
+        assert PAUSE_ANNOTATION in core.patches[0]["metadata"]["annotations"]
+        # the same config again: no writes, no NVML changes
+        core.patches.clear()
+        sim.calls.clear()
+        mm.reconcile(
+            core, "gpu-node-1", lambda: load_mig_config(MIG_CONFIGMAP), nvml, first_pass=True
+        )
+        assert core.patches == []
+        assert sim.calls["nvmlDeviceCreateGpuInstanceWithPlacement"] == 0
+        assert sim.calls["nvmlGpuInstanceDestroy"] == 0
+
+
+def test_reconcile_reports_an_nvml_failure_and_restores(simulate: Simulate) -> None:
+    import pynvml
+
+    sim = simulate("h100-80gb:2")
+    sim.fail("nvmlDeviceCreateGpuInstanceWithPlacement", pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+    core = FakeCore({**DEPLOY, CONFIG_LABEL: "all-7g.80gb"})
+    with Nvml() as nvml:
+        result = mm.reconcile(
+            core, "gpu-node-1", lambda: load_mig_config(MIG_CONFIGMAP), nvml, poll_interval_s=0.01
+        )
+    assert result.phase == "failed"
+    assert core.labels == {**DEPLOY, CONFIG_LABEL: "all-7g.80gb", STATE_LABEL: "failed"}
+    assert "GPU 0" in core.annotations[REASON_ANNOTATION]
+    assert "insufficient resources" in core.annotations[REASON_ANNOTATION]
+    assert PAUSE_ANNOTATION not in core.annotations
