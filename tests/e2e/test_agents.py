@@ -1,0 +1,233 @@
+"""Node agents against the real control plane, with the operator running: discovery labels two
+simulated GPU nodes, and a MIG change walks pending -> paused operands -> success -> resumed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes import watch
+
+from gpu_operator import testenv
+from gpu_operator.controller.kube import Kube
+from gpu_operator.controller.runner import OperatorThread
+from tests.e2e.support import (
+    policy_status,
+    private_cluster,
+    service_account_config,
+    start_operator,
+    wait_for,
+)
+from tests.paths import NVIDIA_REFERENCE
+
+NS = "gpu-operator"
+A100 = "gpu-node-0"
+T4 = "gpu-node-1"
+PAUSABLE = ("device-plugin", "gpu-feature-discovery", "dcgm-exporter")
+
+
+@dataclass
+class Env:
+    cluster: testenv.Cluster
+    kube: Kube
+    operator: OperatorThread
+    tmp: Path
+    agents: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def agent_env(self, node: str, profile: str) -> dict[str, str]:
+        return {
+            **os.environ,
+            "KUBECONFIG": str(self.cluster.kubeconfig),
+            "NODE_NAME": node,
+            "GPU_OPERATOR_SIMULATE": profile,
+            "GPU_OPERATOR_SIMULATE_STATE": str(self.tmp / f"{node}.nvml.json"),
+            "MIG_STRATEGY": "single",
+        }
+
+    def discover(self, node: str, profile: str) -> None:
+        subprocess.run(
+            [sys.executable, "-m", "gpu_operator", "agent", "discover", "--oneshot"],
+            env=self.agent_env(node, profile),
+            check=True,
+            timeout=60,
+        )
+
+    def start_mig_manager(self, node: str, profile: str, config: Path) -> None:
+        log = (self.tmp / f"{node}.mig-manager.log").open("w")
+        self.agents.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "gpu_operator", "agent", "mig-manager"],
+                env={**self.agent_env(node, profile), "CONFIG_FILE": str(config)},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+
+
+@pytest.fixture(scope="module")
+def env(testenv_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    with private_cluster(testenv_bin_dir, gpu_nodes=2) as cluster, cluster.api_client() as api:
+        kube = Kube(api)
+        operator = start_operator(service_account_config(cluster, NS, "gpu-operator"), NS)
+        env = Env(cluster, kube, operator, tmp_path_factory.mktemp("agents"))
+        try:
+            yield env
+        finally:
+            for proc in env.agents:
+                proc.terminate()
+                proc.wait(10)
+            operator.stop()
+
+
+def labels(kube: Kube, node: str) -> dict[str, str]:
+    got = kube.get("Node", node) or {}
+    return dict((got.get("metadata") or {}).get("labels") or {})
+
+
+class LabelHistory:
+    """Every label set a node passes through, from a real watch (polling could miss some)."""
+
+    def __init__(self, cluster: testenv.Cluster, node: str) -> None:
+        self.seen: list[dict[str, str]] = []
+        self._stopped = False
+        self._watch = watch.Watch()
+        self._api = cluster.api_client()
+        self._thread = threading.Thread(target=self._run, args=(node,), daemon=True)
+        self._thread.start()
+
+    def _run(self, node: str) -> None:
+        core = k8s.CoreV1Api(self._api)
+        try:
+            for event in self._watch.stream(
+                core.list_node, field_selector=f"metadata.name={node}", timeout_seconds=300
+            ):
+                self.seen.append(dict(event["object"].metadata.labels or {}))
+        except Exception:
+            if not self._stopped:
+                raise  # only the connection we closed ourselves may end the watch
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._watch.stop()
+        self._api.close()
+
+
+def test_discovery_labels_both_nodes(env: Env) -> None:
+    policy = yaml.safe_load((NVIDIA_REFERENCE / "clusterpolicy-helm-default.yaml").read_text())
+    env.kube.create(policy)
+    wait_for(
+        "policy ready", lambda: policy_status(env.kube, "cluster-policy").get("state") == "ready"
+    )
+    env.discover(A100, "a100-40gb:8")
+    env.discover(T4, "t4:1")
+
+    a100 = labels(env.kube, A100)
+    assert a100["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB"
+    assert a100["nvidia.com/gpu.count"] == "8"
+    assert a100["nvidia.com/gpu.memory"] == "40960"
+    assert a100["nvidia.com/gpu.family"] == "ampere"
+    assert a100["nvidia.com/mig.capable"] == "true"
+    assert a100["nvidia.com/cuda.driver-version.full"] == "580.95.05"
+    t4 = labels(env.kube, T4)
+    assert t4["nvidia.com/gpu.product"] == "Tesla-T4"
+    assert t4["nvidia.com/gpu.family"] == "turing"
+    assert t4["nvidia.com/mig.capable"] == "false"
+    # The operator reacts to the discovered MIG capability: manager and default layout.
+    wait_for(
+        "mig-manager scheduled on the MIG-capable node only",
+        lambda: (
+            labels(env.kube, A100).get("nvidia.com/gpu.deploy.mig-manager") == "true"
+            and labels(env.kube, A100).get("nvidia.com/mig.config") == "all-disabled"
+        ),
+    )
+    assert "nvidia.com/gpu.deploy.mig-manager" not in labels(env.kube, T4)
+
+
+def mig_config_file(env: Env) -> Path:
+    configmap = yaml.safe_load((NVIDIA_REFERENCE / "mig-parted-default-configmap.yaml").read_text())
+    path = env.tmp / "config.yaml"
+    path.write_text(configmap["data"]["config.yaml"])
+    return path
+
+
+def test_mig_change_pauses_operands_and_relabels(env: Env) -> None:
+    config = mig_config_file(env)
+    env.start_mig_manager(A100, "a100-40gb:8", config)
+    wait_for(
+        "initial layout applied",
+        lambda: labels(env.kube, A100).get("nvidia.com/mig.config.state") == "success",
+    )
+    plugin_pods_before = device_plugin_pods(env, A100)
+    assert plugin_pods_before == 1
+
+    history = LabelHistory(env.cluster, A100)
+    try:
+        env.kube.merge_patch(
+            "Node", A100, {"metadata": {"labels": {"nvidia.com/mig.config": "all-1g.5gb"}}}
+        )
+        wait_for(
+            "new layout applied",
+            lambda: (
+                labels(env.kube, A100).get("nvidia.com/mig.config.state") == "success"
+                and any(h.get("nvidia.com/mig.config.state") == "pending" for h in history.seen)
+            ),
+            timeout=120,
+        )
+    finally:
+        history.stop()
+    states = [h.get("nvidia.com/mig.config.state") for h in history.seen]
+    assert "pending" in states
+    paused = [h for h in history.seen if h.get("nvidia.com/mig.config.state") == "pending"]
+    for component in PAUSABLE:
+        key = f"nvidia.com/gpu.deploy.{component}"
+        assert any(h.get(key) == "paused-for-mig-change" for h in paused), component
+        assert labels(env.kube, A100)[key] == "true", component  # restored
+    # While paused, the operand pods really left the node; now they are back.
+    wait_for("device plugin back on the node", lambda: device_plugin_pods(env, A100) == 1)
+
+    env.discover(A100, "a100-40gb:8")
+    after = labels(env.kube, A100)
+    assert after["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
+    assert after["nvidia.com/gpu.count"] == "56"
+    assert after["nvidia.com/gpu.memory"] == "4864"
+    wait_for(
+        "policy ready again",
+        lambda: policy_status(env.kube, "cluster-policy").get("state") == "ready",
+    )
+
+
+def device_plugin_pods(env: Env, node: str) -> int:
+    pods = env.kube.list_objects(
+        "Pod",
+        NS,
+        label_selector="app=nvidia-device-plugin-daemonset",
+        field_selector=f"spec.nodeName={node}",
+    )
+    return len([p for p in pods if not p["metadata"].get("deletionTimestamp")])
+
+
+def test_non_mig_gpu_fails_with_a_reason(env: Env) -> None:
+    config = mig_config_file(env)
+    env.start_mig_manager(T4, "t4:1", config)
+    env.kube.merge_patch(
+        "Node", T4, {"metadata": {"labels": {"nvidia.com/mig.config": "all-1g.5gb"}}}
+    )
+    node = wait_for(
+        "T4 node failed",
+        lambda: (
+            (n := env.kube.get("Node", T4))
+            and n["metadata"]["labels"].get("nvidia.com/mig.config.state") == "failed"
+            and n
+        ),
+    )
+    reason = node["metadata"]["annotations"]["nvidia.com/mig.config.state.reason"]
+    assert reason
+    assert labels(env.kube, T4)["nvidia.com/gpu.deploy.device-plugin"] == "true"
