@@ -12,9 +12,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-## demo: render the default GPU stack and print what each component deploys
-demo: $(STAMP)
-	$(BIN)/gpu-operator render --summary
+## demo: a simulated GPU cluster running the whole stack, left up (hack/testenv down stops it)
+demo: $(STAMP) testenv
+	$(BIN)/python -m gpu_operator.testenv.demo
 
 ## test: every check and test, e2e against a real local control plane
 test: lint typecheck testenv

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.controller.nodes import NodePolicy, NodeView, Taint, is_gpu_node
-from gpu_operator.render import config_hash
 from gpu_operator.render.components import REGISTRY, section
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE, Facts, NodeOS, Runtime
 
@@ -55,7 +53,7 @@ def gather_facts(
     spec: ClusterPolicySpec,
     *,
     namespace: str,
-    configmaps: Mapping[str, Mapping[str, Any]],
+    configmap_hashes: Mapping[str, str],
     operator_image: str = DEFAULT_OPERATOR_IMAGE,
     image_env: Mapping[str, str] | None = None,
 ) -> Facts:
@@ -63,9 +61,9 @@ def gather_facts(
     oses = sorted({os for n in gpu_nodes if (os := node_os(n)) is not None})
     fallback: Runtime = spec.operator.default_runtime or "containerd"
     hashes = {
-        name: config_hash(configmaps[name])
+        name: configmap_hashes[name]
         for name in referenced_configmaps(spec)
-        if name in configmaps
+        if name in configmap_hashes
     }
     return Facts(
         namespace=namespace,

@@ -32,9 +32,17 @@ from gpu_operator.controller.facts import (
 from gpu_operator.controller.kube import MANAGED_SELECTOR, Kube
 from gpu_operator.controller.metrics import OperatorMetrics
 from gpu_operator.controller.nodes import NodePolicy, NodeView, is_gpu_node, plan_node
-from gpu_operator.controller.plan import Key, Observed, Owner, plan_changes, stamp
+from gpu_operator.controller.plan import (
+    APPLIED_HASH,
+    Key,
+    Observed,
+    Owner,
+    key_of,
+    plan_changes,
+    stamp,
+)
 from gpu_operator.controller.readiness import DaemonSetReadiness, daemonset_readiness
-from gpu_operator.render import render_components
+from gpu_operator.render import config_hash, render_components
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
 
 log = logging.getLogger(__name__)
@@ -90,6 +98,44 @@ def _plain(body: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items()}
 
 
+_KEEP_META = ("name", "namespace", "uid", "labels", "ownerReferences", "generation",
+              "deletionTimestamp", "resourceVersion")  # fmt: skip
+
+
+def trim(plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """Only what the operator reads, so the indexes of a large fleet stay small.
+
+    ControllerRevisions carry a whole pod template and pods their full spec; neither is needed.
+    ConfigMaps are kept as a content hash (edits to referenced ones roll operand pods).
+    """
+    if plural in ("clusterpolicies", "daemonsets"):
+        return _plain(body)
+    meta = body.get("metadata") or {}
+    kept: dict[str, Any] = {"metadata": {k: meta[k] for k in _KEEP_META if k in meta}}
+    hash_ = (meta.get("annotations") or {}).get(APPLIED_HASH)
+    if hash_:
+        kept["metadata"]["annotations"] = {APPLIED_HASH: hash_}
+    if plural == "pods":
+        status = body.get("status") or {}
+        kept["spec"] = {"nodeName": (body.get("spec") or {}).get("nodeName")}
+        kept["status"] = {
+            "phase": status.get("phase"),
+            "conditions": [
+                {"type": c.get("type"), "status": c.get("status")}
+                for c in status.get("conditions") or ()
+            ],
+            "containerStatuses": [
+                {"restartCount": c.get("restartCount", 0), "ready": c.get("ready")}
+                for c in status.get("containerStatuses") or ()
+            ],
+        }
+    elif plural == "controllerrevisions":
+        kept["revision"] = body.get("revision")
+    elif plural == "configmaps":
+        kept["hash"] = config_hash(body)
+    return kept
+
+
 def _is_owned_child(obj: Mapping[str, Any]) -> bool:
     refs = (obj.get("metadata") or {}).get("ownerReferences") or ()
     return any(r.get("kind") == KIND and r.get("apiVersion") == API_VERSION for r in refs)
@@ -113,6 +159,8 @@ class Controller:
         self.last_node_views: dict[str, NodeView] = {}
         self.last_ready_reason: dict[str, str] = {}
         self.passes = 0
+        self.monitors_available: bool | None = None  # re-checked on each safety-net resync
+        self.applied_monitors: dict[Key, str] = {}
         self._write_slots = asyncio.Semaphore(settings.write_concurrency)
 
     # -- feeding -------------------------------------------------------------------------------
@@ -155,6 +203,7 @@ class Controller:
                 await asyncio.wait_for(self.wake.wait(), timeout=self.settings.resync_seconds)
             except TimeoutError:
                 self.all_nodes_dirty = True
+                self.monitors_available = None
             await asyncio.sleep(self.settings.debounce_seconds)  # let a burst settle
             self.wake.clear()
             started = time.monotonic()
@@ -170,7 +219,9 @@ class Controller:
                 self.wake.set()
             finally:
                 self.passes += 1
-                self.metrics.reconcile_seconds.observe(time.monotonic() - started)
+                elapsed = time.monotonic() - started
+                self.metrics.reconcile_seconds.observe(elapsed)
+                log.debug("reconcile pass %d took %.2fs", self.passes, elapsed)
 
     async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         async with self._write_slots:
@@ -237,8 +288,8 @@ class Controller:
             )
             return
 
-        configmaps = {
-            cm["metadata"]["name"]: cm
+        configmap_hashes = {
+            cm["metadata"]["name"]: cm["hash"]
             for cm in self._values("configmaps")
             if cm["metadata"].get("namespace") == self.settings.namespace
         }
@@ -246,7 +297,7 @@ class Controller:
             nodes,
             spec,
             namespace=self.settings.namespace,
-            configmaps=configmaps,
+            configmap_hashes=configmap_hashes,
             operator_image=self.settings.operator_image,
             image_env=self.settings.image_env,
         )
@@ -300,6 +351,8 @@ class Controller:
                 meta = result.get("metadata") or {}
                 key = (obj["kind"], meta.get("namespace") or "", meta["name"])
                 self.applied_generations[key] = int(meta.get("generation") or 0)
+                if obj["kind"] == "ServiceMonitor":
+                    self.applied_monitors[key] = obj["metadata"]["annotations"][APPLIED_HASH]
             except ApiException as exc:
                 errors.append(f"applying {obj['kind']} {obj['metadata']['name']}: {_reason(exc)}")
 
@@ -321,22 +374,36 @@ class Controller:
         return "; ".join(errors) or None
 
     async def _monitors_to_apply(self, monitors: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """ServiceMonitors only where the Prometheus operator's CRD exists; not watched."""
+        """ServiceMonitors only where the Prometheus operator's CRD exists; not watched.
+
+        What was applied is remembered, so an unchanged pass reads nothing; the safety-net
+        resync re-checks the CRD and the objects.
+        """
         if not monitors:
             return []
-        crd = await asyncio.to_thread(
-            self.kube.get, "CustomResourceDefinition", "servicemonitors.monitoring.coreos.com"
-        )
-        if crd is None:
+        if self.monitors_available is None:
+            crd = await asyncio.to_thread(
+                self.kube.get, "CustomResourceDefinition", "servicemonitors.monitoring.coreos.com"
+            )
+            self.monitors_available = crd is not None
+            if crd is None:
+                self.applied_monitors.clear()
+        if not self.monitors_available:
             return []
         out = []
         for obj in monitors:
+            key = key_of(obj)
+            want = obj["metadata"]["annotations"][APPLIED_HASH]
+            if self.applied_monitors.get(key) == want:
+                continue
             meta = obj["metadata"]
             current = await asyncio.to_thread(
                 self.kube.get, "ServiceMonitor", meta["name"], meta.get("namespace")
             )
             have = ((current or {}).get("metadata") or {}).get("annotations") or {}
-            if have != meta["annotations"]:
+            if have.get(APPLIED_HASH) == want:
+                self.applied_monitors[key] = want
+            else:
                 out.append(obj)
         return out
 
@@ -391,7 +458,11 @@ class Controller:
                     return
                 raise
 
-        await asyncio.gather(*(one(n) for n in nodes if everything or n.name in dirty))
+        todo = [n for n in nodes if everything or n.name in dirty]
+        started = time.monotonic()
+        await asyncio.gather(*(one(n) for n in todo))
+        if todo:
+            log.debug("checked %d nodes in %.2fs", len(todo), time.monotonic() - started)
 
     # -- status and events ---------------------------------------------------------------------
 
@@ -522,8 +593,10 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
             kopf.index(*resource, id=ident, registry=registry)(index_node)
         else:
 
-            def index_obj(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> Any:
-                return {(namespace or "", name): _plain(body)}
+            def index_obj(
+                body: kopf.Body, namespace: str | None, name: str, plural: str = plural, **_: Any
+            ) -> Any:
+                return {(namespace or "", name): trim(plural, body)}
 
             kopf.index(*resource, id=ident, registry=registry)(index_obj)
 

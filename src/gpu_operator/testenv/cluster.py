@@ -158,7 +158,14 @@ class Cluster:
         return self.get("/metrics", timeout=30.0)
 
     def running(self) -> bool:
-        return bool(self.processes) and all(alive(p) for p in self.processes)
+        components = [p for p in self.processes if p.name in binaries.COMPONENTS]
+        return bool(components) and all(alive(p) for p in components)
+
+    def adopt(self, record: ProcessRecord) -> None:
+        """Tie another process (the demo's operator and agents) to this cluster: `stop()` and
+        `hack/testenv down` end it together with the components."""
+        self.processes.append(record)
+        (self.state_dir / STATE_FILE).write_text(json.dumps(self.to_json(), indent=2) + "\n")
 
     def healthy(self) -> bool:
         try:

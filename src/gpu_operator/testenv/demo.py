@@ -1,0 +1,175 @@
+"""`make demo`: a simulated GPU cluster running the whole stack, left up for you to explore.
+
+Starts testenv with GPU nodes of different simulated models, the operator and one discovery
+agent per GPU node as background processes tied to the cluster (`hack/testenv down` ends them
+too), applies examples/clusterpolicy.yaml, waits for `ready` and prints what each node has.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpu_operator.controller.kube import Kube
+from gpu_operator.testenv import binaries, nodes
+from gpu_operator.testenv.cluster import Cluster, default_state_dir, start
+from gpu_operator.testenv.processes import spawn
+
+REPO = Path(__file__).resolve().parents[3]
+NAMESPACE = "gpu-operator"
+# name -> (simulated GPUs, OS id, OS version)
+GPU_NODES = {
+    "gpu-a100": ("a100-40gb:8", "ubuntu", "22.04"),
+    "gpu-h100": ("h100-80gb:8", "ubuntu", "22.04"),
+    "gpu-t4": ("t4:1", "ubuntu", "24.04"),
+    "gpu-l4": ("l4:2", "rhel", "9.4"),
+}
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _run_in_background(cluster: Cluster, name: str, argv: list[str], env: dict[str, str]) -> None:
+    os.environ.update(env)  # spawn inherits this process's environment
+    try:
+        _, record = spawn(
+            name,
+            argv,
+            cluster.state_dir / "logs" / f"{name}.log",
+            die_with_parent=False,
+            cwd=REPO,
+        )
+    finally:
+        for key in env:
+            os.environ.pop(key, None)
+    cluster.adopt(record)
+
+
+def _wait(what: str, probe: Any, timeout: float = 180.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise SystemExit(f"demo: timed out waiting for {what}")
+
+
+def node_table(kube: Kube) -> str:
+    pods = kube.list_objects("Pod", NAMESPACE)
+    rows = [("NODE", "PRODUCT", "GPUS", "MEMORY", "DRIVER", "CUDA", "MIG", "TAINT", "READY")]
+    for node in sorted(kube.list_objects("Node"), key=lambda n: n["metadata"]["name"]):
+        name = node["metadata"]["name"]
+        labels = node["metadata"].get("labels") or {}
+        gpu = labels.get("nvidia.com/gpu.present") == "true"
+        taint = any(t.get("key") == "nvidia.com/gpu" for t in node["spec"].get("taints") or [])
+        on_node = [p for p in pods if p["spec"].get("nodeName") == name]
+        ready = sum(
+            1 for p in on_node
+            if any(c["type"] == "Ready" and c["status"] == "True"
+                   for c in (p.get("status") or {}).get("conditions") or [])
+        )  # fmt: skip
+        mig = labels.get("nvidia.com/mig.capable", "-")
+        if mig == "true":
+            layout = labels.get("nvidia.com/mig.config", "?")
+            mig = f"{layout} ({labels.get('nvidia.com/mig.config.state', 'pending')})"
+        rows.append((
+            name,
+            labels.get("nvidia.com/gpu.product", "-" if not gpu else "?"),
+            labels.get("nvidia.com/gpu.count", "-"),
+            f"{labels['nvidia.com/gpu.memory']} MiB" if "nvidia.com/gpu.memory" in labels else "-",
+            labels.get("nvidia.com/cuda.driver-version.full", "-"),
+            labels.get("nvidia.com/cuda.runtime-version.full", "-"),
+            mig,
+            "yes" if taint else "no",
+            f"{ready}/{len(on_node)}" if gpu else "-",
+        ))  # fmt: skip
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows
+    )
+
+
+def main() -> int:
+    state_dir = default_state_dir()
+    _say("demo: building or finding the control-plane binaries (first time: many minutes)")
+    bin_dir = binaries.ensure_binaries()
+    t0 = time.monotonic()
+    cluster = start(state_dir, cpu_nodes=1, bin_dir=bin_dir, detach=True)
+    cluster.create_nodes(
+        [nodes.node_manifest(n, gpu=True, os_id=os_id, os_version=ver)
+         for n, (_, os_id, ver) in GPU_NODES.items()]
+    )  # fmt: skip
+    _say(f"demo: control plane with {len(GPU_NODES)} GPU nodes + 1 CPU node up in "
+         f"{time.monotonic() - t0:.1f}s")  # fmt: skip
+
+    python = sys.executable
+    kubeconfig = str(cluster.kubeconfig)
+    _run_in_background(
+        cluster, "gpu-operator",
+        [python, "-m", "gpu_operator", "run", "--kubeconfig", kubeconfig,
+         "--namespace", NAMESPACE, "--health-port", "0", "--metrics-port", "0"],
+        {},
+    )  # fmt: skip
+    with cluster.api_client() as api:
+        kube = Kube(api)
+        _wait("the ClusterPolicy CRD", lambda: kube.get(
+            "CustomResourceDefinition", "clusterpolicies.nvidia.com"))  # fmt: skip
+        kube.create(yaml.safe_load((REPO / "examples" / "clusterpolicy.yaml").read_text()))
+        for name, (gpus, _, _) in GPU_NODES.items():
+            _run_in_background(
+                cluster, f"discover-{name}",
+                [python, "-m", "gpu_operator", "agent", "discover",
+                 "--simulate-state", str(cluster.state_dir / f"{name}.nvml.json")],
+                {"KUBECONFIG": kubeconfig, "NODE_NAME": name, "GPU_OPERATOR_SIMULATE": gpus,
+                 "GFD_SLEEP_INTERVAL": "30s", "MIG_STRATEGY": "single"},
+            )  # fmt: skip
+
+        # MIG managers on the MIG-capable models, reading the layouts the operator deployed.
+        configmap = _wait("the MIG layouts ConfigMap", lambda: kube.get(
+            "ConfigMap", "default-mig-parted-config", NAMESPACE))  # fmt: skip
+        layouts = cluster.state_dir / "mig-parted-config.yaml"
+        layouts.write_text(next(iter(configmap["data"].values())))
+        for name, (gpus, _, _) in GPU_NODES.items():
+            if gpus.startswith(("a100", "h100")):
+                _run_in_background(
+                    cluster, f"mig-manager-{name}",
+                    [python, "-m", "gpu_operator", "agent", "mig-manager",
+                     "--simulate-state", str(cluster.state_dir / f"{name}.nvml.json")],
+                    {"KUBECONFIG": kubeconfig, "NODE_NAME": name, "GPU_OPERATOR_SIMULATE": gpus,
+                     "CONFIG_FILE": str(layouts)},
+                )  # fmt: skip
+
+        def ready() -> bool:
+            policy = kube.get("ClusterPolicy", "cluster-policy") or {}
+            labelled = all(
+                "nvidia.com/gpu.product" in (kube.get("Node", n) or {})["metadata"]["labels"]
+                for n in GPU_NODES
+            )
+            mig_done = all(
+                (kube.get("Node", n) or {})["metadata"]["labels"].get("nvidia.com/mig.config.state")
+                == "success"
+                for n, (gpus, _, _) in GPU_NODES.items()
+                if gpus.startswith(("a100", "h100"))
+            )
+            return labelled and mig_done and (policy.get("status") or {}).get("state") == "ready"
+
+        _wait("ClusterPolicy ready and every GPU node discovered", ready)
+        _say(f"demo: ClusterPolicy ready {time.monotonic() - t0:.1f}s after start\n")
+        _say(node_table(kube))
+    _say(
+        f"\nThe cluster stays up. Reach it with:\n  export KUBECONFIG={kubeconfig}\n"
+        "  kubectl get clusterpolicy,nodes; kubectl -n gpu-operator get daemonsets\n"
+        f"Logs: {cluster.state_dir / 'logs'}\nStop everything with:\n  hack/testenv down"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,427 @@
+"""Plain data for the driver-upgrade planner: the observed fleet, the resolved policy, the actions.
+
+Everything the planner needs is read from the cluster each pass and everything it must remember
+is written back to the Node (state label, entry-time and was-cordoned annotations), so a
+restarted operator continues exactly where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal, TypeVar
+
+from gpu_operator.api.spec import (
+    DrainSpec,
+    PodDeletionSpec,
+    UpgradePolicy,
+    WaitForCompletionSpec,
+)
+from gpu_operator.controller.nodes import NodeView
+from gpu_operator.controller.readiness import REVISION_HASH, pod_ready
+from gpu_operator.upgrade.selector import Selector
+
+# Names shared with NVIDIA's operator (reference/gpu-facts.md section 6).
+STATE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
+SKIP_LABEL = "nvidia.com/gpu-driver-upgrade.skip"
+DRAIN_SKIP_LABEL = "nvidia.com/gpu-driver-upgrade-drain.skip"
+REQUESTED_ANNOTATION = "nvidia.com/gpu-driver-upgrade-requested"
+VALIDATOR_APP = "nvidia-operator-validator"
+# Ours: what must survive an operator restart.
+SINCE_ANNOTATION = "nvidia.com/gpu-driver-upgrade-state.since"
+WAS_CORDONED_ANNOTATION = "nvidia.com/gpu-driver-upgrade.was-cordoned"
+
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+_T = TypeVar("_T")
+
+
+class State(StrEnum):
+    """Values of ``STATE_LABEL``, spelled as NVIDIA's operator spells them."""
+
+    UNKNOWN = ""
+    DONE = "upgrade-done"
+    REQUIRED = "upgrade-required"
+    CORDON = "cordon-required"
+    WAIT_FOR_JOBS = "wait-for-jobs-required"
+    POD_DELETION = "pod-deletion-required"
+    DRAIN = "drain-required"
+    POD_RESTART = "pod-restart-required"
+    VALIDATION = "validation-required"
+    UNCORDON = "uncordon-required"
+    FAILED = "upgrade-failed"
+
+
+# States that hold one of the maxParallelUpgrades slots.
+IN_PROGRESS = frozenset(
+    {
+        State.CORDON,
+        State.WAIT_FOR_JOBS,
+        State.POD_DELETION,
+        State.DRAIN,
+        State.POD_RESTART,
+        State.VALIDATION,
+        State.UNCORDON,
+    }
+)
+
+
+def is_true(value: str | None) -> bool:
+    """Label and annotation booleans, as people write them (``true``, ``True``)."""
+    return (value or "").strip().lower() == "true"
+
+
+def parse_time(value: str | None) -> float:
+    """RFC 3339 (``2024-05-01T10:00:00Z``) to unix seconds; 0.0 when absent or unreadable."""
+    if not value:
+        return 0.0
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    unschedulable: bool = False
+    ready: bool = True
+
+    @classmethod
+    def from_k8s(cls, node: Mapping[str, Any]) -> Node:
+        view = NodeView.from_k8s(node)
+        return cls(view.name, view.labels, view.annotations, view.unschedulable, view.ready)
+
+    @property
+    def state_label(self) -> str:
+        return self.labels.get(STATE_LABEL, "")
+
+    @property
+    def skipped(self) -> bool:
+        return is_true(self.labels.get(SKIP_LABEL))
+
+    @property
+    def requested(self) -> bool:
+        return is_true(self.annotations.get(REQUESTED_ANNOTATION))
+
+    @property
+    def unavailable(self) -> bool:
+        """Takes no new pods: cordoned by anyone, or NotReady."""
+        return self.unschedulable or not self.ready
+
+    @property
+    def since(self) -> float | None:
+        """When the node entered its current state, as recorded by the planner."""
+        try:
+            value = float(self.annotations[SINCE_ANNOTATION])
+        except (KeyError, ValueError):
+            return None
+        return value if math.isfinite(value) else None
+
+    @property
+    def was_cordoned(self) -> bool | None:
+        """Whether the node was cordoned before its upgrade began; None when not recorded."""
+        value = (self.annotations.get(WAS_CORDONED_ANNOTATION) or "").strip().lower()
+        return {"true": True, "false": False}.get(value)
+
+
+@dataclass(frozen=True)
+class Pod:
+    name: str
+    namespace: str = "default"
+    node: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    owner: str = ""  # DaemonSet name for DaemonSet pods, else "Kind/name", "" for bare pods
+    revision_hash: str = ""
+    ready: bool = True
+    phase: str = "Running"
+    restart_count: int = 0
+    uses_gpu: bool = False  # requests nvidia.com/gpu or nvidia.com/mig-*
+    is_daemonset_pod: bool = False
+    deleting: bool = False  # deletionTimestamp set: on its way out, do not ask again
+    created: float = 0.0
+    uses_empty_dir: bool = False  # losing the pod loses this data: evicted only when allowed
+
+    @property
+    def running(self) -> bool:
+        """Still holds its node (and its GPUs): not yet Succeeded or Failed."""
+        return self.phase not in TERMINAL_PHASES
+
+    @classmethod
+    def from_k8s(cls, pod: Mapping[str, Any]) -> Pod:
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        status = pod.get("status") or {}
+        labels = dict(meta.get("labels") or {})
+        owner, is_ds = "", False
+        for ref in meta.get("ownerReferences") or ():
+            if ref.get("controller", True):
+                is_ds = ref.get("kind") == "DaemonSet"
+                owner = ref.get("name", "") if is_ds else f"{ref.get('kind')}/{ref.get('name')}"
+                break
+        statuses = [
+            *(status.get("containerStatuses") or ()),
+            *(status.get("initContainerStatuses") or ()),
+        ]
+        return cls(
+            name=meta.get("name", ""),
+            namespace=meta.get("namespace", "default"),
+            node=spec.get("nodeName") or _affinity_node(spec),
+            labels=labels,
+            owner=owner,
+            revision_hash=labels.get(REVISION_HASH, ""),
+            ready=pod_ready(pod),
+            phase=status.get("phase", "Pending"),
+            restart_count=max((int(s.get("restartCount", 0)) for s in statuses), default=0),
+            uses_gpu=_uses_gpu(spec),
+            is_daemonset_pod=is_ds,
+            deleting=bool(meta.get("deletionTimestamp")),
+            created=parse_time(meta.get("creationTimestamp")),
+            uses_empty_dir=any("emptyDir" in v for v in spec.get("volumes") or ()),
+        )
+
+
+def _affinity_node(spec: Mapping[str, Any]) -> str:
+    """The node a DaemonSet pod is pinned to before it is scheduled (it has no nodeName yet,
+    which is exactly when an unschedulable new driver pod must still count for its node)."""
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    for term in required.get("nodeSelectorTerms") or ():
+        for expr in term.get("matchFields") or ():
+            values = expr.get("values") or ()
+            if expr.get("key") == "metadata.name" and expr.get("operator") == "In" and values:
+                return str(values[0])
+    return ""
+
+
+def _uses_gpu(spec: Mapping[str, Any]) -> bool:
+    for container in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]:
+        resources = container.get("resources") or {}
+        for section in ("limits", "requests"):
+            for name, quantity in (resources.get(section) or {}).items():
+                gpu = name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX)
+                if gpu and str(quantity).strip() not in ("0", ""):
+                    return True
+    return False
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """One observation of everything the upgrade depends on."""
+
+    nodes: tuple[Node, ...]
+    driver_pods: tuple[Pod, ...] = ()
+    workload_pods: tuple[Pod, ...] = ()
+    validator_pods: tuple[Pod, ...] = ()
+    # driver DaemonSet name -> controller-revision-hash of its newest ControllerRevision
+    newest_hash: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_k8s(
+        cls,
+        nodes: Iterable[Mapping[str, Any]],
+        driver_pods: Iterable[Mapping[str, Any]] = (),
+        workload_pods: Iterable[Mapping[str, Any]] = (),
+        validator_pods: Iterable[Mapping[str, Any]] = (),
+        newest_hash: Mapping[str, str] | None = None,
+    ) -> Fleet:
+        return cls(
+            tuple(Node.from_k8s(n) for n in nodes),
+            tuple(Pod.from_k8s(p) for p in driver_pods),
+            tuple(Pod.from_k8s(p) for p in workload_pods),
+            tuple(Pod.from_k8s(p) for p in validator_pods),
+            dict(newest_hash or {}),
+        )
+
+
+def scaled_max_unavailable(value: int | str, managed: int) -> int:
+    """A count, or a percent of the managed nodes rounded up (as Kubernetes scales maxUnavailable
+    for a DaemonSet), so "25%" of 3 nodes still lets one node upgrade."""
+    if isinstance(value, int):
+        return max(0, value)
+    text = value.strip()
+    if text.endswith("%"):
+        return math.ceil(int(text[:-1]) * managed / 100)
+    return max(0, int(text))
+
+
+@dataclass(frozen=True)
+class Policy:
+    """``upgradePolicy`` with every default applied; timeouts of 0 mean wait forever."""
+
+    auto_upgrade: bool = False
+    max_parallel_upgrades: int = 1  # 0: no limit
+    max_unavailable: int | str = "25%"
+    pod_deletion_force: bool = False
+    pod_deletion_timeout_s: int = 300
+    pod_deletion_delete_empty_dir: bool = False
+    wait_selector: Selector | None = None  # None: do not wait for jobs
+    wait_timeout_s: int = 0
+    drain_enable: bool = False
+    drain_force: bool = False
+    drain_selector: Selector | None = None  # None: every pod
+    drain_timeout_s: int = 300
+    drain_delete_empty_dir: bool = False
+    # Not in the CRD: the planner's own limits. NVIDIA has no restart timeout, which is how one
+    # unschedulable driver pod stalls a whole fleet; 1800 s outlasts the default driver startup
+    # probe (60 s + 120 x 10 s) plus an image pull.
+    restart_timeout_s: int = 1800
+    validation_timeout_s: int = 600
+    max_driver_restarts: int = 10
+
+    @classmethod
+    def from_spec(cls, spec: UpgradePolicy | None) -> Policy:
+        """Resolve the CRD defaults; ValueError when a pod selector cannot be parsed."""
+        spec = spec or UpgradePolicy()
+        deletion = spec.pod_deletion or PodDeletionSpec()
+        wait = spec.wait_for_completion or WaitForCompletionSpec()
+        drain = spec.drain or DrainSpec()
+
+        def selector(text: str | None) -> Selector | None:
+            return Selector.parse(text) if text and text.strip() else None
+
+        def pick(value: _T | None, default: _T) -> _T:
+            return default if value is None else value
+
+        return cls(
+            auto_upgrade=pick(spec.auto_upgrade, False),
+            max_parallel_upgrades=pick(spec.max_parallel_upgrades, 1),
+            max_unavailable="25%" if spec.max_unavailable is None else spec.max_unavailable,
+            pod_deletion_force=pick(deletion.force, False),
+            pod_deletion_timeout_s=pick(deletion.timeout_seconds, 300),
+            pod_deletion_delete_empty_dir=pick(deletion.delete_empty_dir, False),
+            wait_selector=selector(wait.pod_selector),
+            wait_timeout_s=pick(wait.timeout_seconds, 0),
+            drain_enable=pick(drain.enable, False),
+            drain_force=pick(drain.force, False),
+            drain_selector=selector(drain.pod_selector),
+            drain_timeout_s=pick(drain.timeout_seconds, 300),
+            drain_delete_empty_dir=pick(drain.delete_empty_dir, False),
+        )
+
+
+# ---- actions: a closed set; the executor applies them in order and reports nothing back ----
+#
+# Actions for one node are contiguous and ordered. When a node patch (SetState, Cordon,
+# Uncordon, Fail) fails, the executor skips that node's remaining actions this pass; a failed
+# Evict or DeletePod skips nothing (a PodDisruptionBudget refusal is just a pod still there).
+
+
+@dataclass(frozen=True)
+class SetState:
+    """Move a node to ``state``, recording when, in one patch (timeouts survive restarts)."""
+
+    node: str
+    state: State
+    since: int
+    reason: str = ""
+
+    def patch(self) -> dict[str, Any]:
+        annotations: dict[str, str | None] = {SINCE_ANNOTATION: str(self.since)}
+        if self.state is State.REQUIRED:
+            annotations[REQUESTED_ANNOTATION] = None  # consumed: asking again means a new run
+        if self.state is State.DONE:
+            annotations[WAS_CORDONED_ANNOTATION] = None
+        return {"metadata": {"labels": {STATE_LABEL: self.state.value}, "annotations": annotations}}
+
+
+@dataclass(frozen=True)
+class Cordon:
+    """Cordon, recording in the same patch whether the node was cordoned already."""
+
+    node: str
+    was_cordoned: bool
+
+    def patch(self) -> dict[str, Any]:
+        value = "true" if self.was_cordoned else "false"
+        return {
+            "metadata": {"annotations": {WAS_CORDONED_ANNOTATION: value}},
+            "spec": {"unschedulable": True},
+        }
+
+
+@dataclass(frozen=True)
+class Uncordon:
+    """Only for nodes the upgrade itself cordoned (NVIDIA issue 2820)."""
+
+    node: str
+
+    def patch(self) -> dict[str, Any]:
+        return {"spec": {"unschedulable": None}}
+
+
+@dataclass(frozen=True)
+class Evict:
+    """Through the Eviction API, so PodDisruptionBudgets apply."""
+
+    pod: str
+    namespace: str
+    node: str
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    """Delete a pod; ``force`` means grace period 0 (podDeletion/drain ``force`` after the
+    timeout)."""
+
+    pod: str
+    namespace: str
+    force: bool
+    node: str
+
+
+@dataclass(frozen=True)
+class Fail:
+    """``SetState(upgrade-failed)`` plus a Warning Event carrying ``reason``."""
+
+    node: str
+    reason: str
+    since: int
+
+    def patch(self) -> dict[str, Any]:
+        return SetState(self.node, State.FAILED, self.since, self.reason).patch()
+
+
+EventType = Literal["Normal", "Warning"]
+
+
+@dataclass(frozen=True)
+class Event:
+    node: str
+    type: EventType
+    reason: str
+    message: str
+
+
+Action = SetState | Cordon | Uncordon | Evict | DeletePod | Fail | Event
+
+
+@dataclass(frozen=True)
+class Summary:
+    total: int = 0  # managed nodes
+    done: int = 0
+    in_progress: int = 0
+    failed: int = 0
+    pending: int = 0  # need an upgrade that has not started
+    unavailable: int = 0  # cordoned, NotReady or in progress, before this pass's actions
+    budget_slots: int = 0  # new upgrades this pass may start (nodes already cordoned cost none)
+    max_unavailable: int = 0  # maxUnavailable scaled to the managed nodes
+
+
+@dataclass(frozen=True)
+class Plan:
+    actions: tuple[Action, ...]
+    summary: Summary
+    notes: tuple[str, ...] = ()
+    line: str = ""  # one human line for status and the CLI
+    # The earliest time a waiting node times out: pass again by then even if nothing changes
+    # (a requeue hint; None when no timeout is running).
+    next_deadline: float | None = None
