@@ -69,6 +69,11 @@ class LeaderElector:
             except ApiException as exc:
                 if exc.status == 409:
                     return False
+                if exc.status == 404:
+                    raise RuntimeError(
+                        f"namespace {self.namespace!r} does not exist: create it "
+                        f"(kubectl create namespace {self.namespace}) or pass --namespace"
+                    ) from None
                 raise
         spec = lease.get("spec") or {}
         if not lease_free(spec, self.identity, now):

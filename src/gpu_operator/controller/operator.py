@@ -342,7 +342,7 @@ class Controller:
         monitors = [o for o in plan.apply if o["kind"] == "ServiceMonitor"]
         plan_apply = [o for o in plan.apply if o["kind"] != "ServiceMonitor"]
         plan_apply += await self._monitors_to_apply(monitors)
-        errors: list[str] = []
+        errors: list[tuple[str, str]] = []  # (object, reason)
 
         async def apply_one(obj: dict[str, Any]) -> None:
             try:
@@ -354,7 +354,7 @@ class Controller:
                 if obj["kind"] == "ServiceMonitor":
                     self.applied_monitors[key] = obj["metadata"]["annotations"][APPLIED_HASH]
             except ApiException as exc:
-                errors.append(f"applying {obj['kind']} {obj['metadata']['name']}: {_reason(exc)}")
+                errors.append((f"{obj['kind']}/{obj['metadata']['name']}", _reason(exc)))
 
         async def prune_one(key: Key) -> None:
             kind, namespace, name = key
@@ -363,7 +363,7 @@ class Controller:
                 self.metrics.writes.labels("delete", kind).inc()
                 self.applied_generations.pop(key, None)
             except ApiException as exc:
-                errors.append(f"deleting {kind} {name}: {_reason(exc)}")
+                errors.append((f"deleting {kind}/{name}", _reason(exc)))
 
         # Apply in render order, one kind-stage at a time, so RBAC precedes the DaemonSets.
         for stage in _stages(plan_apply):
@@ -371,7 +371,7 @@ class Controller:
         await asyncio.gather(*(prune_one(k) for k in plan.prune))
         if plan_apply or plan.prune:
             log.info("applied %d objects, pruned %d", len(plan_apply), len(plan.prune))
-        return "; ".join(errors) or None
+        return summarize_errors(errors)
 
     async def _monitors_to_apply(self, monitors: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """ServiceMonitors only where the Prometheus operator's CRD exists; not watched.
@@ -554,6 +554,22 @@ def _replace(obs: status_mod.Observation, **changes: Any) -> status_mod.Observat
     import dataclasses
 
     return dataclasses.replace(obs, **changes)
+
+
+def summarize_errors(errors: list[tuple[str, str]], shown: int = 3) -> str | None:
+    """One line per distinct reason, naming a few of the objects it hit (a missing namespace
+    fails every object the same way; the user needs to read that once)."""
+    if not errors:
+        return None
+    by_reason: dict[str, list[str]] = {}
+    for what, reason in errors:
+        by_reason.setdefault(reason, []).append(what)
+    lines = []
+    for reason, objects in by_reason.items():
+        names = ", ".join(sorted(objects)[:shown])
+        more = f" and {len(objects) - shown} more" if len(objects) > shown else ""
+        lines.append(f"{reason} ({names}{more})")
+    return "; ".join(lines)
 
 
 def _stages(objects: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:

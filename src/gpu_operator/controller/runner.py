@@ -258,5 +258,9 @@ def main_run(
             loop.add_signal_handler(sig, stop.set)
         await run_operator(options, config, stop=stop)
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except RuntimeError as exc:
+        log.error("%s", exc)
+        return 1
     return 0

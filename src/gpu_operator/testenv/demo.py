@@ -75,8 +75,8 @@ def node_table(kube: Kube) -> str:
             if any(c["type"] == "Ready" and c["status"] == "True"
                    for c in (p.get("status") or {}).get("conditions") or [])
         )  # fmt: skip
-        mig = labels.get("nvidia.com/mig.capable", "-")
-        if mig == "true":
+        mig = {"true": "", "false": "no"}.get(labels.get("nvidia.com/mig.capable", ""), "-")
+        if mig == "":
             layout = labels.get("nvidia.com/mig.config", "?")
             mig = f"{layout} ({labels.get('nvidia.com/mig.config.state', 'pending')})"
         rows.append((
@@ -111,6 +111,8 @@ def main() -> int:
 
     python = sys.executable
     kubeconfig = str(cluster.kubeconfig)
+    with cluster.api_client() as api:
+        Kube(api).create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     _run_in_background(
         cluster, "gpu-operator",
         [python, "-m", "gpu_operator", "run", "--kubeconfig", kubeconfig,
