@@ -28,36 +28,16 @@ sys.path.insert(0, str(REPO))
 
 from gpu_operator import testenv  # noqa: E402
 from gpu_operator.controller.kube import Kube  # noqa: E402
-from tests.e2e.support import audit_writes, now, service_account_config  # noqa: E402
+from tests.e2e.support import (  # noqa: E402
+    audit_writes,
+    now,
+    service_account_config,
+    token_kubeconfig,
+)
 
 NS = "gpu-operator"
 USER = f"system:serviceaccount:{NS}:gpu-operator"
 POLICY = REPO.parent / "shared" / "reference" / "nvidia" / "clusterpolicy-helm-default.yaml"
-
-
-def token_kubeconfig(cluster: testenv.Cluster, path: Path) -> None:
-    config = service_account_config(cluster, NS, "gpu-operator")
-    token = config.api_key["authorization"].split(" ", 1)[1]
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "t",
-                        "cluster": {
-                            "server": cluster.api_url,
-                            "certificate-authority": str(cluster.ca_file),
-                        },
-                    }
-                ],
-                "users": [{"name": "op", "user": {"token": token}}],
-                "contexts": [{"name": "t", "context": {"cluster": "t", "user": "op"}}],
-                "current-context": "t",
-            }
-        )
-    )
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -116,7 +96,9 @@ def main() -> int:
         ):
             kube = Kube(api)
             kubeconfig = Path(tmp) / "kubeconfig"
-            token_kubeconfig(cluster, kubeconfig)
+            token_kubeconfig(
+                cluster, service_account_config(cluster, NS, "gpu-operator"), kubeconfig
+            )
             proc = subprocess.Popen(
                 [
                     sys.executable,

@@ -166,6 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="act without holding the Lease (only ever with a single replica)",
     )
+    run.add_argument(
+        "--lease-duration",
+        type=int,
+        default=30,
+        help="seconds a standby waits for a silent leader before taking over (renewed every third)",
+    )
     run.add_argument("--health-port", type=int, default=8080, help="/healthz port, 0 for none")
     run.add_argument("--metrics-port", type=int, default=8081, help="/metrics port, 0 for none")
     run.set_defaults(func=_cmd_run)
@@ -182,6 +188,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         leader_election=args.leader_election,
         health_port=args.health_port,
         metrics_port=args.metrics_port,
+        lease_seconds=args.lease_duration,
     )
 
 

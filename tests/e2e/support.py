@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from kubernetes import client as k8s
 
 from gpu_operator import testenv
@@ -92,6 +93,34 @@ def service_account_config(
     config = k8s.Configuration(host=cluster.api_url, ssl_ca_cert=str(cluster.ca_file))
     config.api_key = {"authorization": f"Bearer {token}"}
     return config
+
+
+def token_kubeconfig(cluster: testenv.Cluster, config: k8s.Configuration, path: Path) -> Path:
+    """A kubeconfig file carrying ``config``'s token, for an operator run as its own process."""
+    token = config.api_key["authorization"].split(" ", 1)[1]
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "testenv",
+                        "cluster": {
+                            "server": cluster.api_url,
+                            "certificate-authority": str(cluster.ca_file),
+                        },
+                    }
+                ],
+                "users": [{"name": "operator", "user": {"token": token}}],
+                "contexts": [
+                    {"name": "testenv", "context": {"cluster": "testenv", "user": "operator"}}
+                ],
+                "current-context": "testenv",
+            }
+        )
+    )
+    return path
 
 
 def start_operator(config: k8s.Configuration, namespace: str, **settings: Any) -> OperatorThread:

@@ -34,7 +34,8 @@ def test_index_values_keep_only_what_decisions_read() -> None:
                      "ownerReferences": [{"uid": "ds"}]},
         "spec": {"nodeName": "n1"},
         "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
-                   "containerStatuses": [{"restartCount": 2, "ready": True}]},
+                   "containerStatuses": [{"restartCount": 2, "ready": True}],
+                   "initContainerStatuses": []},
     }  # fmt: skip
     revision = {"metadata": {"name": "r"}, "revision": 3, "data": {"spec": {"template": {}}}}
     assert trim("controllerrevisions", revision) == {"metadata": {"name": "r"}, "revision": 3}

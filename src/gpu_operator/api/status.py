@@ -39,11 +39,14 @@ class ComponentStatus(ApiModel):
 
 
 class UpgradeSummary(ApiModel):
+    """Driver upgrade progress across the GPU nodes the upgrade manages."""
+
     total: int = 0
     done: int = 0
     in_progress: int = 0
     failed: int = 0
     pending: int = 0
+    message: str | None = None
 
 
 class ClusterPolicyStatus(ApiModel):

@@ -65,6 +65,7 @@ KINDS: dict[str, Kind] = {
             False,
         ),
         Kind("coordination.k8s.io/v1", "Lease", "leases", True),
+        Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", True),
     )
 }
 
@@ -165,14 +166,20 @@ class Kube:
         )
         return result
 
-    def delete(self, kind: str, name: str, namespace: str | None = None) -> bool:
+    def delete(
+        self,
+        kind: str,
+        name: str,
+        namespace: str | None = None,
+        *,
+        grace_period_seconds: int | None = None,
+    ) -> bool:
         """Delete in the background (dependents go by GC); False when it was already gone."""
+        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        if grace_period_seconds is not None:
+            body["gracePeriodSeconds"] = grace_period_seconds
         try:
-            self.request(
-                "DELETE",
-                KINDS[kind].item(name, namespace),
-                body={"propagationPolicy": "Background"},
-            )
+            self.request("DELETE", KINDS[kind].item(name, namespace), body=body)
             return True
         except ApiException as exc:
             if exc.status == 404:

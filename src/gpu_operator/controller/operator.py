@@ -22,7 +22,7 @@ import kopf
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from gpu_operator.api import API_VERSION, KIND, PolicyError, parse_spec
+from gpu_operator.api import API_VERSION, KIND, ClusterPolicySpec, PolicyError, parse_spec
 from gpu_operator.controller import status as status_mod
 from gpu_operator.controller.facts import (
     gather_facts,
@@ -44,6 +44,7 @@ from gpu_operator.controller.plan import (
 from gpu_operator.controller.readiness import DaemonSetReadiness, daemonset_readiness
 from gpu_operator.render import config_hash, render_components
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
+from gpu_operator.upgrade.executor import UpgradeExecutor
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ def _plain(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 _KEEP_META = ("name", "namespace", "uid", "labels", "ownerReferences", "generation",
-              "deletionTimestamp", "resourceVersion")  # fmt: skip
+              "deletionTimestamp", "creationTimestamp", "resourceVersion")  # fmt: skip
 
 
 def trim(plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -117,7 +118,11 @@ def trim(plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
         kept["metadata"]["annotations"] = {APPLIED_HASH: hash_}
     if plural == "pods":
         status = body.get("status") or {}
-        kept["spec"] = {"nodeName": (body.get("spec") or {}).get("nodeName")}
+        spec = body.get("spec") or {}
+        kept["spec"] = {"nodeName": spec.get("nodeName")}
+        node_affinity = (spec.get("affinity") or {}).get("nodeAffinity")
+        if node_affinity:  # an unscheduled DaemonSet pod names its node only here
+            kept["spec"]["affinity"] = {"nodeAffinity": node_affinity}
         kept["status"] = {
             "phase": status.get("phase"),
             "conditions": [
@@ -127,6 +132,10 @@ def trim(plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
             "containerStatuses": [
                 {"restartCount": c.get("restartCount", 0), "ready": c.get("ready")}
                 for c in status.get("containerStatuses") or ()
+            ],
+            "initContainerStatuses": [
+                {"restartCount": c.get("restartCount", 0)}
+                for c in status.get("initContainerStatuses") or ()
             ],
         }
     elif plural == "controllerrevisions":
@@ -159,6 +168,8 @@ class Controller:
         self.last_node_views: dict[str, NodeView] = {}
         self.last_ready_reason: dict[str, str] = {}
         self.passes = 0
+        self.upgrades = UpgradeExecutor(kube, self._call, self._event)
+        self.next_deadline: float | None = None  # an upgrade timeout to look at again
         self.monitors_available: bool | None = None  # re-checked on each safety-net resync
         self.applied_monitors: dict[Key, str] = {}
         self._write_slots = asyncio.Semaphore(settings.write_concurrency)
@@ -199,8 +210,11 @@ class Controller:
     async def run(self) -> None:
         await self.ready.wait()
         while True:
+            timeout = self.settings.resync_seconds
+            if self.next_deadline is not None:
+                timeout = min(timeout, max(1.0, self.next_deadline - time.time()))
             try:
-                await asyncio.wait_for(self.wake.wait(), timeout=self.settings.resync_seconds)
+                await asyncio.wait_for(self.wake.wait(), timeout=timeout)
             except TimeoutError:
                 self.all_nodes_dirty = True
                 self.monitors_available = None
@@ -307,6 +321,7 @@ class Controller:
         apply_error = await self._apply(desired)
 
         await self._label_nodes(nodes, node_policy(spec))
+        upgrade = await self._upgrade(spec, nodes) if spec.driver.enabled else None
 
         components: dict[str, list[DaemonSetReadiness]] = {}
         for part in parts:
@@ -317,10 +332,38 @@ class Controller:
             components=components,
             apply_error=apply_error,
             unimplemented=tuple(spec.unimplemented_enabled()),
+            upgrade=upgrade,
         )
         for name, sets in components.items():
             self.metrics.component_ready.labels(name).set(1 if all(s.ready for s in sets) else 0)
         await self._write_status(policy, obs)
+
+    async def _upgrade(self, spec: ClusterPolicySpec, nodes: list[NodeView]) -> dict[str, Any]:
+        """One step of the fleet's driver upgrade; the summary goes into status."""
+        result = await self.upgrades.reconcile(
+            spec.driver.upgrade_policy,
+            nodes,
+            self._values("daemonsets"),
+            self._values("pods"),
+            self._values("controllerrevisions"),
+        )
+        self.next_deadline = result.next_deadline
+        summary = result.summary
+        for state, count in (
+            ("done", summary.done),
+            ("in_progress", summary.in_progress),
+            ("failed", summary.failed),
+            ("pending", summary.pending),
+        ):
+            self.metrics.upgrade_nodes.labels(state).set(count)
+        return {
+            "total": summary.total,
+            "done": summary.done,
+            "inProgress": summary.in_progress,
+            "failed": summary.failed,
+            "pending": summary.pending,
+            "message": result.line,
+        }
 
     # -- objects -------------------------------------------------------------------------------
 
@@ -489,10 +532,16 @@ class Controller:
             event_type = "Warning" if ready["reason"] in ("ReconcileFailed",) else "Normal"
             await self._event(policy, event_type, ready["reason"], ready["message"] or new["state"])
 
-    async def _event(
-        self, policy: Mapping[str, Any], etype: str, reason: str, message: str
-    ) -> None:
-        meta = policy["metadata"]
+    async def _event(self, about: Mapping[str, Any], etype: str, reason: str, message: str) -> None:
+        """An Event about a cluster-scoped object (the ClusterPolicy or a Node)."""
+        meta = about["metadata"]
+        involved = {
+            "apiVersion": about.get("apiVersion", API_VERSION),
+            "kind": about.get("kind", KIND),
+            "name": meta["name"],
+        }
+        if meta.get("uid"):
+            involved["uid"] = meta["uid"]
         stamp_ = now_iso()
         body = {
             "apiVersion": "v1",
@@ -503,12 +552,7 @@ class Controller:
                 # describe looks for them.
                 "namespace": "default",
             },
-            "involvedObject": {
-                "apiVersion": API_VERSION,
-                "kind": KIND,
-                "name": meta["name"],
-                "uid": meta["uid"],
-            },
+            "involvedObject": involved,
             "type": etype,
             "reason": reason,
             "message": message[:1024],

@@ -228,6 +228,7 @@ def main_run(
     leader_election: bool,
     health_port: int,
     metrics_port: int,
+    lease_seconds: int = 30,
 ) -> int:
     """``gpu-operator run``: until SIGTERM/SIGINT, then hand leadership over and exit."""
     import signal
@@ -248,6 +249,8 @@ def main_run(
         leader_election=leader_election,
         health_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
         metrics_port=metrics_port or None,
+        lease_seconds=lease_seconds,
+        renew_seconds=max(1.0, lease_seconds / 3),
     )
     config = api_configuration(kubeconfig)
 

@@ -30,6 +30,7 @@ class Observation:
     apply_error: str | None = None  # an API failure while applying
     unimplemented: Sequence[str] = ()
     ignored_because: str | None = None  # name of the active policy when this one is not
+    upgrade: Mapping[str, Any] | None = None  # the driver upgrade summary
 
 
 def _condition(
@@ -133,8 +134,8 @@ def compute_status(obs: Observation, previous: Mapping[str, Any], now: str) -> d
         "conditions": conditions,
         "components": components,
     }
-    if "upgrade" in previous:
-        status["upgrade"] = previous["upgrade"]  # owned by the upgrade controller
+    if obs.upgrade is not None:
+        status["upgrade"] = dict(obs.upgrade)
     return status
 
 

@@ -1,0 +1,256 @@
+"""A driver version bump rolled across 8 GPU nodes on 2 OS releases, against the real control
+plane: maxParallelUpgrades 2 and maxUnavailable 25% hold at every sample, GPU pods are evicted
+before their node's driver is replaced, a PodDisruptionBudget fails one node while the others
+finish, and an operator killed mid-rollout is replaced by one that finishes without repeating a
+node."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpu_operator import testenv
+from gpu_operator.controller.kube import Kube
+from tests.e2e.support import (
+    policy_status,
+    private_cluster,
+    service_account_config,
+    token_kubeconfig,
+    wait_for,
+)
+
+NS = "gpu-operator"
+USER = f"system:serviceaccount:{NS}:gpu-operator"
+NODES = [f"gpu-node-{i}" for i in range(8)]
+PROTECTED = "gpu-node-7"  # its GPU pod is guarded by a PDB that allows no eviction
+STATE = "nvidia.com/gpu-driver-upgrade-state"
+
+
+def policy(version: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "nvidia.com/v1",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": "cluster-policy"},
+        "spec": {
+            "driver": {
+                "version": version,
+                "upgradePolicy": {
+                    "autoUpgrade": True,
+                    "maxParallelUpgrades": 2,
+                    "maxUnavailable": "25%",
+                    "podDeletion": {"timeoutSeconds": 15, "force": False},
+                },
+            },
+            "dcgmExporter": {"enabled": False},
+        },
+    }
+
+
+def gpu_pod(node: str, app: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"train-{node}", "namespace": "default", "labels": {"app": app}},
+        "spec": {
+            "nodeName": node,
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+            "containers": [
+                {
+                    "name": "train",
+                    "image": "registry.example/train:1",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }
+            ],
+        },
+    }
+
+
+class Operator:
+    """The operator as its own process, so it can really be killed."""
+
+    def __init__(self, kubeconfig: Path, log: Path) -> None:
+        self.kubeconfig, self.log = kubeconfig, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gpu_operator", "run", "--kubeconfig", str(self.kubeconfig),
+                 "--namespace", NS, "--health-port", "0", "--metrics-port", "0",
+                 "--lease-duration", "6"],
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+
+class CordonSampler:
+    """Counts cordoned GPU nodes every 100 ms for the whole rollout."""
+
+    def __init__(self, cluster: testenv.Cluster) -> None:
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._cluster = cluster
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with self._cluster.api_client() as api:
+            kube = Kube(api)
+            while not self._stop.is_set():
+                nodes = kube.list_objects("Node")
+                self.samples.append(sum(1 for n in nodes if n["spec"].get("unschedulable")))
+                time.sleep(0.1)
+
+    def stop(self) -> list[int]:
+        self._stop.set()
+        self._thread.join(10)
+        return self.samples
+
+
+@pytest.fixture(scope="module")
+def cluster(testenv_bin_dir: Path) -> Iterator[testenv.Cluster]:
+    with private_cluster(testenv_bin_dir) as cluster:
+        cluster.create_nodes(
+            [
+                testenv.node_manifest(
+                    name, gpu=True,
+                    os_id="ubuntu" if i < 4 else "rhel",
+                    os_version="22.04" if i < 4 else "9.4",
+                )
+                for i, name in enumerate(NODES)
+            ]
+        )  # fmt: skip
+        yield cluster
+
+
+def audit(cluster: testenv.Cluster) -> list[dict[str, Any]]:
+    events = []
+    with cluster.audit_log.open() as log:
+        for line in log:
+            event = json.loads(line)
+            if event.get("stage") == "ResponseComplete" and event["user"]["username"] == USER:
+                events.append(event)
+    return events
+
+
+def driver_pods(kube: Kube) -> dict[str, dict[str, Any]]:
+    pods = kube.list_objects("Pod", NS, label_selector="app.kubernetes.io/component=driver")
+    return {p["spec"]["nodeName"]: p for p in pods if p["spec"].get("nodeName")}
+
+
+def test_driver_upgrade_rolls_safely(cluster: testenv.Cluster, tmp_path: Path) -> None:
+    with cluster.api_client() as api:
+        kube = Kube(api)
+        identity = service_account_config(cluster, NS, "gpu-operator")
+        operator = Operator(
+            token_kubeconfig(cluster, identity, tmp_path / "kc"), tmp_path / "op.log"
+        )
+        operator.start()
+        try:
+            wait_for("CRD installed", lambda: kube.get(
+                "CustomResourceDefinition", "clusterpolicies.nvidia.com"))  # fmt: skip
+            kube.create(policy("580.95.05"))
+            wait_for("stack ready", lambda: policy_status(kube, "cluster-policy").get("state")
+                     == "ready", timeout=120)  # fmt: skip
+            for node in NODES:
+                kube.create(gpu_pod(node, "protected" if node == PROTECTED else "train"))
+            kube.create({
+                "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                "metadata": {"name": "protected", "namespace": "default"},
+                "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "protected"}}},
+            })  # fmt: skip
+            wait_for("PDB computed", lambda: (kube.request(
+                "GET", "/apis/policy/v1/namespaces/default/poddisruptionbudgets/protected")
+                .get("status", {}).get("currentHealthy") == 1))  # fmt: skip
+            pods_before = driver_pods(kube)
+            before = {n: p["metadata"]["uid"] for n, p in pods_before.items()}
+            before_names = {p["metadata"]["name"]: n for n, p in pods_before.items()}
+            assert set(before) == set(NODES)
+
+            sampler = CordonSampler(cluster)
+            kube.merge_patch("ClusterPolicy", "cluster-policy",
+                             {"spec": {"driver": {"version": "580.105.08"}}})  # fmt: skip
+
+            def done_count() -> int:
+                return sum(
+                    1 for n in NODES
+                    if (kube.get("Node", n) or {})["metadata"]["labels"].get(STATE)
+                    == "upgrade-done"
+                )  # fmt: skip
+
+            wait_for("three nodes upgraded", lambda: done_count() >= 3, timeout=180)
+            operator.kill()  # mid-rollout, no goodbye: the Lease must expire first
+            time.sleep(2)
+            operator.start()
+
+            def finished() -> bool:
+                states = {
+                    n: (kube.get("Node", n) or {})["metadata"]["labels"].get(STATE) for n in NODES
+                }
+                others = all(states[n] == "upgrade-done" for n in NODES if n != PROTECTED)
+                return others and states[PROTECTED] == "upgrade-failed"
+
+            wait_for("rollout finished", finished, timeout=300)
+            samples = sampler.stop()
+            wait_for(
+                "status summary caught up",
+                lambda: (
+                    (u := policy_status(kube, "cluster-policy").get("upgrade") or {})
+                    and u.get("done") == 7
+                    and u.get("failed") == 1
+                    and u.get("inProgress") == 0
+                ),
+            )
+        finally:
+            operator.kill()
+
+        assert samples and max(samples) <= 2, f"more than 2 nodes cordoned: {max(samples)}"
+        # Every upgraded node runs a new driver pod and is schedulable again.
+        after = driver_pods(kube)
+        for node in NODES:
+            got = kube.get("Node", node) or {}
+            if node == PROTECTED:
+                assert got["spec"].get("unschedulable") is True  # failed nodes stay cordoned
+                assert after[node]["metadata"]["uid"] == before[node]
+                continue
+            assert not got["spec"].get("unschedulable"), node
+            assert after[node]["metadata"]["uid"] != before[node], node
+            image = after[node]["spec"]["containers"][0]["image"]
+            assert "580.105.08" in image, image
+        failure_events = kube.list_objects(
+            "Event", "default", field_selector=f"involvedObject.name={PROTECTED}"
+        )
+        assert any(e["reason"] == "UpgradeFailed" for e in failure_events)
+
+    # From the audit log: on each node the GPU pod was evicted before the driver pod was
+    # deleted, and no driver pod was deleted twice or after its node was done (the restarted
+    # operator repeated nothing).
+    evicted: dict[str, datetime] = {}
+    deleted: list[tuple[str, datetime]] = []
+    for event in audit(cluster):
+        ref = event.get("objectRef") or {}
+        stamp = datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
+        if ref.get("subresource") == "eviction" and ref.get("name", "").startswith("train-"):
+            evicted.setdefault(ref["name"].removeprefix("train-"), stamp)
+        elif (event["verb"] == "delete" and ref.get("resource") == "pods"
+                and ref.get("namespace") == NS):  # fmt: skip
+            deleted.append((ref["name"], stamp))
+    assert set(evicted) >= set(NODES) - {PROTECTED}
+    names = [name for name, _ in deleted]
+    assert sorted(names) == sorted(n for n, node in before_names.items() if node != PROTECTED)
+    for name, stamp in deleted:
+        assert evicted[before_names[name]] < stamp, name
