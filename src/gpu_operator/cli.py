@@ -175,7 +175,47 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--health-port", type=int, default=8080, help="/healthz port, 0 for none")
     run.add_argument("--metrics-port", type=int, default=8081, help="/metrics port, 0 for none")
     run.set_defaults(func=_cmd_run)
+
+    upgrade = sub.add_parser("upgrade", help="driver upgrades across the fleet")
+    upgrade_sub = upgrade.add_subparsers(dest="upgrade_command", required=True)
+    status = upgrade_sub.add_parser(
+        "status", help="per-node upgrade state and overall progress, read from the cluster"
+    )
+    status.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG/in-cluster)")
+    status.add_argument("--policy", default=None, help="ClusterPolicy name (default: the only one)")
+    status.add_argument("-w", "--watch", action="store_true", help="refresh every 2 s until ^C")
+    status.set_defaults(func=_cmd_upgrade_status)
     return parser
+
+
+def _cmd_upgrade_status(args: argparse.Namespace) -> int:
+    import time
+
+    from kubernetes import client as k8s
+
+    from gpu_operator.controller.kube import Kube
+    from gpu_operator.controller.runner import api_configuration
+    from gpu_operator.upgrade.report import status_report
+
+    kube = Kube(k8s.ApiClient(api_configuration(args.kubeconfig)))
+    while True:
+        policies = kube.list_objects("ClusterPolicy")
+        chosen = [p for p in policies if args.policy in (None, p["metadata"]["name"])]
+        if not chosen:
+            sys.stderr.write("no ClusterPolicy found\n")
+            return 1
+        active = [p for p in chosen if (p.get("status") or {}).get("state") != "ignored"]
+        report = status_report(kube.list_objects("Node"), (active or chosen)[0].get("status") or {})
+        if args.watch:
+            sys.stdout.write("\x1b[H\x1b[2J")  # clear the screen, like watch(1)
+        sys.stdout.write(report)
+        sys.stdout.flush()
+        if not args.watch:
+            return 0
+        try:
+            time.sleep(2)
+        except KeyboardInterrupt:
+            return 0
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

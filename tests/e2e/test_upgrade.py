@@ -231,6 +231,13 @@ def test_driver_upgrade_rolls_safely(cluster: testenv.Cluster, tmp_path: Path) -
             assert after[node]["metadata"]["uid"] != before[node], node
             image = after[node]["spec"]["containers"][0]["image"]
             assert "580.105.08" in image, image
+        report = subprocess.run(
+            [sys.executable, "-m", "gpu_operator", "upgrade", "status",
+             "--kubeconfig", str(cluster.kubeconfig)],
+            capture_output=True, text=True, check=True, timeout=60,
+        ).stdout  # fmt: skip
+        assert f"{PROTECTED}  upgrade-failed" in report
+        assert "7/8 done" in report
         failure_events = kube.list_objects(
             "Event", "default", field_selector=f"involvedObject.name={PROTECTED}"
         )

@@ -1,0 +1,65 @@
+"""`gpu-operator upgrade status`: the fleet's driver upgrade as a table and a progress bar,
+read from the cluster (node labels and the ClusterPolicy status), so any replica, or none,
+can answer it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gpu_operator.upgrade.model import SINCE_ANNOTATION, SKIP_LABEL, STATE_LABEL
+
+BAR_WIDTH = 30
+
+
+def progress_bar(done: int, total: int, failed: int = 0) -> str:
+    if total <= 0:
+        return "[" + " " * BAR_WIDTH + "] no managed nodes"
+    filled = round(BAR_WIDTH * done / total)
+    broken = min(BAR_WIDTH - filled, round(BAR_WIDTH * failed / total))
+    bar = "#" * filled + "!" * broken + "." * (BAR_WIDTH - filled - broken)
+    return f"[{bar}] {done}/{total} done ({100 * done // total}%)"
+
+
+def _age(since: str | None, now: float) -> str:
+    try:
+        seconds = int(now - float(since or ""))
+    except ValueError:
+        return "-"
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h"
+
+
+def status_report(
+    nodes: Iterable[Mapping[str, Any]], policy_status: Mapping[str, Any], now: float | None = None
+) -> str:
+    """Per-node table of upgrade state, time in state and schedulability, then the summary."""
+    now = time.time() if now is None else now
+    rows = [("NODE", "STATE", "IN STATE", "SCHEDULABLE")]
+    for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
+        meta = node["metadata"]
+        labels = meta.get("labels") or {}
+        if STATE_LABEL not in labels and labels.get(SKIP_LABEL) != "true":
+            continue
+        state = labels.get(STATE_LABEL) or "-"
+        if labels.get(SKIP_LABEL) == "true":
+            state += " (skipped)"
+        since = (meta.get("annotations") or {}).get(SINCE_ANNOTATION)
+        schedulable = "no" if (node.get("spec") or {}).get("unschedulable") else "yes"
+        rows.append((meta["name"], state, _age(since, now), schedulable))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    summary = policy_status.get("upgrade") or {}
+    lines.append("")
+    lines.append(
+        progress_bar(
+            int(summary.get("done", 0)), int(summary.get("total", 0)), int(summary.get("failed", 0))
+        )
+    )
+    if summary.get("message"):
+        lines.append(str(summary["message"]))
+    return "\n".join(lines) + "\n"
