@@ -1,0 +1,131 @@
+"""The operator's permissions, one rule per thing it does, each with the reason it exists.
+
+The e2e suite removes each rule in turn and shows some step of the operator then fails, so a
+rule here is never decoration. No wildcards; no cluster-wide Secrets; writes only where the
+operator writes. Operand ClusterRoles and Roles grant subsets of these (Kubernetes refuses to
+let the operator grant what it does not hold itself).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+READ = ("get", "list", "watch")
+MANAGE = ("get", "list", "watch", "create", "patch", "delete")
+
+
+@dataclass(frozen=True)
+class Rule:
+    api_group: str
+    resources: tuple[str, ...]
+    verbs: tuple[str, ...]
+    why: str
+    resource_names: tuple[str, ...] = ()
+
+    def to_k8s(self) -> dict[str, Any]:
+        rule: dict[str, Any] = {
+            "apiGroups": [self.api_group],
+            "resources": list(self.resources),
+            "verbs": list(self.verbs),
+        }
+        if self.resource_names:
+            rule["resourceNames"] = list(self.resource_names)
+        return rule
+
+
+CLUSTER_RULES: tuple[Rule, ...] = (
+    Rule(
+        "nvidia.com",
+        ("clusterpolicies",),
+        ("get", "list", "watch", "patch"),
+        "watch policies; add and remove the node-cleanup finalizer",
+    ),
+    Rule("nvidia.com", ("clusterpolicies/status",), ("patch",), "write status"),
+    Rule(
+        "apiextensions.k8s.io",
+        ("customresourcedefinitions",),
+        ("get",),
+        "see whether its CRD is current and whether ServiceMonitors exist",
+    ),
+    Rule(
+        "apiextensions.k8s.io",
+        ("customresourcedefinitions",),
+        ("create", "patch"),
+        "install or upgrade its own CRD at start-up",
+        ("clusterpolicies.nvidia.com",),
+    ),
+    Rule(
+        "",
+        ("nodes",),
+        ("get", "list", "watch", "patch"),
+        "find GPU nodes; labels, taint, cordon for upgrades (operands get a subset)",
+    ),
+    Rule("", ("pods",), ("get", "list"), "list GPU workload pods on a node being upgraded"),
+    Rule(
+        "",
+        ("pods",),
+        ("delete",),
+        "replace the old driver pod; podDeletion/drain force after the timeout",
+    ),
+    Rule(
+        "",
+        ("pods/eviction",),
+        ("create",),
+        "evict GPU workloads through the Eviction API so PodDisruptionBudgets apply",
+    ),
+    Rule(
+        "",
+        ("events",),
+        ("create",),
+        "Events about ClusterPolicies and Nodes (cluster-scoped: they live in default)",
+    ),
+    Rule(
+        "rbac.authorization.k8s.io",
+        ("clusterroles", "clusterrolebindings"),
+        MANAGE,
+        "node access for the operands that label or read their Node",
+    ),
+    Rule("node.k8s.io", ("runtimeclasses",), MANAGE, "the nvidia RuntimeClass"),
+)
+
+NAMESPACE_RULES: tuple[Rule, ...] = (
+    Rule("apps", ("daemonsets",), MANAGE, "the operand DaemonSets"),
+    Rule("apps", ("controllerrevisions",), READ, "driver pod revisions for upgrades"),
+    Rule("", ("pods",), READ, "operand readiness (its own namespace only)"),
+    Rule("", ("configmaps",), MANAGE,
+         "operand configs; user ConfigMaps are read to roll pods when they change"),
+    Rule("", ("services", "serviceaccounts"), MANAGE, "operand Services and identities"),
+    Rule("rbac.authorization.k8s.io", ("roles", "rolebindings"), MANAGE,
+         "namespaced operand permissions"),
+    Rule("coordination.k8s.io", ("leases",), ("get", "create", "patch"),
+         "leader election, so two replicas never both act"),
+    Rule("monitoring.coreos.com", ("servicemonitors",), ("get", "create", "patch", "delete"),
+         "the exporter's ServiceMonitor when Prometheus operator is installed"),
+)  # fmt: skip
+
+
+def cluster_role(
+    name: str = "gpu-operator", rules: tuple[Rule, ...] = CLUSTER_RULES
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "gpu-operator"}},
+        "rules": [r.to_k8s() for r in rules],
+    }
+
+
+def role(
+    namespace: str, name: str = "gpu-operator", rules: tuple[Rule, ...] = NAMESPACE_RULES
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/name": "gpu-operator"},
+        },
+        "rules": [r.to_k8s() for r in rules],
+    }

@@ -1,0 +1,216 @@
+"""The install and its least-privilege RBAC against the real apiserver.
+
+`kubectl apply -f deploy/` works (server-side dry run, then for real); the operator running with
+a token of deploy/'s ServiceAccount (not admin) installs its CRD, converges the example policy,
+records Events, rolls a driver upgrade and cleans up on deletion. Then every rule is removed in
+turn and some step must fail: the RBAC has nothing extra.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpu_operator import testenv
+from gpu_operator.controller.kube import Kube
+from gpu_operator.controller.operator import OperatorSettings
+from gpu_operator.controller.runner import OperatorThread, RunOptions
+from gpu_operator.install.rbac import CLUSTER_RULES, NAMESPACE_RULES, Rule, cluster_role, role
+from tests.e2e.support import policy_status, private_cluster, service_account_config, wait_for
+from tests.paths import REPO
+
+NS = "gpu-operator"
+GPU_NODE = "gpu-node-0"
+STATE = "nvidia.com/gpu-driver-upgrade-state"
+SERVICEMONITOR_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "names": {
+            "kind": "ServiceMonitor",
+            "plural": "servicemonitors",
+            "listKind": "ServiceMonitorList",
+            "singular": "servicemonitor",
+        },
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def example_policy(version: str = "580.95.05") -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((REPO / "examples" / "clusterpolicy.yaml").read_text())
+    doc["spec"]["driver"]["version"] = version
+    doc["spec"]["driver"]["upgradePolicy"]["podDeletion"] = {"timeoutSeconds": 0}
+    doc["spec"]["dcgmExporter"]["serviceMonitor"] = {"enabled": True}
+    return doc
+
+
+def kubectl(cluster: testenv.Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["kubectl", "--kubeconfig", str(cluster.kubeconfig), *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def grant(kube: Kube, cluster_rules: tuple[Rule, ...], namespace_rules: tuple[Rule, ...]) -> None:
+    """deploy/'s identity and bindings, with the given rules."""
+    if kube.get("Namespace", NS) is None:
+        kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    objects = [
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": "gpu-operator", "namespace": NS}},
+        cluster_role(rules=cluster_rules),
+        role(NS, rules=namespace_rules),
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": "gpu-operator"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": "gpu-operator"},
+         "subjects": [{"kind": "ServiceAccount", "name": "gpu-operator", "namespace": NS}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "gpu-operator", "namespace": NS},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                     "name": "gpu-operator"},
+         "subjects": [{"kind": "ServiceAccount", "name": "gpu-operator", "namespace": NS}]},
+    ]  # fmt: skip
+    for obj in objects:
+        kube.apply(obj)
+
+
+def exercise(cluster: testenv.Cluster, kube: Kube, timeout: float) -> str | None:
+    """Run every step the operator takes; the name of the first that fails, None if none."""
+    config = service_account_config(cluster, NS, "gpu-operator", cluster_role="")
+    options = RunOptions(
+        settings=OperatorSettings(namespace=NS), metrics_port=None, health_endpoint=None,
+        renew_seconds=1.0, lease_seconds=4,
+    )  # fmt: skip
+    operator = OperatorThread(options, config)
+    operator._thread.start()
+
+    def step(name: str, probe: Callable[[], Any], limit: float = timeout) -> str | None:
+        try:
+            wait_for(name, lambda: operator.error is None and probe(), timeout=limit)
+            if operator.error is not None:
+                return name
+            return None
+        except AssertionError:
+            return name
+
+    try:
+        failed = step(
+            "operator starts and installs its CRD",
+            lambda: (
+                operator.started.is_set()
+                and kube.get("CustomResourceDefinition", "clusterpolicies.nvidia.com")
+            ),
+        )
+        if failed:
+            return failed
+        kube.create(example_policy())
+        failed = (
+            step("stack converges", lambda: policy_status(kube, "cluster-policy").get("state")
+                 == "ready")
+            or step("ServiceMonitor applied", lambda: kube.get(
+                "ServiceMonitor", "nvidia-dcgm-exporter", NS))
+            or step("Event recorded", lambda: kube.list_objects(
+                "Event", "default", field_selector="involvedObject.name=cluster-policy"))
+        )  # fmt: skip
+        if failed:
+            return failed
+        kube.create({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "train", "namespace": "default"},
+            "spec": {"nodeName": GPU_NODE,
+                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                     "containers": [{"name": "t", "image": "registry.example/t:1",
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+        })  # fmt: skip
+        kube.merge_patch(
+            "ClusterPolicy", "cluster-policy", {"spec": {"driver": {"version": "580.105.08"}}}
+        )
+        failed = step(
+            "driver upgrade completes",
+            lambda: (
+                (kube.get("Node", GPU_NODE) or {})["metadata"]["labels"].get(STATE)
+                == "upgrade-done"
+            ),
+            limit=timeout * 3,
+        ) or step("GPU pod evicted", lambda: kube.get("Pod", "train", "default") is None)
+        if failed:
+            return failed
+        kube.delete("ClusterPolicy", "cluster-policy")
+        return step(
+            "deletion cleans nodes and lets go",
+            lambda: (
+                kube.get("ClusterPolicy", "cluster-policy") is None
+                and "nvidia.com/gpu.present"
+                not in (kube.get("Node", GPU_NODE) or {})["metadata"]["labels"]
+            ),
+        )
+    finally:
+        operator.stop()
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_kubectl_apply_deploy_and_least_privilege_operator(testenv_bin_dir: Path) -> None:
+    with private_cluster(testenv_bin_dir, gpu_nodes=1) as cluster, cluster.api_client() as api:
+        kube = Kube(api)
+        dry = kubectl(
+            cluster, "apply", "--server-side", "--dry-run=server", "-f", str(REPO / "deploy")
+        )
+        assert dry.returncode == 0, dry.stderr
+        assert kube.get("Namespace", NS) is None  # a dry run changes nothing
+        real = kubectl(cluster, "apply", "--server-side", "-f", str(REPO / "deploy"))
+        assert real.returncode == 0, real.stderr
+        assert kube.get("ClusterRole", "gpu-operator") is not None
+        # deploy/ holds the CRD; start as if the operator installed it, to exercise that too.
+        kube.delete("CustomResourceDefinition", "clusterpolicies.nvidia.com")
+        wait_for("CRD gone", lambda: kube.get(
+            "CustomResourceDefinition", "clusterpolicies.nvidia.com") is None)  # fmt: skip
+        kube.apply(SERVICEMONITOR_CRD)
+        assert exercise(cluster, kube, timeout=30) is None
+
+
+RULES = [("cluster", i, r) for i, r in enumerate(CLUSTER_RULES)] + [
+    ("namespace", i, r) for i, r in enumerate(NAMESPACE_RULES)
+]
+
+
+@pytest.mark.parametrize(
+    ("scope", "index", "rule"), RULES,
+    ids=[f"{s}-{r.api_group or 'core'}-{'+'.join(r.resources)}-{'+'.join(r.verbs)}"
+         for s, _, r in RULES],
+)  # fmt: skip
+def test_every_rule_is_needed(testenv_bin_dir: Path, scope: str, index: int, rule: Rule) -> None:
+    cluster_rules = tuple(
+        r for i, r in enumerate(CLUSTER_RULES) if (scope, i) != ("cluster", index)
+    )
+    namespace_rules = tuple(
+        r for i, r in enumerate(NAMESPACE_RULES) if (scope, i) != ("namespace", index)
+    )
+    with private_cluster(testenv_bin_dir, gpu_nodes=1) as cluster, cluster.api_client() as api:
+        kube = Kube(api)
+        kube.apply(SERVICEMONITOR_CRD)
+        grant(kube, cluster_rules, namespace_rules)
+        failed = exercise(cluster, kube, timeout=12)
+        assert failed is not None, f"nothing failed without the rule for: {rule.why}"
