@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit e2e testenv bench crd clean
+.PHONY: demo test lint typecheck unit e2e testenv bench manifests clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,8 +40,11 @@ testenv: $(STAMP)
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
-crd: $(STAMP)
+## manifests: regenerate crds/, deploy/ and bundle/ after changing the API, RBAC or defaults
+manifests: $(STAMP)
 	$(BIN)/gpu-operator crd > crds/clusterpolicy.yaml.tmp && mv crds/clusterpolicy.yaml.tmp crds/clusterpolicy.yaml
+	$(BIN)/gpu-operator deploy --output deploy/
+	$(BIN)/gpu-operator bundle --version $$($(BIN)/python -c 'import gpu_operator; print(gpu_operator.__version__)') --output bundle/
 
 clean:
 	rm -rf $(VENV) .testenv build dist src/*.egg-info

@@ -13,6 +13,7 @@ import yaml
 from gpu_operator.agent.cli import add_agent_commands
 from gpu_operator.api import ClusterPolicySpec, PolicyError, parse_document
 from gpu_operator.api.crd import clusterpolicy_crd
+from gpu_operator.install.cli import add_install_commands
 from gpu_operator.render import RenderedComponent, default_policy, render_components
 from gpu_operator.render.engine import SAFE_LOADER
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE, Facts, NodeOS
@@ -117,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_agent_commands(sub)
     crd = sub.add_parser("crd", help="print the ClusterPolicy CustomResourceDefinition")
     crd.set_defaults(func=_cmd_crd)
+    add_install_commands(sub)
 
     render = sub.add_parser(
         "render",

@@ -175,13 +175,18 @@ def exercise(cluster: testenv.Cluster, kube: Kube, timeout: float) -> str | None
 def test_kubectl_apply_deploy_and_least_privilege_operator(testenv_bin_dir: Path) -> None:
     with private_cluster(testenv_bin_dir, gpu_nodes=1) as cluster, cluster.api_client() as api:
         kube = Kube(api)
-        dry = kubectl(
-            cluster, "apply", "--server-side", "--dry-run=server", "-f", str(REPO / "deploy")
-        )
+        # A server-side dry run needs the namespace to exist for the namespaced objects, so the
+        # namespace is dry-run alone first, and the whole directory once it exists.
+        deploy = str(REPO / "deploy")
+        dry = kubectl(cluster, "apply", "--server-side", "--dry-run=server",
+                      "-f", str(REPO / "deploy" / "00-namespace.yaml"))  # fmt: skip
         assert dry.returncode == 0, dry.stderr
         assert kube.get("Namespace", NS) is None  # a dry run changes nothing
-        real = kubectl(cluster, "apply", "--server-side", "-f", str(REPO / "deploy"))
+        real = kubectl(cluster, "apply", "--server-side", "-f", deploy)
         assert real.returncode == 0, real.stderr
+        again = kubectl(cluster, "apply", "--server-side", "--force-conflicts",
+                        "--dry-run=server", "-f", deploy)  # fmt: skip
+        assert again.returncode == 0, again.stderr
         assert kube.get("ClusterRole", "gpu-operator") is not None
         # deploy/ holds the CRD; start as if the operator installed it, to exercise that too.
         kube.delete("CustomResourceDefinition", "clusterpolicies.nvidia.com")

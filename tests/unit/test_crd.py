@@ -12,6 +12,8 @@ import yaml
 from gpu_operator.api.crd import clusterpolicy_crd
 from gpu_operator.cli import dump_yaml
 from tests.paths import CRD_FILE, NVIDIA_REFERENCE
+from tests.schema import prune_nulls as _prune_nulls
+from tests.schema import strict as _strict
 
 # Where our schema is deliberately stricter than NVIDIA's: a value that would only fail later,
 # when the rendered DaemonSet is applied, is refused when the policy is applied instead.
@@ -145,28 +147,3 @@ def test_our_schema_rejects_bad_enum_and_unknown_fields() -> None:
         jsonschema.validate({"spec": {"mig": {"strategy": "bogus"}}}, strict)
     with pytest.raises(jsonschema.ValidationError, match="devicePlugn"):
         jsonschema.validate({"spec": {"devicePlugn": {}}}, strict)
-
-
-def _prune_nulls(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _prune_nulls(v) for k, v in value.items() if v is not None}
-    return value
-
-
-def _strict(schema: dict[str, Any]) -> dict[str, Any]:
-    """Our schema as plain JSON Schema, unknown fields refused (kubectl's strict validation)."""
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key == "properties":
-            out[key] = {k: _strict(v) for k, v in value.items()}
-        elif key in ("items", "additionalProperties") and isinstance(value, dict):
-            out[key] = _strict(value)
-        elif key == "x-kubernetes-int-or-string":
-            out["type"] = ["integer", "string"]
-        elif not key.startswith("x-kubernetes"):
-            out[key] = value
-    if "properties" in out and not schema.get("x-kubernetes-preserve-unknown-fields"):
-        out.setdefault("additionalProperties", False)
-    if out.get("type") == "object" and "metadata" in out.get("properties", {}):
-        out["properties"]["metadata"] = {"type": "object"}
-    return out

@@ -44,11 +44,13 @@ from gpu_operator.controller.plan import (
 from gpu_operator.controller.readiness import DaemonSetReadiness, daemonset_readiness
 from gpu_operator.render import config_hash, render_components
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
-from gpu_operator.upgrade.executor import UpgradeExecutor
+from gpu_operator.upgrade.executor import EMPTYING, UpgradeExecutor
+from gpu_operator.upgrade.model import STATE_LABEL, DeletePod, Evict
 
 log = logging.getLogger(__name__)
 
 FINALIZER = "nvidia.com/gpu-operator-node-cleanup"
+EMPTYING_RECHECK_SECONDS = 3.0
 COMPONENT_LABEL = "app.kubernetes.io/component"
 
 # (group, version, plural, namespaced, server-side label selector)
@@ -347,7 +349,14 @@ class Controller:
             self._values("pods"),
             self._values("controllerrevisions"),
         )
-        self.next_deadline = result.next_deadline
+        # Workload pods live in namespaces the operator does not watch: while a node is being
+        # emptied, look again shortly instead of waiting for an unrelated event.
+        deadlines = [d for d in (result.next_deadline,) if d is not None]
+        if any(n.labels.get(STATE_LABEL) in EMPTYING for n in nodes) or any(
+            isinstance(a, (Evict, DeletePod)) for a in result.actions
+        ):
+            deadlines.append(time.time() + EMPTYING_RECHECK_SECONDS)
+        self.next_deadline = min(deadlines) if deadlines else None
         summary = result.summary
         for state, count in (
             ("done", summary.done),
@@ -647,13 +656,13 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
         ident = index_id(plural)
         if plural == "nodes":
 
-            def index_node(body: kopf.Body, name: str, **_: Any) -> dict[str, NodeView]:
+            async def index_node(body: kopf.Body, name: str, **_: Any) -> dict[str, NodeView]:
                 return {name: NodeView.from_k8s(body)}
 
             kopf.index(*resource, id=ident, registry=registry)(index_node)
         else:
 
-            def index_obj(
+            async def index_obj(
                 body: kopf.Body, namespace: str | None, name: str, plural: str = plural, **_: Any
             ) -> Any:
                 return {(namespace or "", name): trim(plural, body)}
@@ -662,13 +671,13 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
 
         if plural == "nodes":
 
-            def on_node(body: kopf.Body, **kwargs: Any) -> None:
+            async def on_node(body: kopf.Body, **kwargs: Any) -> None:
                 controller.notify(_indexes(kwargs), node=NodeView.from_k8s(body))
 
             kopf.on.event(*resource, id=f"wake-{ident}", registry=registry)(on_node)
         elif plural != "controllerrevisions":
 
-            def on_event(**kwargs: Any) -> None:
+            async def on_event(**kwargs: Any) -> None:
                 controller.notify(_indexes(kwargs))
 
             kopf.on.event(*resource, id=f"wake-{ident}", registry=registry)(on_event)

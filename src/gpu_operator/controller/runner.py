@@ -98,11 +98,11 @@ async def _run(
     registry = build_registry(controller)
 
     @kopf.on.startup(registry=registry)
-    def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings, options.settings.namespace)
 
     @kopf.on.login(registry=registry)
-    def _login(**_: Any) -> kopf.ConnectionInfo:
+    async def _login(**_: Any) -> kopf.ConnectionInfo:
         return connection_info(api_config)
 
     kopf_stop: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -172,6 +172,8 @@ class OperatorThread:
             self.error = exc
             self.started.set()
         finally:
+            # Join the worker threads of asyncio.to_thread, so none outlives the operator.
+            self._loop.run_until_complete(self._loop.shutdown_default_executor())
             self._loop.close()
 
     def start(self, timeout: float = 60.0, *, wait: bool = True) -> OperatorThread:

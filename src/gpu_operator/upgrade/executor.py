@@ -19,6 +19,7 @@ from gpu_operator.controller.kube import Kube
 from gpu_operator.controller.nodes import NodeView
 from gpu_operator.controller.readiness import newest_revision_hash
 from gpu_operator.upgrade.model import (
+    STATE_LABEL,
     VALIDATOR_APP,
     Action,
     Cordon,
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 
 COMPONENT_LABEL = "app.kubernetes.io/component"
 # States in which the planner looks at the pods running on a node.
-EMPTYING = {State.WAIT_FOR_JOBS.value, State.POD_DELETION.value, State.DRAIN.value}
+EMPTYING = frozenset({State.WAIT_FOR_JOBS.value, State.POD_DELETION.value, State.DRAIN.value})
 
 EventSink = Callable[[Mapping[str, Any], str, str, str], Any]
 
@@ -87,9 +88,7 @@ class UpgradeExecutor:
         self._event = event
 
     async def workload_pods(self, nodes: Sequence[NodeView]) -> list[Mapping[str, Any]]:
-        emptying = [
-            n.name for n in nodes if n.labels.get("nvidia.com/gpu-driver-upgrade-state") in EMPTYING
-        ]
+        emptying = [n.name for n in nodes if n.labels.get(STATE_LABEL) in EMPTYING]
         lists = await asyncio.gather(
             *(
                 self._call(self.kube.list_objects, "Pod", field_selector=f"spec.nodeName={name}")

@@ -1,0 +1,101 @@
+"""``gpu-operator deploy`` and ``gpu-operator bundle``: the only code here that writes files."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpu_operator.api import PolicyError, parse_document
+from gpu_operator.install import bundle, manifests
+from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
+
+DEFAULT_EXAMPLE = "examples/clusterpolicy.yaml"
+
+
+def write_files(root: Path, files: dict[str, str]) -> list[Path]:
+    """Write ``files`` (relative path -> text) under ``root``; the paths written, in order."""
+    written = []
+    for relative, text in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def load_example(path: str) -> dict[str, Any]:
+    """The ClusterPolicy for alm-examples, checked so the bundle never ships a broken example."""
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: expected a ClusterPolicy object")
+    try:
+        parse_document(doc)
+    except PolicyError as exc:
+        raise ValueError("\n".join(f"{path}: {p}" for p in exc.problems)) from None
+    return doc
+
+
+def _error(message: str) -> int:
+    sys.stderr.write("".join(f"error: {line}\n" for line in message.splitlines()))
+    return 1
+
+
+def _cmd_deploy(args: argparse.Namespace) -> int:
+    if args.output is None:
+        objects = manifests.deploy_objects(args.namespace, args.image)
+        sys.stdout.write(manifests.to_yaml(objects))
+        return 0
+    for path in write_files(Path(args.output), manifests.deploy_files(args.namespace, args.image)):
+        sys.stdout.write(f"wrote {path}\n")
+    return 0
+
+
+def _cmd_bundle(args: argparse.Namespace) -> int:
+    try:
+        example = load_example(args.example)
+        if args.output is None:
+            objects = bundle.bundle_objects(args.version, example, args.image)
+            docs = [obj for path, obj in objects.items() if path.startswith("manifests/")]
+            sys.stdout.write(manifests.to_yaml(docs))
+            return 0
+        files = bundle.bundle_files(args.version, example, args.image)
+    except ValueError as exc:
+        return _error(str(exc))
+    for path in write_files(Path(args.output), files):
+        sys.stdout.write(f"wrote {path}\n")
+    return 0
+
+
+def add_install_commands(sub: Any) -> None:
+    """Register ``deploy`` and ``bundle`` on the top-level subparsers."""
+    deploy = sub.add_parser(
+        "deploy",
+        help="print or write the kubectl install (namespace, CRD, RBAC, Deployment)",
+        description="The manifests `kubectl apply --server-side -f deploy/` installs.",
+    )
+    deploy.add_argument("-o", "--output", metavar="DIR", help="write numbered files into DIR")
+    deploy.add_argument("-n", "--namespace", default=manifests.NAMESPACE)
+    deploy.add_argument("--image", default=DEFAULT_OPERATOR_IMAGE, help="the operator image")
+    deploy.set_defaults(func=_cmd_deploy)
+
+    olm = sub.add_parser(
+        "bundle",
+        help="print or write the OLM registry+v1 bundle",
+        description="The ClusterServiceVersion, CRD and metadata of an OLM bundle.",
+    )
+    olm.add_argument("--version", required=True, help="bundle (CSV) version, e.g. 0.1.0")
+    olm.add_argument("-o", "--output", metavar="DIR", help="write manifests/, metadata/ here")
+    olm.add_argument("--image", help="operator image (default: the project's, tag v<version>)")
+    olm.add_argument(
+        "--example", default=DEFAULT_EXAMPLE, help=f"alm-examples ClusterPolicy ({DEFAULT_EXAMPLE})"
+    )
+    olm.set_defaults(func=_cmd_bundle)
