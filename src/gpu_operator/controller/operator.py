@@ -10,6 +10,7 @@ writes only differences. All state that must outlive the process is in the clust
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import time
@@ -168,7 +169,6 @@ class Controller:
         self.node_policy_known = False
         self.applied_generations: dict[Key, int] = {}
         self.last_node_views: dict[str, NodeView] = {}
-        self.last_ready_reason: dict[str, str] = {}
         self.passes = 0
         self.upgrades = UpgradeExecutor(kube, self._call, self._event)
         self.next_deadline: float | None = None  # an upgrade timeout to look at again
@@ -211,13 +211,15 @@ class Controller:
 
     async def run(self) -> None:
         await self.ready.wait()
+        next_resync = time.monotonic() + self.settings.resync_seconds
         while True:
-            timeout = self.settings.resync_seconds
+            timeout = next_resync - time.monotonic()
             if self.next_deadline is not None:
-                timeout = min(timeout, max(1.0, self.next_deadline - time.time()))
-            try:
-                await asyncio.wait_for(self.wake.wait(), timeout=timeout)
-            except TimeoutError:
+                timeout = min(timeout, self.next_deadline - time.time())
+            with contextlib.suppress(TimeoutError):  # woken by an event, or it is time
+                await asyncio.wait_for(self.wake.wait(), timeout=max(1.0, timeout))
+            if time.monotonic() >= next_resync:  # the safety net: re-check what is cached
+                next_resync = time.monotonic() + self.settings.resync_seconds
                 self.all_nodes_dirty = True
                 self.monitors_available = None
             await asyncio.sleep(self.settings.debounce_seconds)  # let a burst settle
