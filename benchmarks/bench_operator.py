@@ -162,7 +162,7 @@ def main() -> int:
         if proc is not None:
             proc.terminate()
             proc.wait(30)
-        cluster.stop()
+        cluster.stop(remove_state=True)
     return 0
 
 
