@@ -82,7 +82,6 @@ def node_policy(spec: ClusterPolicySpec) -> NodePolicy:
     return NodePolicy(
         deploy=tuple(c.name for c in REGISTRY if section(spec, c).enabled),
         mig_only=frozenset(c.name for c in REGISTRY if c.mig_capable_only),
-        known=tuple(c.name for c in REGISTRY),
         taint=Taint(taint.key, taint.value, taint.effect) if taint.enabled else None,
         default_mig_config="all-disabled" if mig_default is None else (mig_default or None),
     )

@@ -14,8 +14,10 @@ from urllib.parse import quote
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from gpu_operator.render import MANAGED_BY_LABEL
+
 FIELD_MANAGER = "gpu-operator"
-MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = MANAGED_BY_LABEL
 MANAGED_SELECTOR = f"{MANAGED_BY}=gpu-operator"
 
 

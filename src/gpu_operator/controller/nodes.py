@@ -128,7 +128,6 @@ class NodePolicy:
 
     deploy: tuple[str, ...]  # deploy-label suffixes of enabled components
     mig_only: frozenset[str] = frozenset({"mig-manager"})
-    known: tuple[str, ...] = ()  # every component suffix the operator manages
     taint: Taint | None = None
     default_mig_config: str | None = "all-disabled"
 

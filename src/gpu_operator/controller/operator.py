@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import logging
 import socket
 import time
@@ -30,7 +32,7 @@ from gpu_operator.controller.facts import (
     nfd_present,
     node_policy,
 )
-from gpu_operator.controller.kube import MANAGED_SELECTOR, Kube
+from gpu_operator.controller.kube import MANAGED_BY, MANAGED_SELECTOR, Kube
 from gpu_operator.controller.metrics import OperatorMetrics
 from gpu_operator.controller.nodes import NodePolicy, NodeView, is_gpu_node, plan_node
 from gpu_operator.controller.plan import (
@@ -43,7 +45,7 @@ from gpu_operator.controller.plan import (
     stamp,
 )
 from gpu_operator.controller.readiness import DaemonSetReadiness, daemonset_readiness
-from gpu_operator.render import config_hash, render_components
+from gpu_operator.render import COMPONENT_LABEL, config_hash, render_components
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
 from gpu_operator.upgrade.executor import EMPTYING, UpgradeExecutor
 from gpu_operator.upgrade.model import STATE_LABEL, DeletePod, Evict
@@ -52,7 +54,6 @@ log = logging.getLogger(__name__)
 
 FINALIZER = "nvidia.com/gpu-operator-node-cleanup"
 EMPTYING_RECHECK_SECONDS = 3.0
-COMPONENT_LABEL = "app.kubernetes.io/component"
 
 # (group, version, plural, namespaced, server-side label selector)
 WATCHED: tuple[tuple[str, str, str, bool, str | None], ...] = (
@@ -302,7 +303,8 @@ class Controller:
             spec = parse_spec(policy.get("spec"))
         except PolicyError as err:
             await self._write_status(
-                policy, _replace(base, problems=tuple(err.problems)), event_problems=err.problems
+                policy,
+                dataclasses.replace(base, problems=tuple(err.problems)),
             )
             return
 
@@ -331,7 +333,7 @@ class Controller:
         for part in parts:
             if part.enabled:
                 components[part.component.name] = self._readiness(part.component.name)
-        obs = _replace(
+        obs = dataclasses.replace(
             base,
             components=components,
             apply_error=apply_error,
@@ -383,7 +385,7 @@ class Controller:
         for plural, kind in APPLIED_KINDS.items():
             for obj in self._values(plural):
                 labels = (obj.get("metadata") or {}).get("labels") or {}
-                if labels.get("app.kubernetes.io/managed-by") != "gpu-operator":
+                if labels.get(MANAGED_BY) != "gpu-operator":
                     continue
                 if not _is_owned_child(obj):
                     continue  # managed-by alone is not ours to delete (Helm sets it too)
@@ -524,7 +526,6 @@ class Controller:
         self,
         policy: dict[str, Any],
         obs: status_mod.Observation,
-        event_problems: list[str] | None = None,
     ) -> None:
         current = policy.get("status") or {}
         new = status_mod.compute_status(obs, current, now_iso())
@@ -605,12 +606,6 @@ class Controller:
         self.metrics.writes.labels("patch", "ClusterPolicy").inc()
 
 
-def _replace(obs: status_mod.Observation, **changes: Any) -> status_mod.Observation:
-    import dataclasses
-
-    return dataclasses.replace(obs, **changes)
-
-
 def summarize_errors(errors: list[tuple[str, str]], shown: int = 3) -> str | None:
     """One line per distinct reason, naming a few of the objects it hit (a missing namespace
     fails every object the same way; the user needs to read that once)."""
@@ -635,8 +630,6 @@ def _stages(objects: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 
 def _reason(exc: ApiException) -> str:
-    import json
-
     try:
         return str(json.loads(exc.body or "").get("message") or exc.reason)
     except (TypeError, ValueError):
@@ -691,7 +684,7 @@ def _indexes(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k in names}
 
 
-def configure(settings: kopf.OperatorSettings, namespace: str) -> None:
+def configure(settings: kopf.OperatorSettings) -> None:
     """Quiet kopf: no own Events, server-side selectors, no cluster scanning."""
     settings.posting.enabled = False
     settings.scanning.disabled = True
@@ -703,7 +696,6 @@ def configure(settings: kopf.OperatorSettings, namespace: str) -> None:
             settings.watching.label_selectors[
                 (group, version, plural) if group else (version, plural)
             ] = selector
-    del namespace
 
 
 def connection_info(config: k8s.Configuration) -> kopf.ConnectionInfo:

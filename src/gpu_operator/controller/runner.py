@@ -99,7 +99,7 @@ async def _run(
 
     @kopf.on.startup(registry=registry)
     async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-        configure(settings, options.settings.namespace)
+        configure(settings)
 
     @kopf.on.login(registry=registry)
     async def _login(**_: Any) -> kopf.ConnectionInfo:

@@ -10,11 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_operator.api.status import ERROR, NOT_IMPLEMENTED, READY
 from gpu_operator.controller.readiness import DaemonSetReadiness
-
-READY = "Ready"
-ERROR = "Error"
-NOT_IMPLEMENTED = "NotImplemented"
 
 
 @dataclass(frozen=True)

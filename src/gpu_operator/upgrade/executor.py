@@ -18,6 +18,7 @@ from gpu_operator.api.spec import UpgradePolicy
 from gpu_operator.controller.kube import Kube
 from gpu_operator.controller.nodes import NodeView
 from gpu_operator.controller.readiness import newest_revision_hash
+from gpu_operator.render import COMPONENT_LABEL
 from gpu_operator.upgrade.model import (
     STATE_LABEL,
     VALIDATOR_APP,
@@ -40,7 +41,6 @@ from gpu_operator.upgrade.planner import plan
 
 log = logging.getLogger(__name__)
 
-COMPONENT_LABEL = "app.kubernetes.io/component"
 # States in which the planner looks at the pods running on a node.
 EMPTYING = frozenset({State.WAIT_FOR_JOBS.value, State.POD_DELETION.value, State.DRAIN.value})
 
