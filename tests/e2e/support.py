@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import yaml
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 
 from gpu_operator import testenv
 from gpu_operator.controller.kube import Kube
@@ -48,6 +49,17 @@ def wait_for(
             return last
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+
+
+def policy_api_served(kube: Kube) -> bool:
+    """True once ClusterPolicies can be listed: the CRD object appears before its API is served."""
+    try:
+        kube.list_objects("ClusterPolicy")
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
 
 
 def service_account_config(

@@ -22,7 +22,13 @@ from gpu_operator.controller.kube import Kube
 from gpu_operator.controller.operator import OperatorSettings
 from gpu_operator.controller.runner import OperatorThread, RunOptions
 from gpu_operator.install.rbac import CLUSTER_RULES, NAMESPACE_RULES, Rule, cluster_role, role
-from tests.e2e.support import policy_status, private_cluster, service_account_config, wait_for
+from tests.e2e.support import (
+    policy_api_served,
+    policy_status,
+    private_cluster,
+    service_account_config,
+    wait_for,
+)
 from tests.paths import REPO
 
 NS = "gpu-operator"
@@ -119,10 +125,7 @@ def exercise(cluster: testenv.Cluster, kube: Kube, timeout: float) -> str | None
     try:
         failed = step(
             "operator starts and installs its CRD",
-            lambda: (
-                operator.started.is_set()
-                and kube.get("CustomResourceDefinition", "clusterpolicies.nvidia.com")
-            ),
+            lambda: operator.started.is_set() and policy_api_served(kube),
         )
         if failed:
             return failed

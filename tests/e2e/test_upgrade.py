@@ -22,6 +22,7 @@ import pytest
 from gpu_operator import testenv
 from gpu_operator.controller.kube import Kube
 from tests.e2e.support import (
+    policy_api_served,
     policy_status,
     private_cluster,
     service_account_config,
@@ -161,8 +162,7 @@ def test_driver_upgrade_rolls_safely(cluster: testenv.Cluster, tmp_path: Path) -
         )
         operator.start()
         try:
-            wait_for("CRD installed", lambda: kube.get(
-                "CustomResourceDefinition", "clusterpolicies.nvidia.com"))  # fmt: skip
+            wait_for("ClusterPolicy API served", lambda: policy_api_served(kube))
             kube.create(policy("580.95.05"))
             wait_for("stack ready", lambda: policy_status(kube, "cluster-policy").get("state")
                      == "ready", timeout=120)  # fmt: skip
