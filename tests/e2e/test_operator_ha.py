@@ -3,6 +3,7 @@ metrics endpoints answer."""
 
 from __future__ import annotations
 
+import json
 import socket
 import urllib.request
 from pathlib import Path
@@ -58,8 +59,12 @@ def test_one_leader_acts_and_the_other_takes_over(testenv_bin_dir: Path) -> None
             assert lease is not None and lease["spec"]["holderIdentity"] == "replica-a"
             assert not second.started.is_set()  # the standby does not act
 
-            assert wait_for("healthz", lambda: get(f"http://127.0.0.1:{ports[0]}/healthz"))
+            # Both answer /healthz, so a standby passes its probes; each says which role it has.
+            assert json.loads(get(f"http://127.0.0.1:{ports[0]}/healthz"))["role"] == "leader"
+            assert json.loads(get(f"http://127.0.0.1:{ports[2]}/healthz"))["role"] == "standby"
+            assert "gpu_operator_leader 0.0" in get(f"http://127.0.0.1:{ports[3]}/metrics")
             metrics = get(f"http://127.0.0.1:{ports[1]}/metrics")
+            assert "gpu_operator_leader 1.0" in metrics
             assert "gpu_operator_reconcile_total" in metrics
             assert "gpu_operator_gpu_nodes 1.0" in metrics
             assert 'gpu_operator_component_ready{component="device-plugin"} 1.0' in metrics
@@ -75,6 +80,7 @@ def test_one_leader_acts_and_the_other_takes_over(testenv_bin_dir: Path) -> None
             )
             lease = kube.get("Lease", "gpu-operator-leader", NS)
             assert lease is not None and lease["spec"]["holderIdentity"] == "replica-b"
+            assert json.loads(get(f"http://127.0.0.1:{ports[2]}/healthz"))["role"] == "leader"
         finally:
             first.stop()
             second.stop()

@@ -45,3 +45,17 @@ class OperatorMetrics:
             ["state"],
             registry=r,
         )
+        self.leader = Gauge(
+            "gpu_operator_leader",
+            "1 while this replica holds the leader Lease and acts; 0 on a standby.",
+            registry=r,
+        )
+        self.leading = False
+
+    def set_leading(self, leading: bool) -> None:
+        self.leading = leading
+        self.leader.set(1 if leading else 0)
+
+    @property
+    def role(self) -> str:
+        return "leader" if self.leading else "standby"

@@ -16,6 +16,7 @@ from kubernetes import client as k8s
 from prometheus_client import start_http_server
 
 from gpu_operator.controller.crd_install import ensure_crd
+from gpu_operator.controller.health import HealthServer
 from gpu_operator.controller.kube import Kube
 from gpu_operator.controller.leader import LeaderElector
 from gpu_operator.controller.metrics import OperatorMetrics
@@ -57,9 +58,16 @@ async def run_operator(
     server = None
     if options.metrics_port is not None:
         server, _ = start_http_server(options.metrics_port, registry=metrics.registry)
+    health = None
     try:
+        if options.health_endpoint is not None:
+            health = HealthServer(options.health_endpoint, lambda: metrics.role)
+            await health.start()
         return await _run(options, api_config, kube, stop, started, metrics)
     finally:
+        metrics.set_leading(False)
+        if health is not None:
+            await health.stop()
         if server is not None:
             server.shutdown()
             server.server_close()
@@ -93,6 +101,7 @@ async def _run(
             acquire.cancel()
             return Controller(kube, settings, metrics)
         stopping.cancel()
+    metrics.set_leading(True)
 
     controller = Controller(kube, settings, metrics)
     registry = build_registry(controller)
@@ -112,7 +121,6 @@ async def _run(
                 registry=registry,
                 namespaces=[settings.namespace],
                 standalone=True,
-                liveness_endpoint=options.health_endpoint,
                 stop_flag=kopf_stop,
             ),
             name="kopf",

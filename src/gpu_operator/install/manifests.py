@@ -103,13 +103,11 @@ def _probe(failure_threshold: int, period: int) -> dict[str, Any]:
 def deployment_spec(image: str = DEFAULT_OPERATOR_IMAGE) -> dict[str, Any]:
     """The operator's DeploymentSpec, shared verbatim by deploy/ and the CSV.
 
-    One replica with ``Recreate``: /healthz is served only once a replica holds the Lease, so a
-    standby (or a surge pod in a rolling update) would never turn Ready and be restarted by its
-    liveness probe. Recreate stops the old pod first, which releases the Lease on SIGTERM, so
-    the new one takes it at once. Leader election stays on as the guard for the cases Recreate
-    does not cover (a pod on a partitioned node still running while its replacement starts).
-    The startup probe allows for a crashed predecessor's Lease to expire (--lease-duration) plus
-    the CRD install before liveness counts.
+    Two replicas: one holds the Lease and acts, the other is a warm standby that takes over
+    when the Lease is released (SIGTERM, at once) or expires (a lost node, --lease-duration).
+    Both answer /healthz from the start, saying which role they have, so the standby is Ready
+    and a rolling update can surge. The replicas prefer different nodes, so losing one node
+    does not take both.
     """
     own_namespace = {"fieldRef": {"fieldPath": "metadata.namespace"}}
     env: list[dict[str, Any]] = [
@@ -127,7 +125,7 @@ def deployment_spec(image: str = DEFAULT_OPERATOR_IMAGE) -> dict[str, Any]:
             {"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
         ],
-        "startupProbe": _probe(failure_threshold=24, period=5),
+        "startupProbe": _probe(failure_threshold=12, period=5),
         "livenessProbe": _probe(failure_threshold=3, period=20),
         "readinessProbe": _probe(failure_threshold=3, period=10),
         "resources": {
@@ -146,9 +144,12 @@ def deployment_spec(image: str = DEFAULT_OPERATOR_IMAGE) -> dict[str, Any]:
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
     return {
-        "replicas": 1,
+        "replicas": 2,
         "revisionHistoryLimit": 5,
-        "strategy": {"type": "Recreate"},
+        "strategy": {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+        },
         "selector": {"matchLabels": dict(SELECTOR)},
         "template": {
             "metadata": {"labels": dict(SELECTOR)},
@@ -157,6 +158,19 @@ def deployment_spec(image: str = DEFAULT_OPERATOR_IMAGE) -> dict[str, Any]:
                 "terminationGracePeriodSeconds": 30,
                 "enableServiceLinks": False,
                 "nodeSelector": {"kubernetes.io/os": "linux"},
+                "affinity": {
+                    "podAntiAffinity": {
+                        "preferredDuringSchedulingIgnoredDuringExecution": [
+                            {
+                                "weight": 100,
+                                "podAffinityTerm": {
+                                    "labelSelector": {"matchLabels": dict(SELECTOR)},
+                                    "topologyKey": "kubernetes.io/hostname",
+                                },
+                            }
+                        ]
+                    }
+                },
                 "securityContext": {
                     "runAsNonRoot": True,
                     "seccompProfile": {"type": "RuntimeDefault"},

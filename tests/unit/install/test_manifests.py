@@ -127,19 +127,23 @@ def test_container_runs_the_operator_with_ports_the_cli_defaults_to() -> None:
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}, probe
 
 
-def test_startup_probe_outlasts_an_expired_lease() -> None:
-    """After a crash the new pod waits for the old Lease to expire before /healthz answers."""
-    c = container(manifests.deployment_spec())
-    args = build_parser().parse_args(c["args"])
-    startup = c["startupProbe"]
-    assert startup["periodSeconds"] * startup["failureThreshold"] > 2 * args.lease_duration
-
-
-def test_one_replica_replaced_by_recreate() -> None:
+def test_two_replicas_one_standby_on_another_node() -> None:
+    """A standby answers /healthz (it is Ready), so the rollout can surge without a gap."""
     spec = manifests.deployment_spec()
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
-    assert spec["selector"]["matchLabels"] == spec["template"]["metadata"]["labels"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    labels = spec["template"]["metadata"]["labels"]
+    assert spec["selector"]["matchLabels"] == labels
+    (term,) = spec["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["podAffinityTerm"] == {
+        "labelSelector": {"matchLabels": labels},
+        "topologyKey": "kubernetes.io/hostname",
+    }
 
 
 def test_locked_down_pod() -> None:
