@@ -180,6 +180,13 @@ def test_driver_upgrade_rolls_safely(cluster: testenv.Cluster, tmp_path: Path) -
             before = {n: p["metadata"]["uid"] for n, p in pods_before.items()}
             before_names = {p["metadata"]["name"]: n for n, p in pods_before.items()}
             assert set(before) == set(NODES)
+            validators_before = {
+                p["metadata"]["name"]: p["spec"]["nodeName"]
+                for p in kube.list_objects(
+                    "Pod", NS, label_selector="app=nvidia-operator-validator"
+                )
+            }
+            assert sorted(validators_before.values()) == sorted(NODES)
 
             sampler = CordonSampler(cluster)
             kube.merge_patch("ClusterPolicy", "cluster-policy",
@@ -245,7 +252,8 @@ def test_driver_upgrade_rolls_safely(cluster: testenv.Cluster, tmp_path: Path) -
 
     # From the audit log: on each node the GPU pod was evicted before the driver pod was
     # deleted, and no driver pod was deleted twice or after its node was done (the restarted
-    # operator repeated nothing).
+    # operator repeated nothing). kwok keeps validator pods Ready through the driver restart,
+    # so each upgraded node's validator was stale and was restarted, once, after its driver.
     evicted: dict[str, datetime] = {}
     deleted: list[tuple[str, datetime]] = []
     for event in audit(cluster):
@@ -257,7 +265,15 @@ def test_driver_upgrade_rolls_safely(cluster: testenv.Cluster, tmp_path: Path) -
                 and ref.get("namespace") == NS):  # fmt: skip
             deleted.append((ref["name"], stamp))
     assert set(evicted) >= set(NODES) - {PROTECTED}
-    names = [name for name, _ in deleted]
+    drivers_deleted = {name: stamp for name, stamp in deleted if name in before_names}
+    validators_deleted = [(name, stamp) for name, stamp in deleted if name in validators_before]
+    assert len(drivers_deleted) + len(validators_deleted) == len(deleted), deleted
+    names = [name for name, _ in deleted if name in before_names]
     assert sorted(names) == sorted(n for n, node in before_names.items() if node != PROTECTED)
-    for name, stamp in deleted:
+    for name, stamp in drivers_deleted.items():
         assert evicted[before_names[name]] < stamp, name
+    driver_deleted_at = {before_names[name]: stamp for name, stamp in drivers_deleted.items()}
+    validator_nodes = [validators_before[name] for name, _ in validators_deleted]
+    assert sorted(validator_nodes) == sorted(set(NODES) - {PROTECTED}), validators_deleted
+    for name, stamp in validators_deleted:
+        assert driver_deleted_at[validators_before[name]] < stamp, name

@@ -25,7 +25,12 @@ def test_index_values_keep_only_what_decisions_read() -> None:
         "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]},
         "status": {
             "phase": "Running",
-            "conditions": [{"type": "Ready", "status": "True", "lastProbeTime": None}],
+            "conditions": [
+                {"type": "Ready", "status": "True", "lastProbeTime": None,
+                 "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                {"type": "PodScheduled", "status": "True",
+                 "lastTransitionTime": "2026-01-01T00:00:00Z"},
+            ],
             "containerStatuses": [{"restartCount": 2, "ready": True, "image": "i"}],
         },
     }  # fmt: skip
@@ -33,7 +38,11 @@ def test_index_values_keep_only_what_decisions_read() -> None:
         "metadata": {"name": "p", "namespace": "n", "uid": "u", "labels": {"a": "b"},
                      "ownerReferences": [{"uid": "ds"}]},
         "spec": {"nodeName": "n1"},
-        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
+        # Ready's transition time tells whether a validator re-validated a new driver.
+        "status": {"phase": "Running",
+                   "conditions": [{"type": "Ready", "status": "True",
+                                   "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                                  {"type": "PodScheduled", "status": "True"}],
                    "containerStatuses": [{"restartCount": 2, "ready": True}],
                    "initContainerStatuses": []},
     }  # fmt: skip

@@ -131,6 +131,11 @@ def trim(plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
             "phase": status.get("phase"),
             "conditions": [
                 {"type": c.get("type"), "status": c.get("status")}
+                | (
+                    {"lastTransitionTime": c.get("lastTransitionTime")}
+                    if c.get("type") == "Ready"
+                    else {}
+                )
                 for c in status.get("conditions") or ()
             ],
             "containerStatuses": [

@@ -147,6 +147,7 @@ class Pod:
     is_daemonset_pod: bool = False
     deleting: bool = False  # deletionTimestamp set: on its way out, do not ask again
     created: float = 0.0
+    ready_since: float = 0.0  # when the Ready condition last changed; 0.0 when unknown
     uses_empty_dir: bool = False  # losing the pod loses this data: evicted only when allowed
 
     @property
@@ -184,6 +185,14 @@ class Pod:
             is_daemonset_pod=is_ds,
             deleting=bool(meta.get("deletionTimestamp")),
             created=parse_time(meta.get("creationTimestamp")),
+            ready_since=max(
+                (
+                    parse_time(c.get("lastTransitionTime"))
+                    for c in status.get("conditions") or ()
+                    if c.get("type") == "Ready"
+                ),
+                default=0.0,
+            ),
             uses_empty_dir=any("emptyDir" in v for v in spec.get("volumes") or ()),
         )
 

@@ -130,8 +130,11 @@ def plan(fleet: Fleet, policy: Policy, now: float) -> Plan:
                 actions.append(
                     SetState(view.name, State.REQUIRED, ctx.stamp, "upgrade requested again")
                 )
-            elif _recovered(view, ctx):
-                recoverable.append(view)
+            else:
+                recovered, restart = _recovery(view, ctx)
+                if recovered:
+                    recoverable.append(view)
+                actions.extend(DeletePod(p.name, p.namespace, False, view.name) for p in restart)
         elif view.state is State.REQUIRED:
             waiting.append(view)
         elif view.needs_upgrade:  # "" or upgrade-done
@@ -484,21 +487,38 @@ def _pod_restart(view: _NodeView, ctx: _Ctx) -> list[Action]:
     return [DeletePod(p.name, p.namespace, False, view.name) for p in stale]
 
 
-def _validated(view: _NodeView, ctx: _Ctx) -> bool:
-    """A Ready validator on the node; or no validator anywhere (validation is not deployed)."""
+def _new_driver(view: _NodeView, ctx: _Ctx) -> Pod | None:
+    """The newest Ready driver pod of the current template on the node."""
+    ready = [p for p in view.drivers if ctx.is_current(p) and p.ready and not p.deleting]
+    return max(ready, key=lambda p: p.created, default=None)
+
+
+def _validity(view: _NodeView, ctx: _Ctx, driver: Pod) -> tuple[bool, list[Pod]]:
+    """(validated, stale validator pods to restart) against the node's new ``driver``.
+
+    A validator only proves the new driver if it turned Ready after that driver pod was
+    created: one that stayed Ready through the restart validated the old driver. Such a stale
+    pod is deleted so its DaemonSet recreates it and it validates again. No validator anywhere
+    means validation is not deployed, and there is nothing to wait for.
+    """
     live = [p for p in view.validators if not p.deleting]
-    if any(p.ready for p in live):
-        return True
-    return not live and not ctx.validators_deployed
+    if not live:
+        return not ctx.validators_deployed, []
+    if any(p.ready and (p.ready_since or p.created) >= driver.created for p in live):
+        return True, []
+    return False, [p for p in live if p.ready]
 
 
 def _validation(view: _NodeView, ctx: _Ctx) -> list[Action]:
-    if _validated(view, ctx):
+    driver = _new_driver(view, ctx)
+    validated, stale = _validity(view, ctx, driver) if driver else (False, [])
+    if validated:
         return [SetState(view.name, State.UNCORDON, ctx.stamp, "validated")]
     timeout = ctx.policy.validation_timeout_s
     if _timed_out(timeout, view, ctx):
-        return [Fail(view.name, f"validator pod not Ready after {timeout}s", ctx.stamp)]
-    return []
+        what = "validator pod not Ready" if driver else "no Ready driver pod of the new version"
+        return [Fail(view.name, f"{what} after {timeout}s", ctx.stamp)]
+    return [DeletePod(p.name, p.namespace, False, view.name) for p in stale]
 
 
 def _uncordon(view: _NodeView, ctx: _Ctx) -> list[Action]:
@@ -521,8 +541,9 @@ def _uncordon(view: _NodeView, ctx: _Ctx) -> list[Action]:
     return actions
 
 
-def _recovered(view: _NodeView, ctx: _Ctx) -> bool:
+def _recovery(view: _NodeView, ctx: _Ctx) -> tuple[bool, list[Pod]]:
     """A failed node recovers once a current driver pod is Ready and validation agrees (a node
-    that failed validation must not be put back in service by its driver alone)."""
-    driver_ok = any(ctx.is_current(p) and p.ready and not p.deleting for p in view.drivers)
-    return driver_ok and _validated(view, ctx)
+    that failed validation must not be put back in service by its driver alone); stale
+    validators are restarted so they can agree."""
+    driver = _new_driver(view, ctx)
+    return _validity(view, ctx, driver) if driver else (False, [])

@@ -58,6 +58,9 @@ class SimConfig:
     restart_jitter_s: float = 0.0  # uniform extra on top of restart_s
     termination_s: float = 5.0  # an evicted or deleted pod terminates for this long
     validator_s: float = 10.0  # the validator is Ready this long after the driver
+    # A real validator goes NotReady with its driver and re-validates the new one; False plays
+    # one that stays Ready through the restart (as kwok's pods do), which must be restarted.
+    validator_follows_driver: bool = True
     latency_s: float = 1.0  # the operator passes again this long after a change
     latency_jitter_s: float = 0.0
     resync_s: float = 30.0  # and at least this often
@@ -121,6 +124,8 @@ class World:
                 {"app": VALIDATOR_APP},
                 owner="nvidia-operator-validator",
                 is_daemonset_pod=True,
+                created=-1000.0,
+                ready_since=-1000.0,
             )
 
     def add_pod(
@@ -251,6 +256,10 @@ class World:
             self.workloads[name] = replace(pod, phase="Succeeded", ready=False)
 
     def _delete(self, name: str, force: bool) -> None:
+        validator = next((p for p in self.validators.values() if p.name == name), None)
+        if validator is not None:
+            self._delete_validator(validator)
+            return
         if name in self.workloads:
             if force:
                 self.workloads.pop(name)
@@ -265,7 +274,7 @@ class World:
         self.drivers[name] = replace(pod, deleting=True, ready=False)
         node = pod.node
         validator = self.validators.get(node)
-        if validator is not None:
+        if validator is not None and self.config.validator_follows_driver:
             self.validators[node] = replace(validator, ready=False, phase="Pending")
         delay = 0.0 if force else self.config.termination_s
         ready_after = self.config.restart_s + self.rng.uniform(0, self.config.restart_jitter_s)
@@ -306,14 +315,48 @@ class World:
         if pod is None:
             return
         self.drivers[name] = replace(pod, ready=True, phase="Running")
+        validator = self.validators.get(pod.node)
+        if validator is not None and not validator.ready and not validator.deleting:
+            self._validate(pod.node)
+
+    def _validate(self, node: str) -> None:
+        """The node's validator turns Ready ``validator_s`` from now (unless it is broken)."""
+        if node not in self.validators or self.broken.get(node) == "validator":
+            return
+        name = self.validators[node].name
+
+        def validated() -> None:
+            validator = self.validators.get(node)
+            if validator is not None and validator.name == name and not validator.deleting:
+                self.validators[node] = replace(
+                    validator, ready=True, phase="Running", ready_since=self.now
+                )
+
+        self._at(self.now + self.config.validator_s, validated)
+
+    def _delete_validator(self, pod: Pod) -> None:
+        """Its DaemonSet recreates it; the new one validates once the node's driver is Ready."""
+        if pod.deleting:
+            return
         node = pod.node
-        if node in self.validators and self.broken.get(node) != "validator":
+        self.validators[node] = replace(pod, deleting=True, ready=False)
+        self._generation[f"validator/{node}"] += 1
+        generation = self._generation[f"validator/{node}"]
 
-            def validated() -> None:
-                validator = self.validators[node]
-                self.validators[node] = replace(validator, ready=True, phase="Running")
+        def recreated() -> None:
+            self.validators[node] = replace(
+                pod,
+                name=f"validator-{node}-{generation}",
+                deleting=False,
+                ready=False,
+                phase="Pending",
+                created=self.now,
+                ready_since=self.now,
+            )
+            if any(p.node == node and p.ready and not p.deleting for p in self.drivers.values()):
+                self._validate(node)
 
-            self._at(self.now + self.config.validator_s, validated)
+        self._at(self.now + self.config.termination_s, recreated)
 
 
 def _merge(current: Mapping[str, str], patch: Mapping[str, str | None]) -> dict[str, str]:

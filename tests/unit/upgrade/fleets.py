@@ -71,15 +71,24 @@ def driver(
     )
 
 
-def validator(on: str = "n1", *, ready: bool = True) -> Pod:
+def validator(
+    on: str = "n1",
+    *,
+    ready: bool = True,
+    ready_since: float = 0.0,
+    deleting: bool = False,
+    name: str | None = None,
+) -> Pod:
     return Pod(
-        f"validator-{on}",
+        name or f"validator-{on}",
         "gpu-operator",
         on,
         {"app": VALIDATOR_APP},
         owner="nvidia-operator-validator",
         ready=ready,
         is_daemonset_pod=True,
+        deleting=deleting,
+        ready_since=ready_since,
     )
 
 

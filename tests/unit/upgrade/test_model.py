@@ -22,7 +22,14 @@ DRIVER_POD: dict[str, Any] = {
     "spec": {"nodeName": "gpu-1", "containers": [{"name": "driver"}]},
     "status": {
         "phase": "Running",
-        "conditions": [{"type": "Ready", "status": "True"}],
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "True",
+                "lastTransitionTime": "2024-05-01T10:00:00Z",
+            },
+            {"type": "Ready", "status": "True", "lastTransitionTime": "2024-05-01T10:02:30Z"},
+        ],
         "containerStatuses": [{"name": "driver", "restartCount": 3}],
         "initContainerStatuses": [{"name": "init", "restartCount": 12}],
     },
@@ -45,6 +52,7 @@ def test_driver_pod_from_k8s() -> None:
         is_daemonset_pod=True,
         deleting=False,
         created=1714557600.0,
+        ready_since=1714557750.0,  # the Ready condition's lastTransitionTime
     )
 
 

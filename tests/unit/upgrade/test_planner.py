@@ -398,6 +398,44 @@ def test_validation(validators: list[Pod], elapsed: float, expected: list[str]) 
     assert [s for n, s in moves(plan(f, AUTO, NOW).actions) if n == "n1"] == expected
 
 
+RESTARTED = NOW - 60  # when the new driver pod was created
+
+
+@pytest.mark.parametrize(
+    ("validators", "expected_deleted", "expected"),
+    [
+        # Ready since before the new driver existed: it validated the old one; restart it.
+        ([validator("n1", ready_since=RESTARTED - 1)], ["validator-n1"], []),
+        # Ready again after the new driver pod was created: it validated the new one.
+        ([validator("n1", ready_since=RESTARTED)], [], ["uncordon-required"]),
+        # The stale one is on its way out and its replacement is not Ready yet: wait.
+        (
+            [
+                validator("n1", ready_since=RESTARTED - 1, deleting=True),
+                validator("n1", ready=False, ready_since=RESTARTED + 5, name="validator-n1-b"),
+            ],
+            [],
+            [],
+        ),
+    ],
+)
+def test_validation_needs_a_validator_ready_after_the_new_driver(
+    validators: list[Pod], expected_deleted: list[str], expected: list[str]
+) -> None:
+    f = fleet([validating()], [driver("n1", NEW, created=RESTARTED)], validators=validators)
+    actions = plan(f, AUTO, NOW).actions
+    assert [a.pod for a in actions if isinstance(a, DeletePod)] == expected_deleted
+    assert [s for _, s in moves(actions)] == expected
+
+
+def test_validation_waits_for_a_ready_driver() -> None:
+    f = fleet([validating()], [driver("n1", NEW, ready=False)], validators=[validator("n1")])
+    assert plan(f, AUTO, NOW).actions == ()
+    f = fleet([validating(600)], [driver("n1", NEW, ready=False)], validators=[validator("n1")])
+    (fail,) = plan(f, AUTO, NOW).actions
+    assert isinstance(fail, Fail) and "no Ready driver pod of the new version" in fail.reason
+
+
 # ---- uncordon ----
 
 
@@ -441,6 +479,17 @@ def failed(annotations: dict[str, str] | None = None) -> Node:
 def test_failed_node_recovers_once_new_driver_and_validator_are_ready() -> None:
     f = fleet([failed()], [driver("n1", NEW)], validators=[validator("n1")])
     assert moves(plan(f, AUTO, NOW).actions) == [("n1", "uncordon-required")]
+
+
+def test_failed_node_restarts_a_stale_validator_before_it_recovers() -> None:
+    f = fleet(
+        [failed()],
+        [driver("n1", NEW, created=RESTARTED)],
+        validators=[validator("n1", ready_since=RESTARTED - 1)],
+    )
+    result = plan(f, AUTO, NOW)
+    assert result.actions == (DeletePod("validator-n1", "gpu-operator", False, "n1"),)
+    assert result.summary.failed == 1
 
 
 @pytest.mark.parametrize(

@@ -87,6 +87,7 @@ def scenarios(draw: st.DrawFn, *, broken: bool) -> Scenario:
         restart_jitter_s=draw(st.sampled_from([0.0, 60.0])),
         termination_s=draw(st.sampled_from([1.0, 10.0])),
         validator_s=draw(st.sampled_from([1.0, 20.0])),
+        validator_follows_driver=draw(st.booleans()),
         latency_s=draw(st.sampled_from([0.5, 2.0])),
         latency_jitter_s=draw(st.sampled_from([0.0, 5.0])),
         resync_s=draw(st.sampled_from([30.0, 600.0])),
@@ -229,6 +230,19 @@ class Checker:
                 assert states[a.node] == State.CORDON, a
             if isinstance(a, Uncordon):
                 assert nodes[a.node].was_cordoned is False, a
+            if isinstance(a, SetState) and a.state is State.UNCORDON:
+                assert validated_after_new_driver(fleet, a.node), f"{a.node} not validated"
+
+
+def validated_after_new_driver(fleet: Fleet, node: str) -> bool:
+    """Its validator turned Ready after its Ready new driver pod was created (or validation is
+    not deployed anywhere)."""
+    if not fleet.validator_pods:
+        return True
+    drivers = [p for p in fleet.driver_pods if p.node == node and p.ready and not p.deleting]
+    validators = [p for p in fleet.validator_pods if p.node == node and p.ready]
+    newest = max((p.created for p in drivers), default=None)
+    return newest is not None and any(v.ready_since >= newest for v in validators)
 
 
 def run(s: Scenario, *, crash_rng: random.Random | None = None) -> tuple[Checker, Plan, bool]:
