@@ -62,6 +62,16 @@ def policy_api_served(kube: Kube) -> bool:
     return True
 
 
+def node_events(kube: Kube, node: str) -> list[dict[str, Any]]:
+    """Events about ``node``, by the query `kubectl describe node` makes (the kubelet's
+    convention: involvedObject.uid is the node's name)."""
+    selector = (
+        f"involvedObject.kind=Node,involvedObject.name={node},"
+        f"involvedObject.namespace=,involvedObject.uid={node}"
+    )
+    return kube.list_objects("Event", None, field_selector=selector)
+
+
 def service_account_config(
     cluster: testenv.Cluster, namespace: str, name: str, cluster_role: str = "cluster-admin"
 ) -> k8s.Configuration:

@@ -20,10 +20,12 @@ from gpu_operator import testenv
 from gpu_operator.controller.kube import Kube
 from gpu_operator.controller.runner import OperatorThread
 from tests.e2e.support import (
+    node_events,
     policy_status,
     private_cluster,
     service_account_config,
     start_operator,
+    token_kubeconfig,
     wait_for,
 )
 from tests.paths import NVIDIA_REFERENCE
@@ -42,10 +44,22 @@ class Env:
     tmp: Path
     agents: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    def agent_env(self, node: str, profile: str) -> dict[str, str]:
+    def kubeconfig_for(self, service_account: str) -> Path:
+        """The agent's own rendered ServiceAccount and RBAC, not admin: as in its pod."""
+        path = self.tmp / f"{service_account}.kubeconfig"
+        if not path.exists():
+            wait_for(
+                f"ServiceAccount {service_account} applied by the operator",
+                lambda: self.kube.get("ServiceAccount", service_account, NS),
+            )
+            identity = service_account_config(self.cluster, NS, service_account, cluster_role="")
+            token_kubeconfig(self.cluster, identity, path)
+        return path
+
+    def agent_env(self, node: str, profile: str, service_account: str) -> dict[str, str]:
         return {
             **os.environ,
-            "KUBECONFIG": str(self.cluster.kubeconfig),
+            "KUBECONFIG": str(self.kubeconfig_for(service_account)),
             "NODE_NAME": node,
             "GPU_OPERATOR_SIMULATE": profile,
             "GPU_OPERATOR_SIMULATE_STATE": str(self.tmp / f"{node}.nvml.json"),
@@ -55,7 +69,7 @@ class Env:
     def discover(self, node: str, profile: str) -> None:
         subprocess.run(
             [sys.executable, "-m", "gpu_operator", "agent", "discover", "--oneshot"],
-            env=self.agent_env(node, profile),
+            env=self.agent_env(node, profile, "nvidia-gpu-feature-discovery"),
             check=True,
             timeout=60,
         )
@@ -65,7 +79,11 @@ class Env:
         self.agents.append(
             subprocess.Popen(
                 [sys.executable, "-m", "gpu_operator", "agent", "mig-manager"],
-                env={**self.agent_env(node, profile), "CONFIG_FILE": str(config)},
+                env={
+                    **self.agent_env(node, profile, "nvidia-mig-manager"),
+                    "CONFIG_FILE": str(config),
+                    "DEFAULT_GPU_CLIENTS_NAMESPACE": NS,
+                },
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
@@ -193,6 +211,9 @@ def test_mig_change_pauses_operands_and_relabels(env: Env) -> None:
     # While paused, the operand pods really left the node; now they are back.
     wait_for("device plugin back on the node", lambda: device_plugin_pods(env, A100) == 1)
 
+    reasons = [e["reason"] for e in node_events(env.kube, A100)]
+    assert reasons.count("MIGConfigPending") == 1 and "MIGConfigApplied" in reasons, reasons
+
     env.discover(A100, "a100-40gb:8")
     after = labels(env.kube, A100)
     assert after["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
@@ -229,5 +250,8 @@ def test_non_mig_gpu_fails_with_a_reason(env: Env) -> None:
         ),
     )
     reason = node["metadata"]["annotations"]["nvidia.com/mig.config.state.reason"]
-    assert reason
+    assert "not MIG capable" in reason
+    # The same reason is on the Node's Events, found the way `kubectl describe node` finds them.
+    events = node_events(env.kube, T4)
+    assert any(e["reason"] == "MIGConfigFailed" and reason in e["message"] for e in events)
     assert labels(env.kube, T4)["nvidia.com/gpu.deploy.device-plugin"] == "true"

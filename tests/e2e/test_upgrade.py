@@ -22,6 +22,7 @@ import pytest
 from gpu_operator import testenv
 from gpu_operator.controller.kube import Kube
 from tests.e2e.support import (
+    node_events,
     policy_api_served,
     policy_status,
     private_cluster,
@@ -245,9 +246,7 @@ def test_driver_upgrade_rolls_safely(cluster: testenv.Cluster, tmp_path: Path) -
         ).stdout  # fmt: skip
         assert f"{PROTECTED}  upgrade-failed" in report
         assert "7/8 done" in report
-        failure_events = kube.list_objects(
-            "Event", "default", field_selector=f"involvedObject.name={PROTECTED}"
-        )
+        failure_events = node_events(kube, PROTECTED)
         assert any(e["reason"] == "UpgradeFailed" for e in failure_events)
 
     # From the audit log: on each node the GPU pod was evicted before the driver pod was

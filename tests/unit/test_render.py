@@ -697,7 +697,10 @@ def test_least_privilege_rbac() -> None:
         ("ClusterRole", "nvidia-operator-validator"): [(("nodes",), ("get",))],
         ("Role", "nvidia-operator-validator"): [(("pods",), ("list",))],
         ("ClusterRole", "nvidia-gpu-feature-discovery"): [(("nodes",), ("get", "patch"))],
-        ("ClusterRole", "nvidia-mig-manager"): [(("nodes",), ("get", "list", "watch", "patch"))],
+        ("ClusterRole", "nvidia-mig-manager"): [
+            (("nodes",), ("get", "list", "watch", "patch")),
+            (("events",), ("create",)),
+        ],
         ("Role", "nvidia-mig-manager"): [(("pods",), ("list", "watch"))],
     }
     for binding in [o for o in objects if o["kind"].endswith("Binding")]:

@@ -115,13 +115,16 @@ def _cmd_mig_manager(args: argparse.Namespace) -> int:
     def config() -> MigPartedConfig:
         return migparted.load_mig_config(path)
 
+    namespace = args.namespace or mig_manager.DEFAULT_NAMESPACE
     core = kube.core_api()
     with Nvml() as nvml:
         if args.once:
-            step = mig_manager.reconcile(core, node, config, nvml, first_pass=True)
+            step = mig_manager.reconcile(
+                core, node, config, nvml, first_pass=True, namespace=namespace
+            )
             print(f"{step.phase} {step.reason}".strip())
             return 1 if step.phase == "failed" else 0
-        mig_manager.run_mig_manager(core, node, config, nvml)
+        mig_manager.run_mig_manager(core, node, config, nvml, namespace=namespace)
     return 0
 
 
@@ -307,6 +310,12 @@ def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
         help="mig-parted config or ConfigMap YAML (env CONFIG_FILE)",
     )
     p.add_argument("--node-name", default=None, help="default: env NODE_NAME")
+    p.add_argument(
+        "--namespace",
+        default=os.environ.get("DEFAULT_GPU_CLIENTS_NAMESPACE"),
+        help="where the operands to pause run (env DEFAULT_GPU_CLIENTS_NAMESPACE; "
+        "default gpu-operator)",
+    )
     p.add_argument("--once", action="store_true", help="reconcile until idle, then exit")
     p.set_defaults(func=_cmd_mig_manager)
 

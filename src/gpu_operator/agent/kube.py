@@ -1,4 +1,5 @@
-"""The agents' only Kubernetes I/O: read and merge-patch their Node, list its pods, watch it.
+"""The agents' only Kubernetes I/O: read and merge-patch their Node, list its pods, watch it,
+record Events about it.
 
 Everything returned is plain data (:class:`NodeView`, :class:`PodView`), so the decisions made
 from it stay pure and testable without a cluster.
@@ -11,9 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_operator.events import event_body, now_iso
+
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "gpu-operator"
+EVENT_COMPONENT = "nvidia-mig-manager"
 MERGE_PATCH = "application/merge-patch+json"
 
 
@@ -97,8 +101,27 @@ def patch_node_metadata(
     )
 
 
-def pods_on_node(core: Any, node_name: str) -> list[PodView]:
-    result = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node_name}")
+def record_node_event(core: Any, node_name: str, etype: str, reason: str, message: str) -> None:
+    """Best effort: an Event that cannot be written is logged, never fatal."""
+    body = event_body(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node_name}},
+        etype,
+        reason,
+        message,
+        component=EVENT_COMPONENT,
+        instance=node_name,
+        stamp=now_iso(),
+    )
+    try:
+        core.create_namespaced_event(body["metadata"]["namespace"], body)
+    except Exception as exc:
+        log.warning("could not record event %s on node %s: %s", reason, node_name, exc)
+
+
+def pods_on_node(core: Any, node_name: str, namespace: str) -> list[PodView]:
+    """The pods of ``namespace`` on the node: the operands live in one namespace, so the
+    agent's Role there suffices (no cluster-wide pod list)."""
+    result = core.list_namespaced_pod(namespace, field_selector=f"spec.nodeName={node_name}")
     pods = []
     for pod in _get(result, "items") or []:
         meta = _get(pod, "metadata")

@@ -63,6 +63,7 @@ PAUSE_ANNOTATION = "nvidia.com/mig-manager.paused-labels"
 REASON_ANNOTATION = "nvidia.com/mig.config.state.reason"
 FAILED_ANNOTATION = "nvidia.com/mig-manager.failed-config"
 DEFAULT_WAIT_TIMEOUT_S = 600.0
+DEFAULT_NAMESPACE = "gpu-operator"  # where the operands to pause run
 
 
 # -- observations and actions --------------------------------------------------------------------
@@ -95,7 +96,16 @@ class ApplyMig:
     plan: MigPlan
 
 
-Action = PatchNode | WaitForPods | ApplyMig
+@dataclass(frozen=True)
+class RecordEvent:
+    """An Event on the Node, so `kubectl describe node` tells the story of a change."""
+
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+Action = PatchNode | WaitForPods | ApplyMig | RecordEvent
 
 
 @dataclass(frozen=True)
@@ -161,6 +171,13 @@ def _finish(obs: Observed, paused: Paused | None, state: str | None, reason: str
     actions: tuple[Action, ...] = ()
     if labels or annotations:
         actions = (PatchNode(labels=labels, annotations=annotations),)
+    if STATE_LABEL in labels:  # the outcome changed: say so once
+        desired = obs.labels.get(CONFIG_LABEL)
+        if state == "failed":
+            event = RecordEvent("Warning", "MIGConfigFailed", f"MIG config {desired}: {reason}")
+        else:
+            event = RecordEvent("Normal", "MIGConfigApplied", f"MIG config {desired} applied")
+        actions = (*actions, event)
     return Step(phase=state or "idle", actions=actions, reason=reason)
 
 
@@ -210,7 +227,12 @@ def step(obs: Observed, *, wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S) -> St
         for key in (REASON_ANNOTATION, FAILED_ANNOTATION):
             if key in obs.annotations:
                 annotations[key] = None
-        return Step("pausing", (PatchNode(labels=labels, annotations=annotations),))
+        pausing = RecordEvent(
+            "Normal",
+            "MIGConfigPending",
+            f"MIG config {desired}: pausing GPU operands to repartition the GPUs",
+        )
+        return Step("pausing", (PatchNode(labels=labels, annotations=annotations), pausing))
     # Paused: keep the pause in force (someone may have reset a label), then wait or apply.
     reassert: dict[str, str | None] = dict(_pause_labels(obs.labels))
     if obs.labels.get(STATE_LABEL) != "pending":
@@ -248,6 +270,7 @@ def reconcile(
     nvml: MigBackend,
     *,
     first_pass: bool = False,
+    namespace: str = DEFAULT_NAMESPACE,
     wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S,
     poll_interval_s: float = 2.0,
     stop: threading.Event | None = None,
@@ -260,7 +283,7 @@ def reconcile(
     for _ in range(max_steps):
         node = kube.read_node(core_api, node_name)
         paused = PAUSE_ANNOTATION in node.annotations
-        pods = kube.pods_on_node(core_api, node_name) if paused else []
+        pods = kube.pods_on_node(core_api, node_name, namespace) if paused else []
         cfg, cfg_error = _read_config(config)
         result = step(
             Observed(
@@ -291,6 +314,10 @@ def reconcile(
                 kube.patch_node_metadata(
                     core_api, node_name, labels=action.labels, annotations=action.annotations
                 )
+            elif isinstance(action, RecordEvent):
+                kube.record_node_event(
+                    core_api, node_name, action.type, action.reason, action.message
+                )
             elif isinstance(action, ApplyMig):
                 log.info("node %s: applying MIG config %s", node_name, action.plan.config)
                 try:
@@ -315,6 +342,7 @@ def run_mig_manager(
     nvml: MigBackend,
     *,
     stop: threading.Event | None = None,
+    namespace: str = DEFAULT_NAMESPACE,
     resync_s: int = 60,
     poll_interval_s: float = 2.0,
     wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S,
@@ -330,6 +358,7 @@ def run_mig_manager(
                 config,
                 nvml,
                 first_pass=first,
+                namespace=namespace,
                 wait_timeout_s=wait_timeout_s,
                 poll_interval_s=poll_interval_s,
                 stop=stop,

@@ -18,7 +18,6 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import kopf
@@ -45,6 +44,7 @@ from gpu_operator.controller.plan import (
     stamp,
 )
 from gpu_operator.controller.readiness import DaemonSetReadiness, daemonset_readiness
+from gpu_operator.events import event_body, now_iso
 from gpu_operator.render import COMPONENT_LABEL, config_hash, render_components
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
 from gpu_operator.upgrade.executor import EMPTYING, UpgradeExecutor
@@ -93,10 +93,6 @@ class OperatorSettings:
     debounce_seconds: float = 0.5
     resync_seconds: float = 600.0  # the safety net; events drive everything else
     write_concurrency: int = 8
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _plain(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -551,35 +547,16 @@ class Controller:
 
     async def _event(self, about: Mapping[str, Any], etype: str, reason: str, message: str) -> None:
         """An Event about a cluster-scoped object (the ClusterPolicy or a Node)."""
-        meta = about["metadata"]
-        involved = {
-            "apiVersion": about.get("apiVersion", API_VERSION),
-            "kind": about.get("kind", KIND),
-            "name": meta["name"],
-        }
-        if meta.get("uid"):
-            involved["uid"] = meta["uid"]
-        stamp_ = now_iso()
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {
-                "generateName": f"{meta['name']}.",
-                # Events about a cluster-scoped object live in "default", where kubectl
-                # describe looks for them.
-                "namespace": "default",
-            },
-            "involvedObject": involved,
-            "type": etype,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": "gpu-operator"},
-            "firstTimestamp": stamp_,
-            "lastTimestamp": stamp_,
-            "count": 1,
-            "reportingComponent": "gpu-operator",
-            "reportingInstance": socket.gethostname(),
-        }
+        about = {"apiVersion": API_VERSION, "kind": KIND, **about}
+        body = event_body(
+            about,
+            etype,
+            reason,
+            message,
+            component="gpu-operator",
+            instance=socket.gethostname(),
+            stamp=now_iso(),
+        )
         try:
             await self._call(self.kube.create, body)
             self.metrics.writes.labels("create", "Event").inc()

@@ -157,4 +157,4 @@ class UpgradeExecutor:
 
 
 def _node_ref(name: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": ""}}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}

@@ -58,7 +58,7 @@ def api() -> Iterator[tuple[Any, list[dict[str, Any]]]]:
 
         def do_GET(self) -> None:
             seen.append({"method": "GET", "path": self.path})
-            self._reply(PODS if self.path.startswith("/api/v1/pods") else NODE)
+            self._reply(PODS if "/pods" in self.path else NODE)
 
         def do_PATCH(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -110,11 +110,12 @@ def test_patch_is_one_json_merge_patch(api: tuple[Any, list[dict[str, Any]]]) ->
 
 def test_pods_on_node_uses_a_field_selector(api: tuple[Any, list[dict[str, Any]]]) -> None:
     core, seen = api
-    (pod,) = kube.pods_on_node(core, "gpu-node-1")
+    (pod,) = kube.pods_on_node(core, "gpu-node-1", "gpu-operator")
     assert (pod.name, pod.namespace, pod.labels, pod.phase) == (
         "gfd-1",
         "gpu-operator",
         {"app": "gpu-feature-discovery"},
         "Running",
     )
+    assert seen[-1]["path"].startswith("/api/v1/namespaces/gpu-operator/pods?")
     assert "fieldSelector=spec.nodeName%3Dgpu-node-1" in seen[-1]["path"]

@@ -22,6 +22,7 @@ from gpu_operator.agent.mig_manager import (
     Observed,
     PatchNode,
     Paused,
+    RecordEvent,
     WaitForPods,
     step,
 )
@@ -78,7 +79,10 @@ def test_already_applied_only_records_success(simulate: Simulate, config: MigPar
     inv = inventory_with(simulate, "a100-40gb:2")  # MIG off: all-disabled already holds
     result = step(observe(inv, config, {**DEPLOY, CONFIG_LABEL: "all-disabled"}))
     assert result.phase == "success"
-    assert result.actions == (PatchNode(labels={STATE_LABEL: "success"}),)
+    assert result.actions == (
+        PatchNode(labels={STATE_LABEL: "success"}),
+        RecordEvent("Normal", "MIGConfigApplied", "MIG config all-disabled applied"),
+    )
     settled = {**DEPLOY, CONFIG_LABEL: "all-disabled", STATE_LABEL: "success"}
     assert step(observe(inv, config, settled)).actions == ()
 
@@ -93,7 +97,12 @@ def test_new_config_pauses_operands_false_stays_false(
         )
     )
     assert result.phase == "pausing"
-    (patch,) = result.actions
+    (patch, event) = result.actions
+    assert event == RecordEvent(
+        "Normal",
+        "MIGConfigPending",
+        "MIG config all-1g.5gb: pausing GPU operands to repartition the GPUs",
+    )
     assert isinstance(patch, PatchNode)
     assert patch.labels == {STATE_LABEL: "pending", DP: PAUSED, GFD: PAUSED, DCGM: PAUSED}
     saved = Paused.decode(patch.annotations[PAUSE_ANNOTATION])
@@ -107,7 +116,7 @@ def test_another_components_pause_is_left_alone(
 ) -> None:
     inv = inventory_with(simulate, "a100-40gb:1")
     labels = {DP: "paused-for-driver-upgrade", GFD: "true", CONFIG_LABEL: "all-1g.5gb"}
-    (patch,) = step(observe(inv, config, labels)).actions
+    (patch, _) = step(observe(inv, config, labels)).actions
     assert isinstance(patch, PatchNode)
     assert DP not in patch.labels and patch.labels[GFD] == PAUSED
 
@@ -171,6 +180,7 @@ def test_success_restores_labels_exactly(simulate: Simulate, config: MigPartedCo
             labels={DP: "true", GFD: "true", DCGM: None, STATE_LABEL: "success"},
             annotations={PAUSE_ANNOTATION: None, REASON_ANNOTATION: None, FAILED_ANNOTATION: None},
         ),
+        RecordEvent("Normal", "MIGConfigApplied", "MIG config all-1g.5gb applied"),
     )
 
 
@@ -179,7 +189,7 @@ def test_a_label_changed_during_the_pause_is_not_overwritten(
 ) -> None:
     inv = inventory_with(simulate, "a100-40gb:1", "all-1g.5gb")
     labels = {**PAUSED_LABELS, DP: "false", CONFIG_LABEL: "all-1g.5gb"}  # an admin disabled it
-    (patch,) = step(observe(inv, config, labels, paused_annotation())).actions
+    (patch, _) = step(observe(inv, config, labels, paused_annotation())).actions
     assert isinstance(patch, PatchNode)
     assert DP not in patch.labels and patch.labels[GFD] == "true"
 
@@ -200,6 +210,7 @@ def test_apply_failure_restores_and_fails_with_reason(
                 FAILED_ANNOTATION: "all-1g.5gb",
             },
         ),
+        RecordEvent("Warning", "MIGConfigFailed", "MIG config all-1g.5gb: GPU 1: in use"),
     )
 
 
@@ -208,10 +219,13 @@ def test_non_mig_gpu_fails_without_pausing(simulate: Simulate, config: MigParted
     result = step(observe(inv, config, {**DEPLOY, CONFIG_LABEL: "all-1g.5gb"}))
     assert result.phase == "failed"
     assert "Tesla T4) is not MIG capable" in result.reason
-    (patch,) = result.actions
+    (patch, event) = result.actions
     assert isinstance(patch, PatchNode)
     assert patch.labels == {STATE_LABEL: "failed"}
     assert patch.annotations[REASON_ANNOTATION] == result.reason
+    assert event == RecordEvent(
+        "Warning", "MIGConfigFailed", f"MIG config all-1g.5gb: {result.reason}"
+    )
 
 
 def test_unknown_config_and_unreadable_file_fail(
@@ -293,6 +307,7 @@ class FakeCore:
         self.labels = dict(labels)
         self.annotations: dict[str, str] = {}
         self.patches: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
         self.version = 1
         self.pods = [
             {
@@ -331,8 +346,12 @@ class FakeCore:
         paused = {app for key, app in self.APPS.items() if self.labels.get(key) != "true"}
         self.pods = [p for p in self.pods if p["metadata"]["labels"]["app"] not in paused]
 
-    def list_pod_for_all_namespaces(self, field_selector: str) -> dict[str, Any]:
-        assert field_selector == "spec.nodeName=gpu-node-1"
+    def create_namespaced_event(self, namespace: str, body: dict[str, Any]) -> None:
+        assert namespace == body["metadata"]["namespace"] == "default"
+        self.events.append(body)
+
+    def list_namespaced_pod(self, namespace: str, field_selector: str) -> dict[str, Any]:
+        assert (namespace, field_selector) == ("gpu-operator", "spec.nodeName=gpu-node-1")
         return {"items": list(self.pods)}
 
 
@@ -363,13 +382,20 @@ def test_reconcile_applies_restores_and_then_writes_nothing(simulate: Simulate) 
         # pending and the pause went out in one patch, the restore in another
         assert core.patches[0]["metadata"]["labels"][STATE_LABEL] == "pending"
         assert PAUSE_ANNOTATION in core.patches[0]["metadata"]["annotations"]
+        # and the story is told on the Node, where `kubectl describe node` finds it
+        assert [e["reason"] for e in core.events] == ["MIGConfigPending", "MIGConfigApplied"]
+        assert core.events[0]["involvedObject"] == {
+            "apiVersion": "v1", "kind": "Node", "name": "gpu-node-1", "uid": "gpu-node-1"
+        }  # fmt: skip
+        assert core.events[0]["source"] == {"component": "nvidia-mig-manager"}
+        core.events.clear()
         # the same config again: no writes, no NVML changes
         core.patches.clear()
         sim.calls.clear()
         mm.reconcile(
             core, "gpu-node-1", lambda: load_mig_config(MIG_CONFIGMAP), nvml, first_pass=True
         )
-        assert core.patches == []
+        assert core.patches == [] and core.events == []
         assert sim.calls["nvmlDeviceCreateGpuInstanceWithPlacement"] == 0
         assert sim.calls["nvmlGpuInstanceDestroy"] == 0
 
@@ -389,3 +415,8 @@ def test_reconcile_reports_an_nvml_failure_and_restores(simulate: Simulate) -> N
     assert "GPU 0" in core.annotations[REASON_ANNOTATION]
     assert "insufficient resources" in core.annotations[REASON_ANNOTATION]
     assert PAUSE_ANNOTATION not in core.annotations
+    assert [(e["type"], e["reason"]) for e in core.events] == [
+        ("Normal", "MIGConfigPending"),
+        ("Warning", "MIGConfigFailed"),
+    ]
+    assert "insufficient resources" in core.events[1]["message"]
