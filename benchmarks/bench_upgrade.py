@@ -1,6 +1,6 @@
 """Fleet driver upgrade on a simulated cluster: makespan against the ideal, planner time per pass.
 
-    python benchmarks/bench_upgrade.py [--nodes 100 1000] [--restart 120]
+    python benchmarks/bench_upgrade.py [--nodes 100 1000] [--restart 120] [--stale-validators]
 
 Each node runs two GPU pods (evicted, 5 s to terminate) and a validator (Ready 10 s after the
 driver); a deleted driver pod is replaced and Ready ``--restart`` seconds later. The operator
@@ -8,6 +8,8 @@ passes 1 s after it acted or after a world event, at the plan's next deadline, a
 every 30 s. Makespan is simulated time until the last node is ``upgrade-done``; the ideal is
 ceil(N / parallel) x restart, taking parallel = min(maxParallelUpgrades, maxUnavailable).
 Planner time is the wall time of ``plan()`` alone (the simulator's bookkeeping excluded).
+``--stale-validators``: validators stay Ready through the driver restart, so the operator must
+restart each one (5 s to terminate, Ready 10 s later) before the node counts as validated.
 """
 
 from __future__ import annotations
@@ -32,8 +34,14 @@ def build(nodes: int, config: SimConfig) -> World:
     return world
 
 
-def scenario(nodes: int, parallel: int, restart: float) -> list[float]:
-    config = SimConfig(restart_s=restart, termination_s=5.0, validator_s=10.0, resync_s=30.0)
+def scenario(nodes: int, parallel: int, restart: float, stale: bool = False) -> list[float]:
+    config = SimConfig(
+        restart_s=restart,
+        termination_s=5.0,
+        validator_s=10.0,
+        resync_s=30.0,
+        validator_follows_driver=not stale,
+    )
     world = build(nodes, config)
     policy = Policy(auto_upgrade=True, max_parallel_upgrades=parallel, max_unavailable="25%")
     started = time.perf_counter()
@@ -54,6 +62,8 @@ def scenario(nodes: int, parallel: int, restart: float) -> list[float]:
     ideal = math.ceil(nodes / width) * restart
     makespan = max(done_at)
     label = f"{nodes} nodes, maxParallel {parallel or 'unlimited'}, maxUnavailable 25%"
+    if stale:
+        label += ", stale validators"
     print(f"{label}")
     print(
         f"  makespan {makespan:8.0f} s simulated   ideal {ideal:8.0f} s   "
@@ -81,6 +91,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--restart", type=float, default=120.0)
+    parser.add_argument("--stale-validators", action="store_true")
     args = parser.parse_args()
     print(f"python {platform.python_version()}, {platform.machine()}")
     timings: dict[str, list[float]] = {}
@@ -88,7 +99,7 @@ def main() -> None:
         parallels = [10, 1] if nodes <= 100 else [10, 0]
         for parallel in parallels:
             key = f"plan() per pass, {nodes} nodes, parallel {parallel or 'unlimited'}"
-            timings[key] = scenario(nodes, parallel, args.restart)
+            timings[key] = scenario(nodes, parallel, args.restart, args.stale_validators)
     print()
     for key, samples in timings.items():
         report(key, samples)
