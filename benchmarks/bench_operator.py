@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gpu_operator import testenv  # noqa: E402
-from gpu_operator.controller.kube import Kube  # noqa: E402
+from gpu_operator.kube import Kube  # noqa: E402
 from tests.e2e.support import (  # noqa: E402
     audit_writes,
     now,

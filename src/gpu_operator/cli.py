@@ -193,13 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _cmd_upgrade_status(args: argparse.Namespace) -> int:
     import time
 
-    from kubernetes import client as k8s
-
-    from gpu_operator.controller.kube import Kube
-    from gpu_operator.controller.runner import api_configuration
+    from gpu_operator.kube import connect
     from gpu_operator.upgrade.report import status_report
 
-    kube = Kube(k8s.ApiClient(api_configuration(args.kubeconfig)))
+    kube = connect(args.kubeconfig)
     while True:
         policies = kube.list_objects("ClusterPolicy")
         chosen = [p for p in policies if args.policy in (None, p["metadata"]["name"])]

@@ -16,9 +16,9 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from gpu_operator import testenv
-from gpu_operator.controller.kube import Kube
 from gpu_operator.controller.operator import OperatorSettings
 from gpu_operator.controller.runner import OperatorThread, RunOptions
+from gpu_operator.kube import Kube
 
 T = TypeVar("T")
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}

@@ -17,8 +17,8 @@ from kubernetes import client as k8s
 from kubernetes import watch
 
 from gpu_operator import testenv
-from gpu_operator.controller.kube import Kube
 from gpu_operator.controller.runner import OperatorThread
+from gpu_operator.kube import Kube
 from tests.e2e.support import (
     node_events,
     policy_status,

@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from gpu_operator import testenv
-from gpu_operator.controller.kube import Kube
 from gpu_operator.controller.operator import OperatorSettings
 from gpu_operator.controller.runner import OperatorThread, RunOptions
 from gpu_operator.install.rbac import CLUSTER_RULES, NAMESPACE_RULES, Rule, cluster_role, role
+from gpu_operator.kube import Kube
 from tests.e2e.support import (
     policy_api_served,
     policy_status,

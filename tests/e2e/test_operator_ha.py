@@ -10,9 +10,9 @@ from pathlib import Path
 
 import yaml
 
-from gpu_operator.controller.kube import Kube
 from gpu_operator.controller.operator import OperatorSettings
 from gpu_operator.controller.runner import OperatorThread, RunOptions
+from gpu_operator.kube import Kube
 from tests.e2e.support import policy_status, private_cluster, service_account_config, wait_for
 from tests.paths import NVIDIA_REFERENCE
 

@@ -12,7 +12,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from gpu_operator import testenv
-from gpu_operator.controller.kube import Kube
+from gpu_operator.kube import Kube
 from tests.e2e.support import (
     policy_status,
     private_cluster,

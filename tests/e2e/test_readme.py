@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_operator.controller.kube import Kube
+from gpu_operator.kube import Kube
 from tests.e2e.support import (
     private_cluster,
     service_account_config,

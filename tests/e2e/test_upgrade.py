@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from gpu_operator import testenv
-from gpu_operator.controller.kube import Kube
+from gpu_operator.kube import Kube
 from tests.e2e.support import (
     node_events,
     policy_api_served,

@@ -82,7 +82,7 @@ def _cmd_discover(args: argparse.Namespace) -> int:
         interval = (gfd.sleep_interval if gfd and gfd.sleep_interval else None) or "60s"
     oneshot = args.oneshot or _env_bool("GFD_ONESHOT")
     node = _node_name(args)
-    core = None if args.output else kube.core_api()
+    api = None if args.output else kube.connect()
     nvml = Nvml().open()
     try:
         return discovery.run_discover(
@@ -90,7 +90,7 @@ def _cmd_discover(args: argparse.Namespace) -> int:
             mig_strategy=strategy,
             sharing=config.sharing_settings(),
             node_name=node,
-            core_api=core,
+            api=api,
             output=args.output,
             interval_s=discovery.parse_interval(interval),
             oneshot=oneshot,
@@ -116,15 +116,15 @@ def _cmd_mig_manager(args: argparse.Namespace) -> int:
         return migparted.load_mig_config(path)
 
     namespace = args.namespace or mig_manager.DEFAULT_NAMESPACE
-    core = kube.core_api()
+    api = kube.connect()
     with Nvml() as nvml:
         if args.once:
             step = mig_manager.reconcile(
-                core, node, config, nvml, first_pass=True, namespace=namespace
+                api, node, config, nvml, first_pass=True, namespace=namespace
             )
             print(f"{step.phase} {step.reason}".strip())
             return 1 if step.phase == "failed" else 0
-        mig_manager.run_mig_manager(core, node, config, nvml, namespace=namespace)
+        mig_manager.run_mig_manager(api, node, config, nvml, namespace=namespace)
     return 0
 
 
@@ -193,10 +193,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         return 2
     read_node = None
     if "plugin" in components and node:
-        core = kube.core_api()
+        api = kube.connect()
 
         def read_node() -> kube.NodeView:
-            return kube.read_node(core, node)
+            return kube.read_node(api, node)
 
     def read_inventory() -> Any:
         with Nvml() as nvml:

@@ -15,11 +15,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpu_operator.agent import kube
 from gpu_operator.agent.deviceplugin_config import MigStrategy, Sharing
 from gpu_operator.agent.inventory import Gpu, Inventory, MigDevice
+
+if TYPE_CHECKING:
+    from gpu_operator.kube import Kube
 
 log = logging.getLogger(__name__)
 
@@ -275,7 +278,7 @@ def run_discover(
     mig_strategy: MigStrategy,
     sharing: Sharing | None,
     node_name: str | None,
-    core_api: Any = None,
+    api: Kube | None = None,
     output: str | None = None,
     interval_s: float = 60.0,
     oneshot: bool = False,
@@ -302,12 +305,12 @@ def run_discover(
             tmp.write_text(format_labels(labels))
             tmp.replace(target)
         else:
-            if core_api is None or not node_name:
+            if api is None or not node_name:
                 raise ValueError("labelling the node needs NODE_NAME and a Kubernetes client")
-            node = kube.read_node(core_api, node_name)
+            node = kube.read_node(api, node_name)
             patch = label_patch(node.labels, labels)
             if patch:
-                kube.patch_node_metadata(core_api, node_name, labels=patch)
+                kube.patch_node_metadata(api, node_name, labels=patch)
                 log.info("updated %d labels on node %s", len(patch), node_name)
         if oneshot or stop.wait(interval_s):
             return 0

@@ -1,8 +1,8 @@
-"""The agents' only Kubernetes I/O: read and merge-patch their Node, list its pods, watch it,
-record Events about it.
+"""The node agents' view of the API server: their Node, the pods on it, Events about it.
 
-Everything returned is plain data (:class:`NodeView`, :class:`PodView`), so the decisions made
-from it stay pure and testable without a cluster.
+Requests go through :mod:`gpu_operator.kube`, the project's one door to the API server; this
+module only turns what comes back into plain data (:class:`NodeView`, :class:`PodView`), so the
+decisions made from it stay pure and testable without a cluster.
 """
 
 from __future__ import annotations
@@ -10,15 +10,27 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_operator.events import event_body, now_iso
 
+if TYPE_CHECKING:  # the client is imported on first use: agents printing labels stay small
+    from gpu_operator.kube import Kube
+
 log = logging.getLogger(__name__)
 
-FIELD_MANAGER = "gpu-operator"
 EVENT_COMPONENT = "nvidia-mig-manager"
-MERGE_PATCH = "application/merge-patch+json"
+
+__all__ = [
+    "NodeView",
+    "PodView",
+    "connect",
+    "patch_node_metadata",
+    "pods_on_node",
+    "read_node",
+    "record_node_event",
+    "wait_for_node_change",
+]
 
 
 @dataclass(frozen=True)
@@ -39,50 +51,35 @@ class PodView:
     phase: str = ""
 
 
-def _get(obj: Any, *names: str) -> Any:
-    """Attribute of a client model or key of a dict (camelCase or snake_case)."""
-    for name in names:
-        if obj is None:
-            return None
-        value = obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
-        if value is not None:
-            return value
-    return None
+def connect() -> Kube:
+    """The in-cluster (or kubeconfig) door to the API server."""
+    from gpu_operator import kube
+
+    return kube.connect()
 
 
 def _strings(value: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in (value or {}).items()}
 
 
-def core_api() -> Any:
-    """A CoreV1Api from the in-cluster service account, else from ~/.kube/config."""
-    from kubernetes import client
-    from kubernetes import config as kube_config
-
-    config: Any = kube_config
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    return client.CoreV1Api()
-
-
-def read_node(core: Any, name: str) -> NodeView:
-    node = core.read_node(name)
-    meta = _get(node, "metadata")
-    status = _get(node, "status")
+def read_node(api: Kube, name: str) -> NodeView:
+    node = api.get("Node", name)
+    if node is None:
+        raise LookupError(f"node {name} not found (is NODE_NAME right?)")
+    meta = node.get("metadata") or {}
+    status = node.get("status") or {}
     return NodeView(
         name=name,
-        labels=_strings(_get(meta, "labels")),
-        annotations=_strings(_get(meta, "annotations")),
-        capacity=_strings(_get(status, "capacity")),
-        allocatable=_strings(_get(status, "allocatable")),
-        resource_version=str(_get(meta, "resource_version", "resourceVersion") or ""),
+        labels=_strings(meta.get("labels")),
+        annotations=_strings(meta.get("annotations")),
+        capacity=_strings(status.get("capacity")),
+        allocatable=_strings(status.get("allocatable")),
+        resource_version=str(meta.get("resourceVersion") or ""),
     )
 
 
 def patch_node_metadata(
-    core: Any,
+    api: Kube,
     name: str,
     *,
     labels: Mapping[str, str | None] | None = None,
@@ -94,14 +91,11 @@ def patch_node_metadata(
         metadata["labels"] = dict(labels)
     if annotations:
         metadata["annotations"] = dict(annotations)
-    if not metadata:
-        return
-    core.patch_node(
-        name, {"metadata": metadata}, field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH
-    )
+    if metadata:
+        api.merge_patch("Node", name, {"metadata": metadata})
 
 
-def record_node_event(core: Any, node_name: str, etype: str, reason: str, message: str) -> None:
+def record_node_event(api: Kube, node_name: str, etype: str, reason: str, message: str) -> None:
     """Best effort: an Event that cannot be written is logged, never fatal."""
     body = event_body(
         {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node_name}},
@@ -113,50 +107,34 @@ def record_node_event(core: Any, node_name: str, etype: str, reason: str, messag
         stamp=now_iso(),
     )
     try:
-        core.create_namespaced_event(body["metadata"]["namespace"], body)
+        api.create(body)
     except Exception as exc:
         log.warning("could not record event %s on node %s: %s", reason, node_name, exc)
 
 
-def pods_on_node(core: Any, node_name: str, namespace: str) -> list[PodView]:
+def pods_on_node(api: Kube, node_name: str, namespace: str) -> list[PodView]:
     """The pods of ``namespace`` on the node: the operands live in one namespace, so the
     agent's Role there suffices (no cluster-wide pod list)."""
-    result = core.list_namespaced_pod(namespace, field_selector=f"spec.nodeName={node_name}")
-    pods = []
-    for pod in _get(result, "items") or []:
-        meta = _get(pod, "metadata")
-        pods.append(
-            PodView(
-                name=str(_get(meta, "name") or ""),
-                namespace=str(_get(meta, "namespace") or ""),
-                labels=_strings(_get(meta, "labels")),
-                phase=str(_get(_get(pod, "status"), "phase") or ""),
-            )
+    pods = api.list_objects("Pod", namespace, field_selector=f"spec.nodeName={node_name}")
+    return [
+        PodView(
+            name=str(pod["metadata"].get("name") or ""),
+            namespace=str(pod["metadata"].get("namespace") or ""),
+            labels=_strings(pod["metadata"].get("labels")),
+            phase=str((pod.get("status") or {}).get("phase") or ""),
         )
-    return pods
+        for pod in pods
+    ]
 
 
-def wait_for_node_change(core: Any, name: str, resource_version: str, timeout_s: int) -> bool:
+def wait_for_node_change(api: Kube, name: str, resource_version: str, timeout_s: int) -> bool:
     """Block until the Node changes after ``resource_version`` or ``timeout_s`` passes.
 
-    Returns False when watching failed (the caller then simply polls).
+    Returns False when watching failed (the caller then backs off and polls).
     """
-    from kubernetes import watch as kube_watch
-
-    watch: Any = kube_watch
-    watcher = watch.Watch()
-    kwargs: dict[str, Any] = {
-        "field_selector": f"metadata.name={name}",
-        "timeout_seconds": timeout_s,
-    }
-    if resource_version:
-        kwargs["resource_version"] = resource_version
     try:
-        for _event in watcher.stream(core.list_node, **kwargs):
-            return True
-    except Exception as exc:  # the caller falls back to polling
+        api.wait_for_change("Node", name, resource_version, timeout_s)
+    except Exception as exc:
         log.debug("watching node %s failed: %s", name, exc)
         return False
-    finally:
-        watcher.stop()
     return True

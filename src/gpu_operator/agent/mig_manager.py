@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpu_operator.agent import kube
 from gpu_operator.agent.inventory import Inventory
@@ -39,6 +39,9 @@ from gpu_operator.agent.migparted import (
     apply_plan,
     plan,
 )
+
+if TYPE_CHECKING:
+    from gpu_operator.kube import Kube
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +267,7 @@ def _read_config(source: ConfigSource) -> tuple[MigPartedConfig | None, str]:
 
 
 def reconcile(
-    core_api: Any,
+    api: Kube,
     node_name: str,
     config: ConfigSource,
     nvml: MigBackend,
@@ -281,9 +284,9 @@ def reconcile(
     stop = stop or threading.Event()
     apply_error = ""
     for _ in range(max_steps):
-        node = kube.read_node(core_api, node_name)
+        node = kube.read_node(api, node_name)
         paused = PAUSE_ANNOTATION in node.annotations
-        pods = kube.pods_on_node(core_api, node_name, namespace) if paused else []
+        pods = kube.pods_on_node(api, node_name, namespace) if paused else []
         cfg, cfg_error = _read_config(config)
         result = step(
             Observed(
@@ -312,12 +315,10 @@ def reconcile(
         for action in result.actions:
             if isinstance(action, PatchNode):
                 kube.patch_node_metadata(
-                    core_api, node_name, labels=action.labels, annotations=action.annotations
+                    api, node_name, labels=action.labels, annotations=action.annotations
                 )
             elif isinstance(action, RecordEvent):
-                kube.record_node_event(
-                    core_api, node_name, action.type, action.reason, action.message
-                )
+                kube.record_node_event(api, node_name, action.type, action.reason, action.message)
             elif isinstance(action, ApplyMig):
                 log.info("node %s: applying MIG config %s", node_name, action.plan.config)
                 try:
@@ -336,7 +337,7 @@ def reconcile(
 
 
 def run_mig_manager(
-    core_api: Any,
+    api: Kube,
     node_name: str,
     config: ConfigSource,
     nvml: MigBackend,
@@ -353,7 +354,7 @@ def run_mig_manager(
     while not stop.is_set():
         try:
             reconcile(
-                core_api,
+                api,
                 node_name,
                 config,
                 nvml,
@@ -364,12 +365,12 @@ def run_mig_manager(
                 stop=stop,
             )
             first = False
-            version = kube.read_node(core_api, node_name).resource_version
+            version = kube.read_node(api, node_name).resource_version
         except Exception as exc:  # API hiccups: log, back off, retry
             log.warning("node %s: MIG manager pass failed: %s", node_name, exc)
             stop.wait(poll_interval_s)
             continue
         if stop.is_set():
             return
-        if not kube.wait_for_node_change(core_api, node_name, version, resync_s):
+        if not kube.wait_for_node_change(api, node_name, version, resync_s):
             stop.wait(poll_interval_s)

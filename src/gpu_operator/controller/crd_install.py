@@ -10,8 +10,8 @@ from typing import Any
 
 from gpu_operator import __version__
 from gpu_operator.api.crd import clusterpolicy_crd
-from gpu_operator.controller.kube import Kube
 from gpu_operator.controller.plan import content_hash
+from gpu_operator.kube import Kube
 
 log = logging.getLogger(__name__)
 

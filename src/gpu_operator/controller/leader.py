@@ -15,7 +15,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from gpu_operator.controller.kube import Kube
+from gpu_operator.kube import Kube
 
 log = logging.getLogger(__name__)
 

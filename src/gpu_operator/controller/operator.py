@@ -31,11 +31,12 @@ from gpu_operator.controller.facts import (
     nfd_present,
     node_policy,
 )
-from gpu_operator.controller.kube import MANAGED_BY, MANAGED_SELECTOR, Kube
 from gpu_operator.controller.metrics import OperatorMetrics
 from gpu_operator.controller.nodes import NodePolicy, NodeView, is_gpu_node, plan_node
 from gpu_operator.controller.plan import (
     APPLIED_HASH,
+    MANAGED_BY,
+    MANAGED_SELECTOR,
     Key,
     Observed,
     Owner,
@@ -45,6 +46,7 @@ from gpu_operator.controller.plan import (
 )
 from gpu_operator.controller.readiness import DaemonSetReadiness, daemonset_readiness
 from gpu_operator.events import event_body, now_iso
+from gpu_operator.kube import Kube
 from gpu_operator.render import COMPONENT_LABEL, config_hash, render_components
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
 from gpu_operator.upgrade.executor import EMPTYING, UpgradeExecutor

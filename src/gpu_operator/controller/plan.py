@@ -14,8 +14,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_operator.controller.kube import MANAGED_BY
+from gpu_operator.render import MANAGED_BY_LABEL
 
+MANAGED_BY = MANAGED_BY_LABEL
+MANAGED_SELECTOR = f"{MANAGED_BY}=gpu-operator"
 APPLIED_HASH = "nvidia.com/gpu-operator.applied-hash"
 
 Key = tuple[str, str, str]  # kind, namespace ("" when cluster-scoped), name

@@ -17,7 +17,6 @@ from prometheus_client import start_http_server
 
 from gpu_operator.controller.crd_install import ensure_crd
 from gpu_operator.controller.health import HealthServer
-from gpu_operator.controller.kube import Kube
 from gpu_operator.controller.leader import LeaderElector
 from gpu_operator.controller.metrics import OperatorMetrics
 from gpu_operator.controller.operator import (
@@ -27,6 +26,7 @@ from gpu_operator.controller.operator import (
     configure,
     connection_info,
 )
+from gpu_operator.kube import Kube, api_configuration
 
 log = logging.getLogger(__name__)
 
@@ -212,22 +212,6 @@ IMAGE_ENV_NAMES = (
     "DCGM_IMAGE",
     "VALIDATOR_IMAGE",
 )
-
-
-def api_configuration(kubeconfig: str | None) -> k8s.Configuration:
-    """In-cluster credentials in a pod, else the kubeconfig (``--kubeconfig``/KUBECONFIG)."""
-    from kubernetes import config as kubeconfig_loader
-
-    configuration = k8s.Configuration()
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        kubeconfig_loader.load_incluster_config(  # type: ignore[no-untyped-call]
-            client_configuration=configuration
-        )
-    else:
-        kubeconfig_loader.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig, client_configuration=configuration
-        )
-    return configuration
 
 
 def main_run(

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from gpu_operator.controller.kube import Kube
+from gpu_operator.kube import Kube
 from gpu_operator.testenv import binaries, nodes
 from gpu_operator.testenv.cluster import Cluster, default_state_dir, start
 from gpu_operator.testenv.processes import spawn

@@ -15,9 +15,9 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from gpu_operator.api.spec import UpgradePolicy
-from gpu_operator.controller.kube import Kube
 from gpu_operator.controller.nodes import NodeView
 from gpu_operator.controller.readiness import newest_revision_hash
+from gpu_operator.kube import Kube
 from gpu_operator.render import COMPONENT_LABEL
 from gpu_operator.upgrade.model import (
     STATE_LABEL,

@@ -372,18 +372,21 @@ def test_device_plugin_config_flags() -> None:
     assert config.sharing_settings() == Sharing()
 
 
-class _Core:
+class _Kube:
+    """The two calls discovery makes of gpu_operator.kube.Kube, on one in-memory Node."""
+
     def __init__(self, labels: dict[str, str]) -> None:
         self.labels = dict(labels)
         self.patches: list[dict[str, object]] = []
 
-    def read_node(self, name: str) -> dict[str, object]:
+    def get(self, kind: str, name: str) -> dict[str, object]:
+        assert kind == "Node"
         return {"metadata": {"name": name, "labels": dict(self.labels)}, "status": {}}
 
-    def patch_node(
-        self, name: str, body: dict[str, dict[str, dict[str, str | None]]], **kw: object
+    def merge_patch(
+        self, kind: str, name: str, body: dict[str, dict[str, dict[str, str | None]]]
     ) -> None:
-        assert kw["_content_type"] == "application/merge-patch+json"
+        assert kind == "Node"
         self.patches.append(body)
         for key, value in body["metadata"]["labels"].items():
             if value is None:
@@ -398,7 +401,7 @@ def test_run_discover_patches_the_node_once_then_only_on_change(
     from gpu_operator.agent.nvml import Nvml
 
     simulate("t4:1")
-    core = _Core({"nvidia.com/mig-1g.5gb.count": "7", "team": "ml"})
+    api = _Kube({"nvidia.com/mig-1g.5gb.count": "7", "team": "ml"})
     with Nvml() as nvml:
         for _ in range(2):
             discovery.run_discover(
@@ -406,12 +409,12 @@ def test_run_discover_patches_the_node_once_then_only_on_change(
                 mig_strategy="none",
                 sharing=None,
                 node_name="n1",
-                core_api=core,
+                api=api,
                 oneshot=True,
                 machine_file=tmp_path / "missing",
             )
-    assert len(core.patches) == 1  # the second pass changed nothing but the timestamp
-    assert core.labels["nvidia.com/gpu.product"] == "Tesla-T4"
-    assert core.labels["nvidia.com/gpu.machine"] == "unknown"
-    assert core.labels["team"] == "ml"
-    assert "nvidia.com/mig-1g.5gb.count" not in core.labels
+    assert len(api.patches) == 1  # the second pass changed nothing but the timestamp
+    assert api.labels["nvidia.com/gpu.product"] == "Tesla-T4"
+    assert api.labels["nvidia.com/gpu.machine"] == "unknown"
+    assert api.labels["team"] == "ml"
+    assert "nvidia.com/mig-1g.5gb.count" not in api.labels

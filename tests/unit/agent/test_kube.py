@@ -1,5 +1,6 @@
-"""The agents' Kubernetes I/O through the real kubernetes client, against a recording HTTP
-server (the request shapes: merge patch content type, field selectors; no API semantics)."""
+"""The agents' Kubernetes I/O through gpu_operator.kube and the real kubernetes client, against a
+recording HTTP server (the request shapes: merge patch content type, field selectors, the watch;
+no API semantics, which the e2e tests cover on a real API server)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from kubernetes import client
 
 from gpu_operator.agent import kube
+from gpu_operator.kube import Kube
 
 NODE = {
     "apiVersion": "v1",
@@ -58,7 +60,27 @@ def api() -> Iterator[tuple[Any, list[dict[str, Any]]]]:
 
         def do_GET(self) -> None:
             seen.append({"method": "GET", "path": self.path})
-            self._reply(PODS if "/pods" in self.path else NODE)
+            if "watch=true" in self.path:
+                self._watch()
+            else:
+                self._reply(PODS if "/pods" in self.path else NODE)
+
+        def _watch(self) -> None:
+            """One event when the watch starts from resourceVersion 41 (the node moved on),
+            none (an empty stream: timed out) from 42, an error status from 0."""
+            if "resourceVersion=0" in self.path:
+                self.send_response(500)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            data = b""
+            if "resourceVersion=41" in self.path:
+                data = json.dumps({"type": "MODIFIED", "object": NODE}).encode() + b"\n"
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
 
         def do_PATCH(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -79,7 +101,7 @@ def api() -> Iterator[tuple[Any, list[dict[str, Any]]]]:
     Thread(target=server.serve_forever, daemon=True).start()
     config = client.Configuration()
     config.host = f"http://127.0.0.1:{server.server_address[1]}"
-    yield client.CoreV1Api(client.ApiClient(config)), seen
+    yield Kube(client.ApiClient(config)), seen
     server.shutdown()
     server.server_close()
 
@@ -99,7 +121,7 @@ def test_patch_is_one_json_merge_patch(api: tuple[Any, list[dict[str, Any]]]) ->
         core, "gpu-node-1", labels={"x": "1", "y": None}, annotations={"z": None}
     )
     (patch,) = [s for s in seen if s["method"] == "PATCH"]
-    assert patch["path"].startswith("/api/v1/nodes/gpu-node-1")
+    assert patch["path"] == "/api/v1/nodes/gpu-node-1?fieldManager=gpu-operator"
     assert patch["type"] == "application/merge-patch+json"
     assert patch["body"] == {
         "metadata": {"labels": {"x": "1", "y": None}, "annotations": {"z": None}}
@@ -119,3 +141,27 @@ def test_pods_on_node_uses_a_field_selector(api: tuple[Any, list[dict[str, Any]]
     )
     assert seen[-1]["path"].startswith("/api/v1/namespaces/gpu-operator/pods?")
     assert "fieldSelector=spec.nodeName%3Dgpu-node-1" in seen[-1]["path"]
+
+
+def test_wait_for_node_change_is_one_watch(api: tuple[Any, list[dict[str, Any]]]) -> None:
+    core, seen = api
+    seen.clear()
+    assert core.wait_for_change("Node", "gpu-node-1", "41", 5) is True  # an event came
+    assert core.wait_for_change("Node", "gpu-node-1", "42", 5) is False  # timed out, no event
+    for path, version in zip([s["path"] for s in seen], ("41", "42"), strict=True):
+        assert path.startswith("/api/v1/nodes?watch=true&")
+        assert "fieldSelector=metadata.name%3Dgpu-node-1" in path and "timeoutSeconds=5" in path
+        assert f"resourceVersion={version}" in path
+    # The agents' wrapper: True after an event or a quiet timeout, False when watching failed
+    # (the MIG manager then backs off and polls).
+    assert kube.wait_for_node_change(core, "gpu-node-1", "42", 5) is True
+    assert kube.wait_for_node_change(core, "gpu-node-1", "0", 5) is False
+
+
+def test_read_node_names_a_missing_node() -> None:
+    class Missing:
+        def get(self, kind: str, name: str) -> None:
+            return None
+
+    with pytest.raises(LookupError, match="node gpu-node-9 not found"):
+        kube.read_node(Missing(), "gpu-node-9")  # type: ignore[arg-type]

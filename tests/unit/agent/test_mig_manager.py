@@ -292,7 +292,7 @@ def test_unreadable_pause_annotation_is_ignored() -> None:
 
 
 # -- the loop against an in-memory API -----------------------------------------------------------
-class FakeCore:
+class FakeKube:
     """A Node and its pods; paused deploy labels make the matching operand pods go away, as
     the DaemonSet controller would."""
 
@@ -322,7 +322,8 @@ class FakeCore:
             if labels.get(key) == "true"
         ]
 
-    def read_node(self, name: str) -> dict[str, Any]:
+    def get(self, kind: str, name: str) -> dict[str, Any]:
+        assert kind == "Node"
         return {
             "metadata": {
                 "name": name,
@@ -333,8 +334,8 @@ class FakeCore:
             "status": {},
         }
 
-    def patch_node(self, name: str, body: dict[str, Any], **kwargs: Any) -> None:
-        assert kwargs["_content_type"] == "application/merge-patch+json"
+    def merge_patch(self, kind: str, name: str, body: dict[str, Any]) -> None:
+        assert kind == "Node"
         self.patches.append(body)
         self.version += 1
         for section, target in (("labels", self.labels), ("annotations", self.annotations)):
@@ -346,21 +347,22 @@ class FakeCore:
         paused = {app for key, app in self.APPS.items() if self.labels.get(key) != "true"}
         self.pods = [p for p in self.pods if p["metadata"]["labels"]["app"] not in paused]
 
-    def create_namespaced_event(self, namespace: str, body: dict[str, Any]) -> None:
-        assert namespace == body["metadata"]["namespace"] == "default"
+    def create(self, body: dict[str, Any]) -> None:
+        assert body["kind"] == "Event" and body["metadata"]["namespace"] == "default"
         self.events.append(body)
 
-    def list_namespaced_pod(self, namespace: str, field_selector: str) -> dict[str, Any]:
-        assert (namespace, field_selector) == ("gpu-operator", "spec.nodeName=gpu-node-1")
-        return {"items": list(self.pods)}
+    def list_objects(self, kind: str, namespace: str, field_selector: str) -> list[dict[str, Any]]:
+        assert (kind, namespace) == ("Pod", "gpu-operator")
+        assert field_selector == "spec.nodeName=gpu-node-1"
+        return list(self.pods)
 
 
 def test_reconcile_applies_restores_and_then_writes_nothing(simulate: Simulate) -> None:
     sim = simulate("a100-40gb:8")
-    core = FakeCore({**DEPLOY, DCGM: "true", CONFIG_LABEL: "all-balanced"})
+    api = FakeKube({**DEPLOY, DCGM: "true", CONFIG_LABEL: "all-balanced"})
     with Nvml() as nvml:
         result = mm.reconcile(
-            core,
+            api,
             "gpu-node-1",
             lambda: load_mig_config(MIG_CONFIGMAP),
             nvml,
@@ -368,34 +370,34 @@ def test_reconcile_applies_restores_and_then_writes_nothing(simulate: Simulate) 
             poll_interval_s=0.01,
         )
         assert result.phase == "success"
-        assert core.labels == {
+        assert api.labels == {
             **DEPLOY,
             DCGM: "true",
             CONFIG_LABEL: "all-balanced",
             STATE_LABEL: "success",
         }
-        assert core.annotations == {}
+        assert api.annotations == {}
         assert all(
             dict(g.instance_counts()) == {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}
             for g in nvml.inventory().gpus
         )
         # pending and the pause went out in one patch, the restore in another
-        assert core.patches[0]["metadata"]["labels"][STATE_LABEL] == "pending"
-        assert PAUSE_ANNOTATION in core.patches[0]["metadata"]["annotations"]
+        assert api.patches[0]["metadata"]["labels"][STATE_LABEL] == "pending"
+        assert PAUSE_ANNOTATION in api.patches[0]["metadata"]["annotations"]
         # and the story is told on the Node, where `kubectl describe node` finds it
-        assert [e["reason"] for e in core.events] == ["MIGConfigPending", "MIGConfigApplied"]
-        assert core.events[0]["involvedObject"] == {
+        assert [e["reason"] for e in api.events] == ["MIGConfigPending", "MIGConfigApplied"]
+        assert api.events[0]["involvedObject"] == {
             "apiVersion": "v1", "kind": "Node", "name": "gpu-node-1", "uid": "gpu-node-1"
         }  # fmt: skip
-        assert core.events[0]["source"] == {"component": "nvidia-mig-manager"}
-        core.events.clear()
+        assert api.events[0]["source"] == {"component": "nvidia-mig-manager"}
+        api.events.clear()
         # the same config again: no writes, no NVML changes
-        core.patches.clear()
+        api.patches.clear()
         sim.calls.clear()
         mm.reconcile(
-            core, "gpu-node-1", lambda: load_mig_config(MIG_CONFIGMAP), nvml, first_pass=True
+            api, "gpu-node-1", lambda: load_mig_config(MIG_CONFIGMAP), nvml, first_pass=True
         )
-        assert core.patches == [] and core.events == []
+        assert api.patches == [] and api.events == []
         assert sim.calls["nvmlDeviceCreateGpuInstanceWithPlacement"] == 0
         assert sim.calls["nvmlGpuInstanceDestroy"] == 0
 
@@ -405,18 +407,18 @@ def test_reconcile_reports_an_nvml_failure_and_restores(simulate: Simulate) -> N
 
     sim = simulate("h100-80gb:2")
     sim.fail("nvmlDeviceCreateGpuInstanceWithPlacement", pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
-    core = FakeCore({**DEPLOY, CONFIG_LABEL: "all-7g.80gb"})
+    api = FakeKube({**DEPLOY, CONFIG_LABEL: "all-7g.80gb"})
     with Nvml() as nvml:
         result = mm.reconcile(
-            core, "gpu-node-1", lambda: load_mig_config(MIG_CONFIGMAP), nvml, poll_interval_s=0.01
+            api, "gpu-node-1", lambda: load_mig_config(MIG_CONFIGMAP), nvml, poll_interval_s=0.01
         )
     assert result.phase == "failed"
-    assert core.labels == {**DEPLOY, CONFIG_LABEL: "all-7g.80gb", STATE_LABEL: "failed"}
-    assert "GPU 0" in core.annotations[REASON_ANNOTATION]
-    assert "insufficient resources" in core.annotations[REASON_ANNOTATION]
-    assert PAUSE_ANNOTATION not in core.annotations
-    assert [(e["type"], e["reason"]) for e in core.events] == [
+    assert api.labels == {**DEPLOY, CONFIG_LABEL: "all-7g.80gb", STATE_LABEL: "failed"}
+    assert "GPU 0" in api.annotations[REASON_ANNOTATION]
+    assert "insufficient resources" in api.annotations[REASON_ANNOTATION]
+    assert PAUSE_ANNOTATION not in api.annotations
+    assert [(e["type"], e["reason"]) for e in api.events] == [
         ("Normal", "MIGConfigPending"),
         ("Warning", "MIGConfigFailed"),
     ]
-    assert "insufficient resources" in core.events[1]["message"]
+    assert "insufficient resources" in api.events[1]["message"]

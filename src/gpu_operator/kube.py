@@ -1,4 +1,5 @@
-"""The operator's only door to the API server: a few REST verbs over the official client.
+"""The only door to the API server, for the operator and the node agents alike: a few REST
+verbs over the official client.
 
 Objects travel as plain dicts. Writes use one field manager. Nothing here decides anything.
 """
@@ -6,6 +7,7 @@ Objects travel as plain dicts. Writes use one field manager. Nothing here decide
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -14,11 +16,27 @@ from urllib.parse import quote
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from gpu_operator.render import MANAGED_BY_LABEL
-
 FIELD_MANAGER = "gpu-operator"
-MANAGED_BY = MANAGED_BY_LABEL
-MANAGED_SELECTOR = f"{MANAGED_BY}=gpu-operator"
+
+
+def api_configuration(kubeconfig: str | None = None) -> k8s.Configuration:
+    """In-cluster credentials in a pod, else the kubeconfig (``--kubeconfig``/KUBECONFIG)."""
+    from kubernetes import config as kubeconfig_loader
+
+    configuration = k8s.Configuration()
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        kubeconfig_loader.load_incluster_config(  # type: ignore[no-untyped-call]
+            client_configuration=configuration
+        )
+    else:
+        kubeconfig_loader.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, client_configuration=configuration
+        )
+    return configuration
+
+
+def connect(kubeconfig: str | None = None) -> Kube:
+    return Kube(k8s.ApiClient(api_configuration(kubeconfig)))
 
 
 @dataclass(frozen=True)
@@ -92,6 +110,24 @@ class Kube:
         content_type: str = "application/json",
         timeout: float | None = 30.0,
     ) -> Any:
+        resp = self._send(method, path, query, body, content_type, timeout)
+        data: bytes = resp.read()
+        if resp.status >= 400:
+            raise ApiException(
+                status=resp.status, reason=resp.reason, body=data.decode(errors="replace")
+            )
+        return json.loads(data) if data else None
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, str] | None,
+        body: Any,
+        content_type: str,
+        timeout: float | None,
+    ) -> Any:
+        """The response, its body not yet read."""
         headers = {"Accept": "application/json", "Content-Type": content_type}
         method, url, headers, body, _ = self.api.param_serialize(
             method,
@@ -101,15 +137,44 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
-        resp = self.api.call_api(
+        return self.api.call_api(
             method, url, header_params=headers, body=body, _request_timeout=timeout
         )
-        data: bytes = resp.read()  # type: ignore[no-untyped-call]
-        if resp.status >= 400:
-            raise ApiException(
-                status=resp.status, reason=resp.reason, body=data.decode(errors="replace")
-            )
-        return json.loads(data) if data else None
+
+    def wait_for_change(
+        self,
+        kind: str,
+        name: str,
+        resource_version: str,
+        timeout_s: int,
+        namespace: str | None = None,
+    ) -> bool:
+        """Block until the object changes after ``resource_version`` (True) or ``timeout_s``
+        passes (False): one watch, ended by its first event."""
+        query = {
+            "watch": "true",
+            "fieldSelector": f"metadata.name={name}",
+            "timeoutSeconds": str(timeout_s),
+        }
+        if resource_version:
+            query["resourceVersion"] = resource_version
+        resp = self._send(
+            "GET",
+            KINDS[kind].collection(namespace),
+            query,
+            None,
+            "application/json",
+            timeout_s + 30,
+        )
+        try:
+            if resp.status >= 400:
+                data = resp.read()
+                raise ApiException(
+                    status=resp.status, reason=resp.reason, body=data.decode(errors="replace")
+                )
+            return any(chunk for chunk in resp.response.stream(4096))
+        finally:
+            resp.response.release_conn()
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -201,7 +266,11 @@ class Kube:
         if subresource:
             path += f"/{subresource}"
         result: dict[str, Any] = self.request(
-            "PATCH", path, body=dict(patch), content_type="application/merge-patch+json"
+            "PATCH",
+            path,
+            query={"fieldManager": FIELD_MANAGER},
+            body=dict(patch),
+            content_type="application/merge-patch+json",
         )
         return result
 
