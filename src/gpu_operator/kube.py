@@ -174,6 +174,9 @@ class Kube:
                 )
             return any(chunk for chunk in resp.response.stream(4096))
         finally:
+            # Close before returning the connection: the rest of the stream must not be read
+            # as the answer to the next request.
+            resp.response.close()
             resp.response.release_conn()
 
     # -- reads ---------------------------------------------------------------------------------
