@@ -24,6 +24,7 @@ MIN_KUBE_VERSION = "1.29.0"
 CSV_FILE = "manifests/gpu-operator.clusterserviceversion.yaml"
 CRD_FILE = "manifests/nvidia.com_clusterpolicies.yaml"
 SERVICE_FILE = f"manifests/{manifests.METRICS_SERVICE}_v1_service.yaml"
+PDB_FILE = f"manifests/{manifests.NAME}_policy_v1_poddisruptionbudget.yaml"
 ANNOTATIONS_FILE = "metadata/annotations.yaml"
 DOCKERFILE = "bundle.Dockerfile"
 
@@ -309,6 +310,7 @@ def bundle_objects(
         CSV_FILE: cluster_service_version(version, example, image),
         CRD_FILE: clusterpolicy_crd(),
         SERVICE_FILE: manifests.metrics_service(namespace=None),
+        PDB_FILE: manifests.disruption_budget(namespace=None),
         ANNOTATIONS_FILE: {"annotations": dict(ANNOTATIONS)},
     }
 

@@ -215,6 +215,21 @@ def metrics_service(namespace: str | None = NAMESPACE) -> dict[str, Any]:
     }
 
 
+def disruption_budget(namespace: str | None = NAMESPACE) -> dict[str, Any]:
+    """A node drain may take one of the two replicas at a time, never both (``None`` leaves
+    the namespace to OLM)."""
+    metadata: dict[str, Any] = {"name": NAME}
+    if namespace is not None:
+        metadata["namespace"] = namespace
+    metadata["labels"] = dict(SELECTOR)
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata,
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": dict(SELECTOR)}},
+    }
+
+
 def deploy_objects(
     namespace: str = NAMESPACE, image: str = DEFAULT_OPERATOR_IMAGE
 ) -> list[dict[str, Any]]:
@@ -224,6 +239,7 @@ def deploy_objects(
         clusterpolicy_crd(),
         *rbac_objects(namespace),
         deployment(namespace, image),
+        disruption_budget(namespace),
         metrics_service(namespace),
     ]
 
@@ -233,7 +249,7 @@ DEPLOY_FILES: dict[str, tuple[str, ...]] = {
     "00-namespace.yaml": ("Namespace",),
     "01-crd.yaml": ("CustomResourceDefinition",),
     "02-rbac.yaml": ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"),
-    "03-operator.yaml": ("Deployment", "Service"),
+    "03-operator.yaml": ("Deployment", "PodDisruptionBudget", "Service"),
 }
 
 

@@ -172,7 +172,7 @@ def test_other_manifests_validate_against_kubernetes() -> None:
         assert validate_kubernetes(obj), obj["kind"]
         assert "namespace" not in obj["metadata"], "OLM chooses the namespace"
         kinds.append(obj["kind"])
-    assert sorted(kinds) == ["CustomResourceDefinition", "Service"]
+    assert sorted(kinds) == ["CustomResourceDefinition", "PodDisruptionBudget", "Service"]
 
 
 def test_annotations_and_dockerfile_labels_agree() -> None:
@@ -234,6 +234,7 @@ def test_bundle_files_are_the_tree_operator_sdk_expects() -> None:
         "manifests/gpu-operator.clusterserviceversion.yaml",
         "manifests/nvidia.com_clusterpolicies.yaml",
         "manifests/gpu-operator-metrics_v1_service.yaml",
+        "manifests/gpu-operator_policy_v1_poddisruptionbudget.yaml",
         "metadata/annotations.yaml",
         "bundle.Dockerfile",
     }

@@ -55,7 +55,12 @@ def test_bundle_writes_the_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 def test_bundle_prints_its_manifests(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bundle", "--version", "2.0.0", "--example", str(EXAMPLE)]) == 0
     kinds = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
-    assert kinds == ["ClusterServiceVersion", "CustomResourceDefinition", "Service"]
+    assert kinds == [
+        "ClusterServiceVersion",
+        "CustomResourceDefinition",
+        "Service",
+        "PodDisruptionBudget",
+    ]
 
 
 def test_bundle_needs_a_version() -> None:

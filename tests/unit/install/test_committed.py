@@ -74,6 +74,9 @@ def test_deploy_and_bundle_run_the_same_operator() -> None:
     service = yaml.safe_load((BUNDLE / bundle.SERVICE_FILE).read_text())
     deploy["Service"]["metadata"].pop("namespace")
     assert service == deploy["Service"]
+    pdb = yaml.safe_load((BUNDLE / bundle.PDB_FILE).read_text())
+    deploy["PodDisruptionBudget"]["metadata"].pop("namespace")
+    assert pdb == deploy["PodDisruptionBudget"]
 
 
 def test_committed_alm_example_is_examples_clusterpolicy() -> None:

@@ -165,6 +165,14 @@ def test_locked_down_pod() -> None:
     assert "tolerations" not in spec["template"]["spec"]  # runs on CPU nodes
 
 
+def test_disruption_budget_keeps_one_replica_through_a_drain() -> None:
+    objects = by_kind(manifests.deploy_objects())
+    pdb, deployment = objects["PodDisruptionBudget"], objects["Deployment"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert pdb["spec"]["maxUnavailable"] < deployment["spec"]["replicas"]
+
+
 def test_metrics_service_selects_the_operator_pod_on_the_metrics_port() -> None:
     objects = by_kind(manifests.deploy_objects())
     service = objects["Service"]
