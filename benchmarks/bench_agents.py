@@ -165,12 +165,12 @@ def bench_rss() -> None:
     print(f"  python -c pass                                   {base:8.1f} MiB")
     print(f"  import gpu_operator.agent.cli                    {imports:8.1f} MiB")
     with_client = peak_rss_mib(
-        "import kubernetes.client\n" + RUNNER,
+        "import gpu_operator.kube\n" + RUNNER,
         ["agent", "discover", "--simulate", "a100-40gb:8", "--oneshot", "--output", "-"],
         out,
     )
     print(f"  agent discover --oneshot, 8 simulated A100s      {discover:8.1f} MiB")
-    print(f"  the same + kubernetes client (patching a Node)   {with_client:8.1f} MiB")
+    print(f"  the same + gpu_operator.kube (patching a Node)   {with_client:8.1f} MiB")
 
 
 def main() -> None:
