@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import yaml
+from timing import summarize  # benchmarks/ is on sys.path when a benchmark runs
 
 from gpu_operator.api import parse_spec
 from gpu_operator.cli import policy_from_text
@@ -52,11 +52,9 @@ def measure(fn: Callable[[], object], repeat: int) -> list[float]:
 
 
 def report(name: str, samples: list[float]) -> None:
-    ms = sorted(s * 1000 for s in samples)
-    p95 = ms[min(len(ms) - 1, round(0.95 * (len(ms) - 1)))]
+    s = summarize(samples)
     print(
-        f"{name:<40} n={len(ms):<5} median={statistics.median(ms):8.3f} ms  "
-        f"p95={p95:8.3f} ms  min={ms[0]:8.3f} ms"
+        f"{name:<40} n={s.n:<5} median={s.median:8.3f} ms  p95={s.p95:8.3f} ms  min={s.min:8.3f} ms"
     )
 
 

@@ -20,6 +20,8 @@ import platform
 import statistics
 import time
 
+from timing import summarize  # benchmarks/ is on sys.path when a benchmark runs
+
 from gpu_operator.upgrade import Policy, State, scaled_max_unavailable
 from gpu_operator.upgrade.simulate import SimConfig, Simulation, World
 
@@ -79,11 +81,9 @@ def scenario(nodes: int, parallel: int, restart: float, stale: bool = False) -> 
 
 
 def report(name: str, samples: list[float]) -> None:
-    ms = sorted(s * 1000 for s in samples)
-    p95 = ms[min(len(ms) - 1, round(0.95 * (len(ms) - 1)))]
+    s = summarize(samples)
     print(
-        f"{name:<44} n={len(ms):<6} median={statistics.median(ms):7.3f} ms  "
-        f"p95={p95:7.3f} ms  max={ms[-1]:7.3f} ms"
+        f"{name:<44} n={s.n:<6} median={s.median:7.3f} ms  p95={s.p95:7.3f} ms  max={s.max:7.3f} ms"
     )
 
 

@@ -35,6 +35,16 @@ def api_configuration(kubeconfig: str | None = None) -> k8s.Configuration:
     return configuration
 
 
+def _body(resp: Any) -> bytes:
+    """The whole body of a response; an ApiException for an error status."""
+    data: bytes = resp.read()
+    if resp.status >= 400:
+        raise ApiException(
+            status=resp.status, reason=resp.reason, body=data.decode(errors="replace")
+        )
+    return data
+
+
 def connect(kubeconfig: str | None = None) -> Kube:
     return Kube(k8s.ApiClient(api_configuration(kubeconfig)))
 
@@ -110,12 +120,7 @@ class Kube:
         content_type: str = "application/json",
         timeout: float | None = 30.0,
     ) -> Any:
-        resp = self._send(method, path, query, body, content_type, timeout)
-        data: bytes = resp.read()
-        if resp.status >= 400:
-            raise ApiException(
-                status=resp.status, reason=resp.reason, body=data.decode(errors="replace")
-            )
+        data = _body(self._send(method, path, query, body, content_type, timeout))
         return json.loads(data) if data else None
 
     def _send(
@@ -168,10 +173,7 @@ class Kube:
         )
         try:
             if resp.status >= 400:
-                data = resp.read()
-                raise ApiException(
-                    status=resp.status, reason=resp.reason, body=data.decode(errors="replace")
-                )
+                _body(resp)  # raises
             return any(chunk for chunk in resp.response.stream(4096))
         finally:
             # Close before returning the connection: the rest of the stream must not be read

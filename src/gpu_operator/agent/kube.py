@@ -19,8 +19,6 @@ if TYPE_CHECKING:  # the client is imported on first use: agents printing labels
 
 log = logging.getLogger(__name__)
 
-EVENT_COMPONENT = "nvidia-mig-manager"
-
 __all__ = [
     "NodeView",
     "PodView",
@@ -95,14 +93,16 @@ def patch_node_metadata(
         api.merge_patch("Node", name, {"metadata": metadata})
 
 
-def record_node_event(api: Kube, node_name: str, etype: str, reason: str, message: str) -> None:
+def record_node_event(
+    api: Kube, node_name: str, etype: str, reason: str, message: str, *, component: str
+) -> None:
     """Best effort: an Event that cannot be written is logged, never fatal."""
     body = event_body(
         {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node_name}},
         etype,
         reason,
         message,
-        component=EVENT_COMPONENT,
+        component=component,
         instance=node_name,
         stamp=now_iso(),
     )

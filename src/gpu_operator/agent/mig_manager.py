@@ -66,6 +66,7 @@ PAUSE_ANNOTATION = "nvidia.com/mig-manager.paused-labels"
 REASON_ANNOTATION = "nvidia.com/mig.config.state.reason"
 FAILED_ANNOTATION = "nvidia.com/mig-manager.failed-config"
 DEFAULT_WAIT_TIMEOUT_S = 600.0
+EVENT_COMPONENT = "nvidia-mig-manager"  # the source of its Events
 DEFAULT_NAMESPACE = "gpu-operator"  # where the operands to pause run
 
 
@@ -318,7 +319,14 @@ def reconcile(
                     api, node_name, labels=action.labels, annotations=action.annotations
                 )
             elif isinstance(action, RecordEvent):
-                kube.record_node_event(api, node_name, action.type, action.reason, action.message)
+                kube.record_node_event(
+                    api,
+                    node_name,
+                    action.type,
+                    action.reason,
+                    action.message,
+                    component=EVENT_COMPONENT,
+                )
             elif isinstance(action, ApplyMig):
                 log.info("node %s: applying MIG config %s", node_name, action.plan.config)
                 try:

@@ -191,16 +191,21 @@ def deployment(namespace: str = NAMESPACE, image: str = DEFAULT_OPERATOR_IMAGE) 
     }
 
 
-def metrics_service(namespace: str | None = NAMESPACE) -> dict[str, Any]:
-    """Prometheus scrapes the operator here; ``None`` leaves the namespace to OLM."""
-    metadata: dict[str, Any] = {"name": METRICS_SERVICE}
+def _selector_metadata(name: str, namespace: str | None) -> dict[str, Any]:
+    """Metadata of an object beside the Deployment; ``None`` leaves the namespace to OLM."""
+    metadata: dict[str, Any] = {"name": name}
     if namespace is not None:
         metadata["namespace"] = namespace
     metadata["labels"] = dict(SELECTOR)
+    return metadata
+
+
+def metrics_service(namespace: str | None = NAMESPACE) -> dict[str, Any]:
+    """Prometheus scrapes the operator here."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": metadata,
+        "metadata": _selector_metadata(METRICS_SERVICE, namespace),
         "spec": {
             "selector": dict(SELECTOR),
             "ports": [
@@ -216,16 +221,11 @@ def metrics_service(namespace: str | None = NAMESPACE) -> dict[str, Any]:
 
 
 def disruption_budget(namespace: str | None = NAMESPACE) -> dict[str, Any]:
-    """A node drain may take one of the two replicas at a time, never both (``None`` leaves
-    the namespace to OLM)."""
-    metadata: dict[str, Any] = {"name": NAME}
-    if namespace is not None:
-        metadata["namespace"] = namespace
-    metadata["labels"] = dict(SELECTOR)
+    """A node drain may take one of the two replicas at a time, never both."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": metadata,
+        "metadata": _selector_metadata(NAME, namespace),
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": dict(SELECTOR)}},
     }
 

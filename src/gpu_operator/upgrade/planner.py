@@ -131,7 +131,10 @@ def plan(fleet: Fleet, policy: Policy, now: float) -> Plan:
                     SetState(view.name, State.REQUIRED, ctx.stamp, "upgrade requested again")
                 )
             else:
-                recovered, restart = _recovery(view, ctx)
+                # A failed node recovers once its new driver is Ready and validation agrees (a
+                # node that failed validation must not go back in service on its driver alone);
+                # stale validators are restarted so that they can agree.
+                recovered, restart = _validity(view, ctx)
                 if recovered:
                     recoverable.append(view)
                 actions.extend(DeletePod(p.name, p.namespace, False, view.name) for p in restart)
@@ -493,14 +496,18 @@ def _new_driver(view: _NodeView, ctx: _Ctx) -> Pod | None:
     return max(ready, key=lambda p: p.created, default=None)
 
 
-def _validity(view: _NodeView, ctx: _Ctx, driver: Pod) -> tuple[bool, list[Pod]]:
-    """(validated, stale validator pods to restart) against the node's new ``driver``.
+def _validity(view: _NodeView, ctx: _Ctx) -> tuple[bool, list[Pod]]:
+    """(validated, stale validator pods to restart) against the node's new driver pod.
 
     A validator only proves the new driver if it turned Ready after that driver pod was
     created: one that stayed Ready through the restart validated the old driver. Such a stale
     pod is deleted so its DaemonSet recreates it and it validates again. No validator anywhere
-    means validation is not deployed, and there is nothing to wait for.
+    means validation is not deployed, and there is nothing to wait for. Without a Ready new
+    driver pod there is nothing to validate yet.
     """
+    driver = _new_driver(view, ctx)
+    if driver is None:
+        return False, []
     live = [p for p in view.validators if not p.deleting]
     if not live:
         return not ctx.validators_deployed, []
@@ -510,13 +517,16 @@ def _validity(view: _NodeView, ctx: _Ctx, driver: Pod) -> tuple[bool, list[Pod]]
 
 
 def _validation(view: _NodeView, ctx: _Ctx) -> list[Action]:
-    driver = _new_driver(view, ctx)
-    validated, stale = _validity(view, ctx, driver) if driver else (False, [])
+    validated, stale = _validity(view, ctx)
     if validated:
         return [SetState(view.name, State.UNCORDON, ctx.stamp, "validated")]
     timeout = ctx.policy.validation_timeout_s
     if _timed_out(timeout, view, ctx):
-        what = "validator pod not Ready" if driver else "no Ready driver pod of the new version"
+        what = (
+            "validator pod not Ready"
+            if _new_driver(view, ctx)
+            else "no Ready driver pod of the new version"
+        )
         return [Fail(view.name, f"{what} after {timeout}s", ctx.stamp)]
     return [DeletePod(p.name, p.namespace, False, view.name) for p in stale]
 
@@ -539,11 +549,3 @@ def _uncordon(view: _NodeView, ctx: _Ctx) -> list[Action]:
     actions.append(SetState(node.name, State.DONE, ctx.stamp, "upgraded"))
     actions.append(Event(node.name, "Normal", "DriverUpgraded", "driver upgrade done"))
     return actions
-
-
-def _recovery(view: _NodeView, ctx: _Ctx) -> tuple[bool, list[Pod]]:
-    """A failed node recovers once a current driver pod is Ready and validation agrees (a node
-    that failed validation must not be put back in service by its driver alone); stale
-    validators are restarted so they can agree."""
-    driver = _new_driver(view, ctx)
-    return _validity(view, ctx, driver) if driver else (False, [])

@@ -194,7 +194,7 @@ class World:
             elif isinstance(action, Evict):
                 self._evict(action.pod)
             elif isinstance(action, DeletePod):
-                self._delete(action.pod, action.force)
+                self._delete(action.pod, action.node, action.force)
             else:
                 self.events.append(action)
 
@@ -255,9 +255,9 @@ class World:
         if pod is not None:
             self.workloads[name] = replace(pod, phase="Succeeded", ready=False)
 
-    def _delete(self, name: str, force: bool) -> None:
-        validator = next((p for p in self.validators.values() if p.name == name), None)
-        if validator is not None:
+    def _delete(self, name: str, node: str, force: bool) -> None:
+        validator = self.validators.get(node)
+        if validator is not None and validator.name == name:
             self._delete_validator(validator)
             return
         if name in self.workloads:
