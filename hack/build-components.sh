@@ -47,11 +47,13 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )
 GO
     (cd "$mod" && go mod tidy -e >/dev/null 2>&1 || true)
   fi
-  for cmd in kube-apiserver kube-controller-manager kube-scheduler; do
+  for cmd in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; do
     if [ ! -x "$BIN/$cmd" ]; then
       log "building $cmd $K8S_VERSION (first build takes many minutes)"
       (cd "$mod" && go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2)" -o "$BIN/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd")
