@@ -46,11 +46,13 @@ class EventSets:
     def __init__(self) -> None:
         self._sets: dict[int, set[int]] = {}
         self._xids: dict[int, list[int]] = {}
+        self._last_id = 0
 
     def create(self) -> int:
-        set_id = len(self._sets) + 1
-        self._sets[set_id] = set()
-        return set_id
+        """A new set's id: never one given before, so a freed id cannot alias a live set."""
+        self._last_id += 1
+        self._sets[self._last_id] = set()
+        return self._last_id
 
     def register(self, set_id: int, gpu: int) -> None:
         self._members(set_id).add(gpu)

@@ -138,3 +138,15 @@ def test_a_change_that_raises_is_not_written(tmp_path: Path) -> None:
     assert path.read_text() == written
     assert json.loads(written)["gpus"][0]["mig_pending"] is True
     assert json.loads(written)["gpus"][0]["mig_current"] is False
+
+
+def test_a_freed_set_id_is_not_given_to_a_set_still_in_use() -> None:
+    events = EventSets()
+    first, second = events.create(), events.create()
+    events.register(second, 2)
+    events.free(first)
+    third = events.create()
+    assert third not in (first, second)
+    events.inject_xid(2, 31)
+    assert events.first_with_xid(second) == 2  # the second set still has its GPU
+    assert events.first_with_xid(third) is None
