@@ -2,7 +2,8 @@
 
 Components are data, not code paths: an entry names the ClusterPolicy section, the template
 folder (``templates/<name>/``), the DaemonSet/app name, the deploy-gate label and the default
-image. Adding a component is a folder of templates plus one entry here.
+image. Adding a component is a folder of templates, one entry here and the builder of what its
+templates read (``render.values.VALUES``).
 """
 
 from __future__ import annotations

@@ -5,6 +5,12 @@ YAML, so a user-controlled string (an env value, a ConfigMap name, an image tag)
 one scalar whatever it contains: newlines, ``: ``, ``#``, quotes, ``&anchors``, ``{{ }}`` or
 ``---`` cannot add keys or documents. Templates therefore build strings inside one expression
 (``{{ "nvidia-driver-daemonset-" ~ os.tag }}``) and dump lists and maps as flow JSON.
+
+Shared YAML (``_shared/_daemonset.j2``) is written as macros and emitted with
+``{% call macro(...) %}{% endcall %}``: a call block emits the macro's text as written, where
+``{{ macro() }}`` would encode it as one string. A macro that needs the component's own YAML
+takes it as the call body and reads it back with ``from_yaml``: that text was rendered under
+the same rule, so parsing it cannot yield more than the template wrote.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from typing import Any
 
 import jinja2
 import yaml
+
+from gpu_operator.render.wire import merge_env, merge_maps
 
 TEMPLATE_SUFFIX = ".yaml.j2"
 SHARED_FOLDER = "_shared"  # rendered with every enabled component, ordered among its own
@@ -45,7 +53,7 @@ def to_yaml_scalar(value: object) -> str:
 @functools.cache
 def environment() -> jinja2.Environment:
     """The shared, cached environment over ``gpu_operator/templates`` (shipped in the wheel)."""
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.PackageLoader("gpu_operator", "templates"),
         undefined=jinja2.StrictUndefined,
         autoescape=False,
@@ -54,6 +62,10 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
         finalize=to_yaml_scalar,
     )
+    env.globals["merge"] = merge_maps
+    env.filters["from_yaml"] = from_yaml
+    env.filters["merge_env"] = merge_env
+    return env
 
 
 @functools.cache
@@ -64,6 +76,22 @@ def templates(folder: str) -> tuple[str, ...]:
     """
     pattern = re.compile(re.escape(folder) + r"/[0-9]{4}_[^/]+" + re.escape(TEMPLATE_SUFFIX))
     return tuple(sorted(n for n in environment().list_templates() if pattern.fullmatch(n)))
+
+
+def from_yaml(text: str) -> Any:
+    """A rendered YAML fragment (a macro's call body) as plain data; ``None`` when empty."""
+    return json.loads(_parse_fragment(text))
+
+
+@functools.lru_cache(maxsize=512)
+def _parse_fragment(text: str) -> str:
+    return json.dumps(yaml.load(text, Loader=SAFE_LOADER))
+
+
+def clear_parse_caches() -> None:
+    """Forget parsed texts, so a measurement sees what a changed policy costs."""
+    _parse.cache_clear()
+    _parse_fragment.cache_clear()
 
 
 def render_template(name: str, context: Mapping[str, Any]) -> list[dict[str, Any]]:
