@@ -52,9 +52,10 @@ def to_yaml_scalar(value: object) -> str:
 
 @functools.cache
 def environment() -> jinja2.Environment:
-    """The shared, cached environment over ``gpu_operator/templates`` (shipped in the wheel)."""
+    """The shared, cached environment over the package ``gpu_operator.templates``: the
+    repository's ``templates/``, mapped into the package by pyproject.toml."""
     env = jinja2.Environment(
-        loader=jinja2.PackageLoader("gpu_operator", "templates"),
+        loader=jinja2.PackageLoader("gpu_operator.templates", "."),
         undefined=jinja2.StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,
