@@ -75,16 +75,14 @@ def render_components(policy: ClusterPolicySpec, facts: Facts) -> list[RenderedC
             parts.append(RenderedComponent(comp, False, (), ()))
             continue
         context = template_context(policy, facts, comp)
+        variables = context.variables(hashes)
         objects: list[dict[str, Any]] = []
         for name in component_templates(comp):
-            rendered = render_template(name, context.variables(hashes))
-            hashes.update(
-                {
-                    o["metadata"]["name"]: config_hash(o)
-                    for o in rendered
-                    if o["kind"] == "ConfigMap"
-                }
-            )
+            rendered = render_template(name, variables)
+            configmaps = [o for o in rendered if o["kind"] == "ConfigMap"]
+            if configmaps:
+                hashes.update({cm["metadata"]["name"]: config_hash(cm) for cm in configmaps})
+                variables = context.variables(hashes)
             objects.extend(rendered)
         images = component_images(policy, facts, comp)
         parts.append(RenderedComponent(comp, True, images, tuple(objects)))

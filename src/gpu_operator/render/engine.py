@@ -32,6 +32,7 @@ SHARED_FOLDER = "_shared"  # rendered with every enabled component, ordered amon
 # libyaml when available: same safe semantics, several times faster.
 SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _NOT_PLAIN_ASCII = re.compile(r"[^\x00-\x7e]")
+_encode_str = json.encoder.encode_basestring  # json.dumps(str, ensure_ascii=False)
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -46,14 +47,17 @@ def to_yaml_scalar(value: object) -> str:
     which YAML decodes as two lone surrogates; escaping them as ``\\UXXXXXXXX`` (and DEL, which
     YAML may not carry raw) keeps the round trip exact. Everything else is plain JSON.
     """
-    text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    if type(value) is str:  # most values: what json.dumps does for a str, without its setup
+        text = _encode_str(value)
+    else:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
     return _NOT_PLAIN_ASCII.sub(_escape, text)
 
 
 @functools.cache
 def environment() -> jinja2.Environment:
     """The shared, cached environment over the package ``gpu_operator.templates``: the
-    repository's ``templates/``, mapped into the package by pyproject.toml."""
+    repository's ``templates/``, mapped into the package by setup.py."""
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("gpu_operator.templates", "."),
         undefined=jinja2.StrictUndefined,
@@ -62,6 +66,7 @@ def environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         finalize=to_yaml_scalar,
+        auto_reload=False,  # package data: no need to stat each file on every use
     )
     env.globals["merge"] = merge_maps
     env.filters["from_yaml"] = from_yaml

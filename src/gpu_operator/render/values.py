@@ -3,7 +3,8 @@
 A template sees ``ns`` (the namespace), ``openshift``, ``host`` (``HostPaths``), ``c`` (the
 ``Operand``: names, image, owned labels), ``d`` (its ``DaemonSetSettings``) and ``v``, the
 component's own values from ``VALUES[component]``. Every builder takes the same inputs
-(policy, facts, registry entry) and applies the defaults, so templates hold no defaults.
+(policy, facts, registry entry) and applies the policy's defaults, so templates read settled
+values.
 """
 
 from __future__ import annotations
