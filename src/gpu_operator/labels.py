@@ -13,6 +13,7 @@ PART_OF = "app.kubernetes.io/part-of"
 COMPONENT = "app.kubernetes.io/component"
 OPERATOR_NAME = "gpu-operator"
 MANAGED_SELECTOR = f"{MANAGED_BY}={OPERATOR_NAME}"
+OPERATOR_LABELS = {MANAGED_BY: OPERATOR_NAME, PART_OF: OPERATOR_NAME}  # on all it renders
 APPLIED_HASH = "nvidia.com/gpu-operator.applied-hash"  # what the operator last applied
 CONFIG_HASH = "nvidia.com/config-hash"  # on pod templates: the ConfigMaps they mount
 REVISION_HASH = "controller-revision-hash"  # set by the DaemonSet controller
