@@ -106,13 +106,34 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
+def _preexec(die_with_parent: bool, cgroups: Sequence[Path]) -> Callable[[], None] | None:
+    """What the child does before exec: join `cgroups` (their cgroup.procs), set PDEATHSIG."""
+    if not die_with_parent and not cgroups:
+        return None
+
+    def run() -> None:
+        for cgroup in cgroups:
+            (cgroup / "cgroup.procs").write_text("0")  # 0: the writing process itself
+        if die_with_parent:
+            _die_with_parent()
+
+    return run
+
+
 def spawn(
-    name: str, argv: Sequence[str], log: Path, *, die_with_parent: bool, cwd: Path
+    name: str,
+    argv: Sequence[str],
+    log: Path,
+    *,
+    die_with_parent: bool,
+    cwd: Path,
+    cgroups: Sequence[Path] = (),
 ) -> tuple[subprocess.Popen[bytes], ProcessRecord]:
-    """Start `argv` in a new session with output to `log`; record it for later teardown."""
+    """Start `argv` in a new session with output to `log` (in `cgroups` when given); record it
+    for later teardown."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
-        preexec: Callable[[], None] | None = _die_with_parent if die_with_parent else None
+        preexec = _preexec(die_with_parent, cgroups)
         proc = subprocess.Popen(
             list(argv),
             stdin=subprocess.DEVNULL,
