@@ -28,8 +28,7 @@ SESSION_CPU_NODES = 1
 _UNAVAILABLE = pytest.StashKey[str]()  # why the binaries cannot be had, if they cannot
 
 
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+in_ci = testenv.binaries.in_ci
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -25,11 +25,19 @@ def cmd_build(args: argparse.Namespace) -> int:
     bin_dir = binaries.ensure_binaries()
     _say(f"control-plane and kubelet binaries ready in {time.monotonic() - t0:.1f}s")
     print(bin_dir)
-    if not args.no_nodes:
-        t0 = time.monotonic()
-        node_dir = binaries.ensure_node_runtime()
-        _say(f"real nodes' containerd and images ready in {time.monotonic() - t0:.1f}s")
-        print(node_dir)
+    if args.no_nodes:
+        return 0
+    reason = realnodes.why_unavailable()
+    if reason and not binaries.in_ci():
+        _say(f"real nodes unavailable, their runtime not built: {reason}")
+        return 0
+    if reason:
+        _say(f"error: CI is set and real nodes are unavailable: {reason}")
+        return 1
+    t0 = time.monotonic()
+    node_dir = binaries.ensure_node_runtime()
+    _say(f"real nodes' containerd and images ready in {time.monotonic() - t0:.1f}s")
+    print(node_dir)
     return 0
 
 
