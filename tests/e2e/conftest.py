@@ -149,12 +149,22 @@ def cluster(testenv_bin_dir: Path) -> Iterator[testenv.Cluster]:
 
 
 @pytest.fixture(scope="session")
-def real_cluster(pytestconfig: pytest.Config, testenv_bin_dir: Path) -> Iterator[testenv.Cluster]:
-    """A control plane with SESSION_REAL_NODES real nodes (kubelet, containerd, runc, kube-proxy)
-    and one kwok GPU node beside them; fails (never skips) when it cannot start."""
+def real_nodes_runtime(pytestconfig: pytest.Config, testenv_bin_dir: Path) -> Path:
+    """The real nodes' runtime dir (containerd, images); fails (never skips) when real nodes
+    were found unable to run (tests marked `real_nodes` are skipped earlier outside CI)."""
     problem = pytestconfig.stash.get(_REAL_UNAVAILABLE, None)
     if problem:
         pytest.fail(f"real nodes unavailable: {problem}", pytrace=False)
+    try:
+        return testenv.binaries.ensure_node_runtime()
+    except testenv.BinariesError as exc:
+        pytest.fail(f"real nodes unavailable: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def real_cluster(real_nodes_runtime: Path, testenv_bin_dir: Path) -> Iterator[testenv.Cluster]:
+    """A control plane with SESSION_REAL_NODES real nodes (kubelet, containerd, runc, kube-proxy)
+    and one kwok GPU node beside them; fails (never skips) when it cannot start."""
     state_dir, lock = testenv.claim_state_dir(testenv.default_state_dir(), "real-e2e")
     try:
         started = testenv.start(

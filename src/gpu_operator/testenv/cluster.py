@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import shutil
+import signal
 import ssl
 import subprocess
 import threading
@@ -427,7 +428,12 @@ class _Starter:
         )
 
     def spawn_argv(
-        self, name: str, argv: Sequence[str], log: Path, cgroups: Sequence[Path] = ()
+        self,
+        name: str,
+        argv: Sequence[str],
+        log: Path,
+        cgroups: Sequence[Path] = (),
+        death_signal: int = signal.SIGTERM,
     ) -> ProcessRecord:
         proc, record = spawn(
             name,
@@ -436,6 +442,7 @@ class _Starter:
             die_with_parent=self.die_with_parent,
             cwd=self.state_dir,
             cgroups=cgroups,
+            death_signal=death_signal,
         )
         self.popens.append(proc)
         self.records.append(record)

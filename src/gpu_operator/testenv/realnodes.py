@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 from kubernetes import client
@@ -274,7 +274,12 @@ def _init_child(pid: int) -> int | None:
     return int(children[0]) if children else None
 
 
-Spawn = Callable[[str, Sequence[str], Path, Sequence[Path]], ProcessRecord]
+class Spawn(Protocol):
+    def __call__(
+        self, name: str, argv: Sequence[str], log: Path, cgroups: Sequence[Path], death_signal: int
+    ) -> ProcessRecord: ...
+
+
 WaitFor = Callable[[str, Callable[[], bool], float], None]
 
 
@@ -310,7 +315,10 @@ def start_nodes(
         for cgroup in node_cgroups:
             _make_cgroup(cgroup)
         log = node.dir / "logs" / "init.log"
-        outer = spawn(f"{PROCESS_PREFIX}{node.name}", node_argv(env_path), log, node_cgroups)
+        # SIGKILL if the starter dies: `unshare` ignores SIGTERM while it waits for the init.
+        outer = spawn(
+            f"{PROCESS_PREFIX}{node.name}", node_argv(env_path), log, node_cgroups, signal.SIGKILL
+        )
         wait_for(
             f"{node.name} namespaces",
             lambda pid=outer.pid: (
