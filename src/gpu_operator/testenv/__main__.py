@@ -9,8 +9,6 @@ from pathlib import Path
 
 from kubernetes import client
 
-from gpu_operator.agent.simulated import available_profiles
-
 from . import binaries, nodeconfig, nodes, realnodes
 from .cluster import TestenvError, default_state_dir, load, start, stop
 from .processes import alive
@@ -47,7 +45,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if existing and existing.healthy():
         _say(f"already running at {existing.api_url} (`hack/testenv down` to recreate)")
     else:
-        gpus = nodeconfig.parse_gpus(args.real_node_gpus, available_profiles())
+        gpus = nodeconfig.parse_gpus(args.real_node_gpus, realnodes.known_gpu_profiles())
         bin_dir = binaries.ensure_binaries()
         t0 = time.monotonic()
         existing = start(

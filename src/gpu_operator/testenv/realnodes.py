@@ -81,6 +81,13 @@ def _run(*argv: str, check: bool = True, stdin: Any = None) -> subprocess.Comple
     return proc
 
 
+def known_gpu_profiles() -> list[str]:
+    """Simulated GPU profiles the agents accept: their data files (testenv sits beside the
+    agents in the layers, so it reads the files rather than importing the agent package)."""
+    folder = resources.files("gpu_operator") / "agent" / "profiles"
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
 def init_script() -> Path:
     return Path(str(resources.files("gpu_operator.testenv") / "node-init.sh"))
 

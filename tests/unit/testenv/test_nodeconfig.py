@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_operator.agent.simulated import available_profiles
+from gpu_operator.agent.simnvml.profiles import available_profiles
 from gpu_operator.testenv import binaries, nodeconfig, nodes, realnodes
 from gpu_operator.testenv.nodeconfig import NodeConfigError
 
@@ -97,6 +97,10 @@ def test_parse_gpus_names_the_option_and_the_fix(text: str, message: str) -> Non
     with pytest.raises(NodeConfigError, match=re.escape(message)) as err:
         nodeconfig.parse_gpus(text, available_profiles())
     assert "--real-node-gpus" in str(err.value)
+
+
+def test_testenv_knows_the_agents_gpu_profiles() -> None:
+    assert realnodes.known_gpu_profiles() == available_profiles()
 
 
 def test_labels_mark_real_gpu_nodes_like_kwok_ones() -> None:
