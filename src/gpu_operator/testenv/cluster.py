@@ -347,7 +347,11 @@ def stop(state_dir: Path | None = None) -> None:
     # Strays: components whose arguments mention this state dir but that state.json missed
     # (e.g. the starter was killed between spawning and writing the file).
     strays = find_strays(STRAY_NAMES, stray_markers(state_dir))
-    terminate(records, strays)
+    # etcd last: an API server that publishes its endpoint lease (real nodes) removes it on
+    # SIGTERM and would wait out the grace period for an etcd already gone.
+    etcd = [r for r in records if r.name == "etcd"]
+    terminate([r for r in records if r.name != "etcd"], strays)
+    terminate(etcd)
     if os.geteuid() == 0:
         # Cgroups, veths and the bridge of real nodes (also a crashed `up`'s, found by name).
         leftovers = realnodes.cleanup(state_dir, cluster.real if cluster else None)

@@ -264,3 +264,16 @@ def test_build_script_and_module_agree_on_versions(monkeypatch: pytest.MonkeyPat
     assert binaries.versions() == binaries._DEFAULT_VERSIONS
     assert binaries.node_image_name("shell") == "localhost/testenv/shell:1"
     assert binaries.node_dir().name == "containerd-v2.4.2_images-1"
+
+
+def test_real_nodes_unavailable_says_why_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(realnodes.os, "geteuid", lambda: 1000)
+    reason = realnodes.why_unavailable(tmp_path)
+    assert reason is not None and "root" in reason and "\n" not in reason
+    monkeypatch.setattr(realnodes.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(realnodes.shutil, "which", lambda name: None)
+    reason = realnodes.why_unavailable(tmp_path)
+    assert reason is not None and "\n" not in reason
+    assert "make packages" in reason and "runc" in reason
