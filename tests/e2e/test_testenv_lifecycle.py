@@ -198,6 +198,10 @@ def test_up_with_real_nodes_and_a_pod_then_down_leaves_nothing_behind(
             while not running():
                 assert time.monotonic() < deadline, "the pod on real-node-1 never ran"
                 time.sleep(0.2)
+        archive = real_nodes_runtime / "images" / "shell.oci.tar"
+        loaded = _cli(state_dir, testenv_bin_dir, "load-image", str(archive))
+        assert loaded.returncode == 0, loaded.stderr
+        assert "imported into real-node-0, real-node-1" in loaded.stderr
         cluster_id = testenv.nodeconfig.cluster_id(state_dir)
         pids = _pids_of(state_dir, cluster_id)
         names = {os.path.basename(cmdline(p)[0]) for p in pids if cmdline(p)}
