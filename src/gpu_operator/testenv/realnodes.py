@@ -124,7 +124,7 @@ def why_unavailable(state_dir: Path | None = None) -> str | None:
         )
     if not cluster_cgroups(state_dir or Path("/")):
         return "real nodes need cgroups mounted under /sys/fs/cgroup"
-    for path in (state_dir, binaries.cache_bin_dir()):
+    for path in (state_dir, binaries.cache_bin_dir(), binaries.node_dir()):
         if path is not None and any(p == path or p in path.parents for p in NODE_PRIVATE):
             return f"{path} is under {', '.join(map(str, NODE_PRIVATE))}, which nodes mount over"
     probe = _run("unshare", "--pid", "--fork", "--mount", "--net", "--cgroup", "true", check=False)
