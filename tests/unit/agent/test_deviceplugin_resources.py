@@ -92,7 +92,6 @@ def counts(
             {"nvidia.com/gpu": 1},
         ),
         ("a100-40gb:1", None, "", None, {"nvidia.com/gpu": 1}),
-        ("a100-40gb:0", None, "", None, {}),
     ],
 )
 def test_advertised_resources(
@@ -106,8 +105,12 @@ def test_advertised_resources(
     if mig_config == "custom-0":
         inventory = _a100_pair_with_mig_on_gpu0(simulate)
     else:
-        inventory = inventory_with(simulate, spec if spec != "a100-40gb:0" else [], mig_config)
+        inventory = inventory_with(simulate, spec, mig_config)
     assert counts(inventory, text, strategy) == expected
+
+
+def test_a_node_without_gpus_advertises_nothing() -> None:
+    assert counts(Inventory(driver_version="580.95.05", cuda_driver_version=13000)) == {}
 
 
 def _a100_pair_with_mig_on_gpu0(simulate: Simulate) -> Inventory:
