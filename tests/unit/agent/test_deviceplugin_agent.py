@@ -149,7 +149,11 @@ def test_allocate_and_preferred_allocation_over_the_socket(node: Callable[..., N
 
 
 def test_cdi_strategies_write_the_spec_containerd_reads(node: Callable[..., Node]) -> None:
-    n = node("l4:2", DEVICE_LIST_STRATEGY="cdi-cri,cdi-annotations", DEVICE_ID_STRATEGY="index")
+    n = node(
+        "l4:2",
+        "version: v1\nflags:\n  plugin:\n    deviceListStrategy: [cdi-cri, cdi-annotations]\n"
+        "    deviceIDStrategy: index\n",
+    )
     n.kubelet.wait_for_registration("nvidia.com/gpu")
     spec = (n.root / "cdi" / cdi.SPEC_FILE).read_text()
     for gpu in n.sim.gpus:
@@ -160,6 +164,8 @@ def test_cdi_strategies_write_the_spec_containerd_reads(node: Callable[..., Node
     (value,) = response.annotations.values()
     assert value == "nvidia.com/gpu=1"
     assert not response.envs  # CDI only: the runtime gets the devices from the spec
+    n.agent.apply(parse_device_plugin_config("version: v1\n"))  # back to envvar: spec removed
+    assert not (n.root / "cdi" / cdi.SPEC_FILE).exists()
 
 
 def test_two_replicas_for_one_container_are_refused_with_the_reason(

@@ -174,6 +174,8 @@ class DevicePluginAgent:
                 every = [d for found in devices.values() for d in found]
                 spec = cdi.cdi_spec(every, self._present(minors), settings.dev_root)
                 cdi.write_spec(self.paths.cdi_root, spec)
+            else:
+                cdi.remove_spec(self.paths.cdi_root)
             current = {n: s.state.advertised for n, s in self._servers.items()}
             stop, start = server_changes(current, desired)
             for name in stop:
@@ -391,16 +393,20 @@ def run_device_plugin(
     """The agent's life: pick the config, open NVML, advertise, follow the kubelet, health and
     the config label until ``stop`` is set. Returns the process exit code."""
     label: str | None = None
-    try:
-        if configs is not None and api is not None and node:
+    if configs is not None and api is not None and node:
+        try:
             label = kube.read_node(api, node).labels.get(configs.label_key) or None
+        except Exception as exc:  # no API server, no RBAC, wrong NODE_NAME: say which
+            log.error("reading node %s for its %s label: %s", node, configs.label_key, exc)
+            return 1
+    try:
         if configs is not None:
             name, config = configs.choose(label)
             log.info("device-plugin config %s", name or "(empty: defaults)")
         else:
             config = load_device_plugin_config(config_file)
         settings = plugin_settings(config, overrides)
-    except (ValueError, OSError, LookupError) as exc:
+    except (ValueError, OSError) as exc:
         log.error("device-plugin config: %s", exc)
         return 2
     nvml = Nvml()

@@ -83,3 +83,8 @@ def write_spec(directory: Path, spec: dict[str, Any]) -> Path:
     tmp.write_text(json.dumps(spec, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def remove_spec(directory: Path) -> None:
+    """When no CDI strategy is configured any more: no stale devices for the runtime."""
+    (directory / SPEC_FILE).unlink(missing_ok=True)
