@@ -392,6 +392,13 @@ def run_device_plugin(
 ) -> int:
     """The agent's life: pick the config, open NVML, advertise, follow the kubelet, health and
     the config label until ``stop`` is set. Returns the process exit code."""
+    if not paths.socket_dir.is_dir():
+        log.error(
+            "%s does not exist: mount the kubelet's device-plugin directory there "
+            "(or point --kubelet-socket at the kubelet's socket)",
+            paths.socket_dir,
+        )
+        return 1
     label: str | None = None
     if configs is not None and api is not None and node:
         try:
