@@ -305,6 +305,9 @@ def test_a_bad_config_label_is_reported_and_changes_nothing(
     assert len(n.kubelet.registrations) == registrations
     assert not n.agent.switch(label, configs, report=n.report)  # reported once, not per pass
     assert len(n.events) == 1
+    assert not n.agent.switch(None, configs, report=n.report)  # back to the label applied
+    assert not n.agent.switch(label, configs, report=n.report)  # tried again: reported again
+    assert len(n.events) == 2
 
 
 def test_server_changes_leave_unchanged_resources_alone() -> None:

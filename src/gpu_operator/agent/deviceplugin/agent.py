@@ -38,7 +38,7 @@ from gpu_operator.agent.deviceplugin.configs import (
 )
 from gpu_operator.agent.deviceplugin.resources import device_map
 from gpu_operator.agent.deviceplugin.server import Advertised, PluginServer, ResourceState
-from gpu_operator.agent.deviceplugin.settings import PluginSettings, plugin_settings
+from gpu_operator.agent.deviceplugin.settings import plugin_settings
 from gpu_operator.agent.deviceplugin.topology import read_locality
 from gpu_operator.agent.deviceplugin_config import (
     DevicePluginConfig,
@@ -149,11 +149,9 @@ class DevicePluginAgent:
         self._inventory = Inventory(driver_version="", cuda_driver_version=0)
         self._kubelet = _socket_identity(paths.kubelet_socket)
         self._label: str | None = None
-        self._failed_label: str | None = None
+        self._failed: tuple[str | None] | None = None  # the label whose switch failed
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.config = DevicePluginConfig()
-        self.settings = PluginSettings()
 
     # -- the advertised set ----------------------------------------------------------------------
     def apply(self, config: DevicePluginConfig) -> dict[str, int]:
@@ -168,7 +166,7 @@ class DevicePluginAgent:
             for name, found in devices.items()
         }
         with self._lock:
-            self._inventory, self.config, self.settings = inventory, config, settings
+            self._inventory = inventory
             if settings.cdi_enabled:
                 minors = [g.minor_number for g in inventory.gpus]
                 every = [d for found in devices.values() for d in found]
@@ -211,10 +209,6 @@ class DevicePluginAgent:
     def advertised(self) -> dict[str, Advertised]:
         with self._lock:
             return {n: s.state.advertised for n, s in self._servers.items()}
-
-    def unhealthy(self) -> dict[str, frozenset[str]]:
-        with self._lock:
-            return {n: s.state.unhealthy for n, s in self._servers.items()}
 
     # -- kubelet restarts ------------------------------------------------------------------------
     def check_kubelet(self) -> None:
@@ -290,17 +284,20 @@ class DevicePluginAgent:
     ) -> bool:
         """Apply the config the node label selects; a bad choice is reported and changes
         nothing. ``report(type, reason, message)`` records it (a Node Event)."""
-        if label == self._label or (label is not None and label == self._failed_label):
+        if label == self._label:
+            self._failed = None  # back to what is applied: a later try of a bad label reports
             return False
+        if self._failed == (label,):
+            return False  # refused already: reported once, not on every Node update
         try:
             name, config = configs.choose(label)
             counts = self.apply(config)
         except (ValueError, OSError, NvmlError) as exc:
             log.error("device-plugin config not switched: %s", exc)
-            self._failed_label = label
+            self._failed = (label,)
             report("Warning", "DevicePluginConfigFailed", str(exc))
             return False
-        self._label, self._failed_label = label, None
+        self._label, self._failed = label, None
         summary = ", ".join(f"{n}: {c}" for n, c in counts.items()) or "no devices"
         report("Normal", "DevicePluginConfigApplied", f"config {name or '(empty)'}: {summary}")
         return True
