@@ -143,9 +143,47 @@ def test_allocate_and_preferred_allocation_over_the_socket(node: Callable[..., N
         preferred = client.preferred(ids[3:], [ids[5]], 2)
         assert preferred[0] == ids[5] and len(preferred) == 2
         response = client.allocate([ids[1], ids[6]], [ids[2]])
+        started = client.stub.PreStartContainer(
+            pb.PreStartContainerRequest(devices_ids=ids[:1]), timeout=5
+        )
+        assert started == pb.PreStartContainerResponse()  # nothing to do before a container
     first, second = response.container_responses
     assert dict(first.envs) == {"NVIDIA_VISIBLE_DEVICES": f"{ids[1]},{ids[6]}"}
     assert dict(second.envs) == {"NVIDIA_VISIBLE_DEVICES": ids[2]}
+
+
+def fake_sysfs(root: Path, gpus: dict[str, tuple[int, str]]) -> None:
+    """/sys/bus/pci/devices/<address> links into /sys/devices, as Linux lays them out."""
+    links = root / "bus" / "pci" / "devices"
+    links.mkdir(parents=True)
+    for address, (numa, port) in gpus.items():
+        device = root / "devices" / "pci0000:00" / port / address
+        device.mkdir(parents=True)
+        (device / "numa_node").write_text(f"{numa}\n")
+        (links / address).symlink_to(device)
+
+
+def test_topology_reaches_the_kubelet_and_shapes_preferred_allocation(
+    node: Callable[..., Node], short_tmp: Path
+) -> None:
+    # GPUs 0 and 2 behind one root port on NUMA 0, GPUs 1 and 3 behind another on NUMA 1
+    fake_sysfs(
+        short_tmp / "sys",
+        {
+            "0000:07:00.0": (0, "0000:00:01.0"),
+            "0000:0f:00.0": (1, "0000:00:03.0"),
+            "0000:47:00.0": (0, "0000:00:01.0"),
+            "0000:4e:00.0": (1, "0000:00:03.0"),
+        },
+    )
+    n = node("a100-40gb:4")
+    n.kubelet.wait_for_registration("nvidia.com/gpu")
+    devices = n.devices("nvidia.com/gpu")
+    assert [[t.ID for t in d.topology.nodes] for d in devices] == [[0], [1], [0], [1]]
+    ids = [d.ID for d in devices]
+    with n.kubelet.client("nvidia.com/gpu") as client:
+        assert client.preferred(ids, [], 2) == [ids[0], ids[2]]
+        assert client.preferred(ids, [ids[3]], 2) == [ids[3], ids[1]]
 
 
 def test_cdi_strategies_write_the_spec_containerd_reads(node: Callable[..., Node]) -> None:
