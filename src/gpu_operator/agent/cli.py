@@ -20,6 +20,7 @@ import yaml
 # Light imports only: each command imports what it alone needs (pydantic, prometheus_client),
 # so a feature-discovery pod does not carry the exporter's or the MIG manager's memory.
 from gpu_operator.agent import discovery, kube, validate
+from gpu_operator.agent.deviceplugin.settings import ENV_NAMES as PLUGIN_ENV
 from gpu_operator.agent.deviceplugin_config import MigStrategy, load_device_plugin_config
 from gpu_operator.agent.nvml import Nvml, NvmlError
 from gpu_operator.agent.podresources import KUBELET_SOCKET
@@ -180,6 +181,53 @@ def _cmd_exporter(args: argparse.Namespace) -> int:
         metrics.stop()
         nvml.close()
     return 0
+
+
+# -- device-plugin ------------------------------------------------------------------------------
+def _cmd_device_plugin(args: argparse.Namespace) -> int:
+    import signal
+
+    from gpu_operator.agent.deviceplugin import agent as plugin
+    from gpu_operator.agent.deviceplugin.configs import ConfigSelectionError, parse_fallbacks
+    from gpu_operator.agent.deviceplugin.health import xid_policy
+
+    _setup(args)
+    node = _node_name(args)
+    configs = None
+    if args.config_dir:
+        try:
+            fallbacks = parse_fallbacks(args.fallback_strategies)
+        except ConfigSelectionError as exc:
+            log.error("%s", exc)
+            return 2
+        configs = plugin.ConfigDir(
+            Path(args.config_dir), args.default_config or None, fallbacks, args.node_label
+        )
+        if args.config_file:
+            log.info("--config-dir given: CONFIG_FILE %s is not read", args.config_file)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    return plugin.run_device_plugin(
+        stop=stop,
+        paths=plugin.Paths(
+            kubelet_socket=Path(args.kubelet_socket),
+            cdi_root=Path(args.cdi_root),
+            sysfs=Path(args.sysfs_root),
+        ),
+        overrides={env: getattr(args, env.lower()) for env in PLUGIN_ENV},
+        health_options=plugin.HealthOptions(
+            policy=xid_policy(
+                os.environ.get("DP_DISABLE_HEALTHCHECKS"), os.environ.get("DP_ENABLE_HEALTHCHECKS")
+            ),
+            recovery_s=args.xid_recovery_seconds,
+            poll_s=args.health_poll_ms / 1000.0,
+        ),
+        config_file=args.config_file,
+        configs=configs,
+        node=node,
+        api=kube.connect() if configs is not None and node else None,
+    )
 
 
 # -- validate -----------------------------------------------------------------------------------
@@ -346,6 +394,55 @@ def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
         default=os.environ.get("POD_RESOURCES_SOCKET", KUBELET_SOCKET),
     )
     p.set_defaults(func=_cmd_exporter)
+
+    p = sub.add_parser(
+        "device-plugin",
+        help="kubelet device plugin: advertise and allocate GPUs, MIG devices and replicas",
+    )
+    _add_common(p)
+    p.add_argument(
+        "--config-file",
+        default=os.environ.get("CONFIG_FILE") or None,
+        help="NVIDIA device-plugin config, version v1 (env CONFIG_FILE)",
+    )
+    p.add_argument(
+        "--config-dir",
+        default=os.environ.get("CONFIG_FILE_SRCDIR") or None,
+        help="directory of named configs; the node label picks one (env CONFIG_FILE_SRCDIR)",
+    )
+    p.add_argument("--default-config", default=os.environ.get("DEFAULT_CONFIG") or None)
+    p.add_argument(
+        "--fallback-strategies",
+        default=os.environ.get("FALLBACK_STRATEGIES") or "named,single",
+        help="without label or default: named, single and/or empty (env FALLBACK_STRATEGIES)",
+    )
+    p.add_argument(
+        "--node-label", default=os.environ.get("NODE_LABEL") or "nvidia.com/device-plugin.config"
+    )
+    p.add_argument("--node-name", default=None, help="default: env NODE_NAME")
+    for env in PLUGIN_ENV:
+        p.add_argument(
+            "--" + env.lower().replace("_", "-"),
+            dest=env.lower(),
+            default=os.environ.get(env),
+            help=f"overrides the config file (env {env})",
+        )
+    p.add_argument(
+        "--kubelet-socket",
+        default=os.environ.get("KUBELET_SOCKET") or "/var/lib/kubelet/device-plugins/kubelet.sock",
+        help="plugin sockets go next to it (env KUBELET_SOCKET)",
+    )
+    p.add_argument("--cdi-root", default=os.environ.get("CDI_ROOT") or "/var/run/cdi")
+    p.add_argument("--sysfs-root", default="/sys", help="for NUMA nodes and PCIe roots")
+    p.add_argument(
+        "--xid-recovery-seconds",
+        type=float,
+        default=float(os.environ.get("DP_XID_RECOVERY_SECONDS") or 300),
+        help="a GPU quiet this long after an XID, answering NVML, is healthy again; 0: never "
+        "(env DP_XID_RECOVERY_SECONDS)",
+    )
+    p.add_argument("--health-poll-ms", type=int, default=500)
+    p.set_defaults(func=_cmd_device_plugin)
 
     p = sub.add_parser("validate", help="validate driver, toolkit, CUDA and device plugin")
     _add_common(p)

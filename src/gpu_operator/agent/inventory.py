@@ -163,6 +163,17 @@ class GpuMetrics:
 
 
 @dataclass(frozen=True)
+class XidEvent:
+    """An XID critical error NVML reported; ``gi_id``/``ci_id`` name a MIG device, ``None``
+    the whole GPU."""
+
+    gpu_index: int
+    xid: int
+    gi_id: int | None = None
+    ci_id: int | None = None
+
+
+@dataclass(frozen=True)
 class MigMetrics:
     """What NVML reports per MIG device (framebuffer only: utilisation needs DCGM)."""
 

@@ -12,7 +12,7 @@ import ctypes
 import logging
 import subprocess
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
@@ -29,6 +29,7 @@ from gpu_operator.agent.inventory import (
     MigMetrics,
     MigProfile,
     Placement,
+    XidEvent,
 )
 
 log = logging.getLogger(__name__)
@@ -591,35 +592,69 @@ class Nvml:
 
     def _poll_xids(self, inventory: Inventory) -> None:
         """Drain pending XID events without blocking; remember the last one per GPU."""
-        if self._events is None:
-            events = _optional(pynvml.nvmlEventSetCreate)
-            if events is None:
-                return
-            registered = 0
-            for gpu in inventory.gpus:
-                try:
-                    _call(
-                        pynvml.nvmlDeviceRegisterEvents,
-                        self._device(gpu.index),
-                        pynvml.nvmlEventTypeXidCriticalError,
-                        events,
-                    )
-                    registered += 1
-                except NvmlError:
-                    continue
-            if not registered:
-                _optional(pynvml.nvmlEventSetFree, events)
-                return
-            self._events = events
+        for event in self._drain_xids([gpu.index for gpu in inventory.gpus], 0):
+            self._last_xid[event.gpu_index] = event.xid
+
+    def xid_events(self, gpu_indexes: Sequence[int], timeout_ms: int = 0) -> list[XidEvent]:
+        """The XID critical errors of these GPUs since the last call, waiting up to
+        ``timeout_ms`` for the first; empty when none came or the GPUs cannot report events.
+        Holds the NVML lock while it waits: keep ``timeout_ms`` short."""
+        with self._session():
+            return self._drain_xids(gpu_indexes, timeout_ms)
+
+    def _drain_xids(self, gpu_indexes: Sequence[int], timeout_ms: int) -> list[XidEvent]:
+        if not self._event_set(gpu_indexes):
+            return []
+        found: list[XidEvent] = []
+        wait = timeout_ms
         while True:
             try:
-                data = _call(pynvml.nvmlEventSetWait, self._events, 0)
+                data = _call(pynvml.nvmlEventSetWait, self._events, wait)
             except NvmlError:
-                return  # NVML_ERROR_TIMEOUT: nothing pending
-            if data.eventType & pynvml.nvmlEventTypeXidCriticalError:
-                index = _optional(pynvml.nvmlDeviceGetIndex, data.device)
-                if index is not None:
-                    self._last_xid[int(index)] = int(data.eventData)
+                return found  # NVML_ERROR_TIMEOUT: nothing (more) pending
+            wait = 0
+            if not data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+                continue
+            index = _optional(pynvml.nvmlDeviceGetIndex, data.device)
+            if index is None:
+                continue
+            gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
+            found.append(
+                XidEvent(
+                    gpu_index=int(index),
+                    xid=int(data.eventData),
+                    gi_id=None if gi == _WHOLE_GPU else gi,
+                    ci_id=None if ci == _WHOLE_GPU else ci,
+                )
+            )
+
+    def _event_set(self, gpu_indexes: Sequence[int]) -> bool:
+        """Create the XID event set on first use; False when no GPU can report events."""
+        if self._events is not None:
+            return True
+        events = _optional(pynvml.nvmlEventSetCreate)
+        if events is None:
+            return False
+        registered = 0
+        for index in gpu_indexes:
+            try:
+                _call(
+                    pynvml.nvmlDeviceRegisterEvents,
+                    self._device(index),
+                    pynvml.nvmlEventTypeXidCriticalError,
+                    events,
+                )
+                registered += 1
+            except NvmlError:
+                continue
+        if not registered:
+            _optional(pynvml.nvmlEventSetFree, events)
+            return False
+        self._events = events
+        return True
+
+
+_WHOLE_GPU = 0xFFFFFFFF  # NVML's GPU/compute instance id of an event about the whole GPU
 
 
 def _f(value: float | None) -> float | None:

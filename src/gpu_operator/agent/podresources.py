@@ -1,16 +1,16 @@
 """The kubelet PodResources API (``v1.PodResourcesLister/List``): which pod holds which GPU.
 
-The few protobuf messages involved are encoded and decoded here by hand (the wire format is
-small: varints and length-delimited fields), so no generated code or protobuf runtime is
-needed; grpcio carries the bytes. Unknown fields are skipped, as protobuf requires.
-A tiny server (:class:`PodResourcesServer`) serves the same API on a unix socket for tests.
+Spoken with the generated ``podresources.v1`` code (:mod:`gpu_operator.kubelet_api`), imported
+on first use so agents that never ask the kubelet do not load protobuf. The messages become
+plain data here (:class:`PodResources`); attribution is a pure function of that data. A tiny
+server (:class:`PodResourcesServer`) serves the same API on a unix socket for tests and demos.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -19,8 +19,6 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-SERVICE = "v1.PodResourcesLister"
-LIST_METHOD = f"/{SERVICE}/List"
 
 
 @dataclass(frozen=True)
@@ -49,117 +47,54 @@ class Attribution:
     container: str
 
 
-# -- protobuf wire format ------------------------------------------------------------------------
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+# -- the generated messages <-> plain data --------------------------------------------------------
+def list_response(pods: Iterable[PodResources]) -> Any:
+    """The ``ListPodResourcesResponse`` message for these pods."""
+    from gpu_operator.kubelet_api.podresources.v1 import api_pb2 as pb
+
+    return pb.ListPodResourcesResponse(
+        pod_resources=[
+            pb.PodResources(
+                name=pod.name,
+                namespace=pod.namespace,
+                containers=[
+                    pb.ContainerResources(
+                        name=container.name,
+                        devices=[
+                            pb.ContainerDevices(
+                                resource_name=d.resource_name, device_ids=list(d.device_ids)
+                            )
+                            for d in container.devices
+                        ],
+                    )
+                    for container in pod.containers
+                ],
+            )
+            for pod in pods
+        ]
+    )
 
 
-def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(data):
-            raise ValueError("truncated varint")
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")
-
-
-def _fields(data: bytes) -> Iterator[tuple[int, bytes]]:
-    """(field number, payload) of each length-delimited field; other wire types skipped."""
-    pos = 0
-    while pos < len(data):
-        key, pos = _read_varint(data, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            _, pos = _read_varint(data, pos)
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        elif wire == 2:
-            length, pos = _read_varint(data, pos)
-            if pos + length > len(data):
-                raise ValueError("truncated field")
-            yield number, data[pos : pos + length]
-            pos += length
-        else:
-            raise ValueError(f"unsupported wire type {wire}")
-    if pos != len(data):
-        raise ValueError("truncated message")
-
-
-def encode_list_request() -> bytes:
-    return b""  # ListPodResourcesRequest has no fields
-
-
-def encode_list_response(pods: Iterable[PodResources]) -> bytes:
-    out = bytearray()
-    for pod in pods:
-        body = _field(1, pod.name.encode()) + _field(2, pod.namespace.encode())
-        for container in pod.containers:
-            cbody = _field(1, container.name.encode())
-            for devices in container.devices:
-                dbody = _field(1, devices.resource_name.encode())
-                for device_id in devices.device_ids:
-                    dbody += _field(2, device_id.encode())
-                cbody += _field(2, dbody)
-            body += _field(3, cbody)
-        out += _field(1, body)
-    return bytes(out)
-
-
-def _decode_devices(data: bytes) -> ContainerDevices:
-    name, ids = "", []
-    for number, payload in _fields(data):
-        if number == 1:
-            name = payload.decode()
-        elif number == 2:
-            ids.append(payload.decode())
-    return ContainerDevices(name, tuple(ids))
-
-
-def _decode_container(data: bytes) -> ContainerResources:
-    name, devices = "", []
-    for number, payload in _fields(data):
-        if number == 1:
-            name = payload.decode()
-        elif number == 2:
-            devices.append(_decode_devices(payload))
-    return ContainerResources(name, tuple(devices))
-
-
-def _decode_pod(data: bytes) -> PodResources:
-    name = namespace = ""
-    containers = []
-    for number, payload in _fields(data):
-        if number == 1:
-            name = payload.decode()
-        elif number == 2:
-            namespace = payload.decode()
-        elif number == 3:
-            containers.append(_decode_container(payload))
-    return PodResources(name, namespace, tuple(containers))
-
-
-def decode_list_response(data: bytes) -> list[PodResources]:
-    return [_decode_pod(payload) for number, payload in _fields(data) if number == 1]
+def pods_from(response: Any) -> list[PodResources]:
+    """Plain data from a ``ListPodResourcesResponse``; CPUs, memory and DRA claims are not
+    needed for GPU attribution and are left out."""
+    return [
+        PodResources(
+            pod.name,
+            pod.namespace,
+            tuple(
+                ContainerResources(
+                    container.name,
+                    tuple(
+                        ContainerDevices(d.resource_name, tuple(d.device_ids))
+                        for d in container.devices
+                    ),
+                )
+                for container in pod.containers
+            ),
+        )
+        for pod in response.pod_resources
+    ]
 
 
 # -- attribution (pure) --------------------------------------------------------------------------
@@ -190,14 +125,12 @@ def list_pod_resources(
     """Ask the kubelet which devices each container holds."""
     import grpc
 
+    from gpu_operator.kubelet_api.podresources.v1 import api_pb2 as pb
+    from gpu_operator.kubelet_api.podresources.v1 import api_pb2_grpc as pb_grpc
+
     with grpc.insecure_channel(f"unix://{socket_path}") as channel:
-        call = channel.unary_unary(
-            LIST_METHOD,
-            request_serializer=lambda _req: encode_list_request(),
-            response_deserializer=decode_list_response,
-        )
-        result: list[PodResources] = call(None, timeout=timeout_s)
-        return result
+        stub = pb_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
+        return pods_from(stub.List(pb.ListPodResourcesRequest(), timeout=timeout_s))
 
 
 @dataclass
@@ -211,23 +144,18 @@ class PodResourcesServer:
     def start(self) -> PodResourcesServer:
         import grpc
 
-        def list_handler(_request: bytes, _context: Any) -> list[PodResources]:
-            return self.pods
+        from gpu_operator.kubelet_api.podresources.v1 import api_pb2_grpc as pb_grpc
 
-        handler = grpc.method_handlers_generic_handler(
-            SERVICE,
-            {
-                "List": grpc.unary_unary_rpc_method_handler(
-                    list_handler,
-                    request_deserializer=lambda data: data,
-                    response_serializer=encode_list_response,
-                )
-            },
-        )
+        served = self
+
+        class Lister(pb_grpc.PodResourcesListerServicer):
+            def List(self, request: Any, context: Any) -> Any:
+                return list_response(served.pods)
+
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        server.add_generic_rpc_handlers((handler,))
+        pb_grpc.add_PodResourcesListerServicer_to_server(Lister(), server)  # type: ignore[no-untyped-call]
         server.add_insecure_port(f"unix://{self.socket_path}")
         server.start()
         self._server = server

@@ -23,12 +23,10 @@ from gpu_operator.agent.podresources import (
     ContainerResources,
     PodResources,
     PodResourcesServer,
-    _field,
-    _varint,
     attributions,
-    decode_list_response,
-    encode_list_response,
     list_pod_resources,
+    list_response,
+    pods_from,
 )
 
 from .conftest import COUNTERS_CSV, MIG_CONFIGMAP, Simulate
@@ -177,7 +175,9 @@ def test_mig_devices_get_their_own_framebuffer_samples(simulate: Simulate) -> No
     assert all("GPU_I_ID" not in s.labels for s in temps)
 
 
-def test_podresources_wire_format_round_trips_and_skips_unknown_fields() -> None:
+def test_podresources_messages_round_trip_and_newer_fields_are_ignored() -> None:
+    from gpu_operator.kubelet_api.podresources.v1 import api_pb2 as pb
+
     pods = [
         PodResources(
             "train-0",
@@ -194,12 +194,20 @@ def test_podresources_wire_format_round_trips_and_skips_unknown_fields() -> None
         ),
         PodResources("idle", "default"),
     ]
-    data = encode_list_response(pods)
-    assert decode_list_response(data) == pods
-    # a newer kubelet adds fields (cpu_ids = 3 as packed varints, memory = 4): they are skipped
-    container = _field(1, b"c") + _field(3, _varint(4) + _varint(5)) + bytes([0x20, 0x07])
-    pod = _field(1, b"p") + _field(2, b"ns") + _field(3, container)
-    assert decode_list_response(_field(1, pod)) == [
+    wire = list_response(pods).SerializeToString()
+    assert pods_from(pb.ListPodResourcesResponse.FromString(wire)) == pods
+    # what a kubelet with CPU, memory and DRA managers adds is not part of the attribution
+    container = pb.ContainerResources(
+        name="c",
+        cpu_ids=[4, 5],
+        memory=[pb.ContainerMemory(memory_type="memory", size=7)],
+        dynamic_resources=[pb.DynamicResource(claim_name="claim")],
+    )
+    newer = pb.ListPodResourcesResponse(
+        pod_resources=[pb.PodResources(name="p", namespace="ns", containers=[container])]
+    )
+    wire = newer.SerializeToString()
+    assert pods_from(pb.ListPodResourcesResponse.FromString(wire)) == [
         PodResources("p", "ns", (ContainerResources("c"),))
     ]
 

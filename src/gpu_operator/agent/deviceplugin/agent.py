@@ -1,0 +1,446 @@
+"""The device-plugin agent: the imperative shell around the pure device map and allocation.
+
+It keeps one :class:`PluginServer` per advertised resource and three loops running:
+
+- the kubelet watch: the kubelet deletes plugin sockets and recreates ``kubelet.sock`` when it
+  restarts; when the socket's identity changes (or a plugin socket vanished) the servers are
+  restarted and registered again. Polled (1 s), as the standard library has no inotify.
+- the health watch: XID events from NVML become faults (see :mod:`health` for the rule) and
+  ListAndWatch streams send the new health; quiet faults on GPUs that answer NVML clear.
+- the config watch (with a config directory and a Node to watch): the node label
+  ``nvidia.com/device-plugin.config`` picks the config; a change switches without a restart.
+
+:meth:`DevicePluginAgent.apply` is the one way the advertised set changes: it computes the
+whole desired set first (any error leaves everything as it was), then stops the servers whose
+resource went away or changed and starts and registers the new ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+
+from gpu_operator.agent import kube
+from gpu_operator.agent.deviceplugin import cdi, health
+from gpu_operator.agent.deviceplugin.configs import (
+    CONFIG_LABEL,
+    DEFAULT_FALLBACKS,
+    available_configs,
+    select_config,
+)
+from gpu_operator.agent.deviceplugin.resources import device_map
+from gpu_operator.agent.deviceplugin.server import Advertised, PluginServer, ResourceState
+from gpu_operator.agent.deviceplugin.settings import plugin_settings
+from gpu_operator.agent.deviceplugin.topology import read_locality
+from gpu_operator.agent.deviceplugin_config import (
+    DevicePluginConfig,
+    load_device_plugin_config,
+    parse_device_plugin_config,
+)
+from gpu_operator.agent.inventory import Inventory
+from gpu_operator.agent.nvml import Nvml, NvmlError
+
+if TYPE_CHECKING:
+    from gpu_operator.kube import Kube
+
+log = logging.getLogger(__name__)
+
+KUBELET_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
+CDI_ROOT = Path("/var/run/cdi")
+EVENT_COMPONENT = "nvidia-device-plugin"
+
+
+@dataclass(frozen=True)
+class Paths:
+    kubelet_socket: Path = KUBELET_SOCKET
+    cdi_root: Path = CDI_ROOT
+    sysfs: Path = Path("/sys")
+
+    @property
+    def socket_dir(self) -> Path:
+        return self.kubelet_socket.parent
+
+
+@dataclass(frozen=True)
+class HealthOptions:
+    policy: health.XidPolicy = field(default_factory=health.XidPolicy)
+    recovery_s: float = health.DEFAULT_RECOVERY_S
+    poll_s: float = 0.5  # also the longest NVML is asked to wait for an event
+
+
+@dataclass(frozen=True)
+class ConfigDir:
+    """A directory of named configs (NVIDIA's config-manager inputs)."""
+
+    directory: Path
+    default: str | None = None
+    fallbacks: tuple[str, ...] = DEFAULT_FALLBACKS
+    label_key: str = CONFIG_LABEL
+
+    def choose(self, label: str | None) -> tuple[str | None, DevicePluginConfig]:
+        """The selected name and its parsed config; raises ConfigSelectionError,
+        DevicePluginConfigError (the message names the file) or OSError."""
+        available = available_configs(self.directory)
+        name = select_config(
+            label, available, self.default, self.fallbacks, label_key=self.label_key
+        )
+        if name is None:
+            return None, DevicePluginConfig()
+        text = (self.directory / name).read_text()
+        try:
+            return name, parse_device_plugin_config(text)
+        except ValueError as exc:
+            raise type(exc)(f"config {name!r}: {exc}") from exc
+
+
+def server_changes(
+    current: Mapping[str, Advertised], desired: Mapping[str, Advertised]
+) -> tuple[list[str], list[str]]:
+    """(resources to stop, resources to start): unchanged ones are left serving."""
+    stop = [n for n, a in current.items() if desired.get(n) != a]
+    start = [n for n, a in desired.items() if current.get(n) != a]
+    return sorted(stop), sorted(start)
+
+
+def _socket_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_ctime_ns
+
+
+def present_nodes(minors: list[int]) -> frozenset[str]:
+    """Which NVIDIA device nodes exist (as this container sees /dev, like NVIDIA's plugin)."""
+    paths = [*cdi.CONTROL_NODES, *(f"/dev/nvidia{m}" for m in minors)]
+    return frozenset(p for p in paths if os.path.exists(p))
+
+
+class DevicePluginAgent:
+    def __init__(
+        self,
+        nvml: Nvml,
+        *,
+        paths: Paths = Paths(),
+        overrides: Mapping[str, str | None] | None = None,
+        health_options: HealthOptions = HealthOptions(),
+        kubelet_poll_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        present: Callable[[list[int]], frozenset[str]] = present_nodes,
+    ) -> None:
+        self.nvml = nvml
+        self.paths = paths
+        self.overrides = dict(overrides or {})
+        self.health_options = health_options
+        self.kubelet_poll_s = kubelet_poll_s
+        self.clock = clock
+        self._present = present
+        self._lock = threading.RLock()
+        self._servers: dict[str, PluginServer] = {}
+        self._faults: dict[health.FaultKey, health.Fault] = {}
+        self._inventory = Inventory(driver_version="", cuda_driver_version=0)
+        self._kubelet = _socket_identity(paths.kubelet_socket)
+        self._label: str | None = None
+        self._failed: tuple[str | None] | None = None  # the label whose switch failed
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # -- the advertised set ----------------------------------------------------------------------
+    def apply(self, config: DevicePluginConfig) -> dict[str, int]:
+        """Advertise what ``config`` makes of the node's GPUs; returns resource -> count.
+        Raises DevicePluginConfigError or ResourceError, and then nothing changed."""
+        settings = plugin_settings(config, self.overrides)
+        inventory = self.nvml.inventory()
+        devices = device_map(inventory, config, settings.mig_strategy)
+        locality = {g.uuid: read_locality(g.pci_bus_id, self.paths.sysfs) for g in inventory.gpus}
+        desired = {
+            name: Advertised(name, found, settings, config.sharing, locality)
+            for name, found in devices.items()
+        }
+        with self._lock:
+            self._inventory = inventory
+            if settings.cdi_enabled:
+                minors = [g.minor_number for g in inventory.gpus]
+                every = [d for found in devices.values() for d in found]
+                spec = cdi.cdi_spec(every, self._present(minors), settings.dev_root)
+                cdi.write_spec(self.paths.cdi_root, spec)
+            else:
+                cdi.remove_spec(self.paths.cdi_root)
+            current = {n: s.state.advertised for n, s in self._servers.items()}
+            stop, start = server_changes(current, desired)
+            for name in stop:
+                self._servers.pop(name).stop()
+            for name in start:
+                self._servers[name] = self._serve(desired[name])
+        if stop or start:
+            log.info(
+                "advertising %s",
+                ", ".join(f"{n}: {len(d)}" for n, d in devices.items()) or "nothing",
+            )
+        return {name: len(found) for name, found in devices.items()}
+
+    def _serve(self, advertised: Advertised) -> PluginServer:
+        unhealthy = health.unhealthy_ids(advertised.devices, self._faults)
+        minors = [g.minor_number for g in self._inventory.gpus]
+        server = PluginServer(
+            ResourceState(advertised, unhealthy),
+            self.paths.socket_dir,
+            lambda: self._present(minors),
+        ).start()
+        self._register(server)
+        return server
+
+    def _register(self, server: PluginServer) -> None:
+        if not self.paths.kubelet_socket.exists():
+            return
+        try:
+            server.register(self.paths.kubelet_socket)
+        except grpc.RpcError as exc:
+            log.warning("registering %s with the kubelet failed: %s", server.resource, exc)
+
+    def advertised(self) -> dict[str, Advertised]:
+        with self._lock:
+            return {n: s.state.advertised for n, s in self._servers.items()}
+
+    # -- kubelet restarts ------------------------------------------------------------------------
+    def check_kubelet(self) -> None:
+        """Restart servers whose socket vanished, or all of them when the kubelet restarted,
+        and register every server the kubelet does not know yet."""
+        identity = _socket_identity(self.paths.kubelet_socket)
+        with self._lock:
+            restarted = identity is not None and identity != self._kubelet
+            self._kubelet = identity
+            if restarted:
+                log.info(
+                    "kubelet socket %s (re)created: registering again", self.paths.kubelet_socket
+                )
+            for name, server in list(self._servers.items()):
+                if restarted or not server.serving:
+                    advertised, unhealthy = server.state.advertised, server.state.unhealthy
+                    server.stop()
+                    server = PluginServer(
+                        ResourceState(advertised, unhealthy), self.paths.socket_dir, server.present
+                    ).start()
+                    self._servers[name] = server
+                if identity is not None and not server.registered:
+                    self._register(server)
+
+    # -- health ----------------------------------------------------------------------------------
+    def check_health(self) -> None:
+        """One pass: wait briefly for XIDs, record those that count, clear recovered faults."""
+        options = self.health_options
+        with self._lock:
+            gpus = {g.index: g.uuid for g in self._inventory.gpus}
+        events = []
+        if options.policy.watches and gpus:
+            events = self.nvml.xid_events(sorted(gpus), int(options.poll_s * 1000))
+        now = self.clock()
+        with self._lock:
+            faults = dict(self._faults)
+            for event in events:
+                gpu_uuid = gpus.get(event.gpu_index)
+                if gpu_uuid is None:
+                    continue
+                if not options.policy.counts(event.xid):
+                    log.info("XID %d on GPU %d ignored for health", event.xid, event.gpu_index)
+                    continue
+                log.warning("XID %d on GPU %d: marking it unhealthy", event.xid, event.gpu_index)
+                key = health.fault_key(gpu_uuid, event.gi_id, event.ci_id)
+                faults = health.record(faults, key, event.xid, now)
+            for key in health.due_for_probe(faults, now, options.recovery_s):
+                if self._answers(key[0], gpus):
+                    log.info(
+                        "GPU %s: no XID for %.0f s and NVML answers: healthy",
+                        key[0],
+                        options.recovery_s,
+                    )
+                    del faults[key]
+            if faults != self._faults:
+                self._faults = faults
+                for server in self._servers.values():
+                    devices = server.state.advertised.devices
+                    server.state.set_unhealthy(health.unhealthy_ids(devices, faults))
+
+    def _answers(self, gpu_uuid: str, gpus: Mapping[int, str]) -> bool:
+        index = next((i for i, u in gpus.items() if u == gpu_uuid), None)
+        if index is None:
+            return False
+        try:
+            return self.nvml.gpu(index).uuid == gpu_uuid
+        except NvmlError:
+            return False
+
+    # -- config switching ------------------------------------------------------------------------
+    def switch(
+        self, label: str | None, configs: ConfigDir, *, report: Callable[[str, str, str], None]
+    ) -> bool:
+        """Apply the config the node label selects; a bad choice is reported and changes
+        nothing. ``report(type, reason, message)`` records it (a Node Event)."""
+        if label == self._label:
+            self._failed = None  # back to what is applied: a later try of a bad label reports
+            return False
+        if self._failed == (label,):
+            return False  # refused already: reported once, not on every Node update
+        try:
+            name, config = configs.choose(label)
+            counts = self.apply(config)
+        except (ValueError, OSError, NvmlError) as exc:
+            log.error("device-plugin config not switched: %s", exc)
+            self._failed = (label,)
+            report("Warning", "DevicePluginConfigFailed", str(exc))
+            return False
+        self._label, self._failed = label, None
+        summary = ", ".join(f"{n}: {c}" for n, c in counts.items()) or "no devices"
+        report("Normal", "DevicePluginConfigApplied", f"config {name or '(empty)'}: {summary}")
+        return True
+
+    def watch_config_label(
+        self,
+        api: Kube,
+        node: str,
+        configs: ConfigDir,
+        *,
+        resync_s: int = 300,
+        retry_s: float = 5.0,
+    ) -> None:
+        """Follow the node's config label until :meth:`stop` (runs in its own thread)."""
+
+        def report(etype: str, reason: str, message: str) -> None:
+            kube.record_node_event(api, node, etype, reason, message, component=EVENT_COMPONENT)
+
+        while not self._stop.is_set():
+            try:
+                view = kube.read_node(api, node)
+            except Exception as exc:  # API hiccups: log, back off, retry
+                log.warning("reading node %s failed: %s", node, exc)
+                self._stop.wait(retry_s)
+                continue
+            self.switch(view.labels.get(configs.label_key) or None, configs, report=report)
+            if not kube.wait_for_node_change(api, node, view.resource_version, resync_s):
+                self._stop.wait(retry_s)
+
+    def adopt_label(self, label: str | None) -> None:
+        """The label the start-up config was chosen by (a switch to it is then a no-op)."""
+        self._label = label
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def _loop(self, step: Callable[[], None], interval_s: float, what: str) -> None:
+        while not self._stop.is_set():
+            started = self.clock()
+            try:
+                step()
+            except Exception:
+                log.exception("%s failed", what)
+            self._stop.wait(max(0.0, interval_s - (self.clock() - started)))
+
+    def start(self, *, watch: Callable[[], None] | None = None) -> DevicePluginAgent:
+        """Run the kubelet and health loops (and ``watch``, e.g. the config label) in threads."""
+        loops: list[tuple[str, Callable[[], None]]] = [
+            (
+                "kubelet watch",
+                lambda: self._loop(self.check_kubelet, self.kubelet_poll_s, "kubelet check"),
+            ),
+            (
+                "health watch",
+                lambda: self._loop(self.check_health, self.health_options.poll_s, "health check"),
+            ),
+        ]
+        if watch is not None:
+            loops.append(("config watch", watch))
+        for name, target in loops:
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            if thread.name != "config watch":  # may sit in a watch until its timeout; daemon
+                thread.join(timeout=10)
+        with self._lock:
+            for server in self._servers.values():
+                server.stop()
+            self._servers.clear()
+
+    @property
+    def stopping(self) -> threading.Event:
+        return self._stop
+
+
+def run_device_plugin(
+    *,
+    stop: threading.Event,
+    paths: Paths = Paths(),
+    overrides: Mapping[str, str | None] | None = None,
+    health_options: HealthOptions = HealthOptions(),
+    config_file: str | None = None,
+    configs: ConfigDir | None = None,
+    node: str | None = None,
+    api: Kube | None = None,
+) -> int:
+    """The agent's life: pick the config, open NVML, advertise, follow the kubelet, health and
+    the config label until ``stop`` is set. Returns the process exit code."""
+    if not paths.socket_dir.is_dir():
+        log.error(
+            "%s does not exist: mount the kubelet's device-plugin directory there "
+            "(or point --kubelet-socket at the kubelet's socket)",
+            paths.socket_dir,
+        )
+        return 1
+    label: str | None = None
+    if configs is not None and api is not None and node:
+        try:
+            label = kube.read_node(api, node).labels.get(configs.label_key) or None
+        except Exception as exc:  # no API server, no RBAC, wrong NODE_NAME: say which
+            log.error("reading node %s for its %s label: %s", node, configs.label_key, exc)
+            return 1
+    try:
+        if configs is not None:
+            name, config = configs.choose(label)
+            log.info("device-plugin config %s", name or "(empty: defaults)")
+        else:
+            config = load_device_plugin_config(config_file)
+        settings = plugin_settings(config, overrides)
+    except (ValueError, OSError) as exc:
+        log.error("device-plugin config: %s", exc)
+        return 2
+    nvml = Nvml()
+    try:
+        nvml.open()
+    except NvmlError as exc:
+        if settings.fail_on_init_error:
+            log.error("%s (failOnInitError is true: exiting)", exc)
+            return 1
+        log.warning("%s; advertising no devices (failOnInitError is false)", exc)
+        stop.wait()
+        return 0
+    agent = DevicePluginAgent(nvml, paths=paths, overrides=overrides, health_options=health_options)
+    try:
+        try:
+            agent.apply(config)
+        except ValueError as exc:
+            log.error("%s", exc)
+            return 1
+        agent.adopt_label(label)
+        watch = None
+        if configs is not None and api is not None and node:
+            watch_api, watch_node, watch_configs = api, node, configs
+
+            def watch() -> None:
+                agent.watch_config_label(watch_api, watch_node, watch_configs)
+
+        agent.start(watch=watch)
+        stop.wait()
+        return 0
+    finally:
+        agent.stop()
+        nvml.close()
