@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok from their Go
-# modules into a versioned cache directory outside the repository. Idempotent: a binary that is
+# Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and helm from their
+# Go modules into a versioned cache directory outside the repository. Idempotent: a binary that is
 # already cached is not rebuilt. Prints the bin directory on its last line.
 set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-v1.34.4}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 KWOK_VERSION=${KWOK_VERSION:-v0.7.0}
+HELM_VERSION=${HELM_VERSION:-v3.22.0}
 CACHE_ROOT=${TESTENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-operator-testenv}
 KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}"
 BIN="$CACHE_ROOT/$KEY/bin"
@@ -93,11 +94,33 @@ build_kwok() {
   GOBIN="$BIN" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
 }
 
+# helm is not part of the cache key (a new helm must not rebuild the control plane): a cached
+# binary of another version is rebuilt. Its default Kubernetes version (`helm template`, `lint`
+# and a chart's kubeVersion check) is set from the client-go it is built with, as helm's own
+# release build does.
+build_helm() {
+  if [ -x "$BIN/helm" ] && [ "$("$BIN/helm" version --template '{{.Version}}' 2>/dev/null)" = "$HELM_VERSION" ]; then
+    return
+  fi
+  local start=$SECONDS gomod kube minor
+  log "building helm $HELM_VERSION"
+  gomod=$(go mod download -json "helm.sh/helm/v3@$HELM_VERSION" | awk -F'"' '/"GoMod"/{print $4}')
+  kube=$(awk '$1 == "k8s.io/client-go" {print $2}' "$gomod")
+  minor=$(echo "$kube" | cut -d. -f2)
+  GOBIN="$BIN" go install -trimpath -ldflags "-s -w \
+    -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION \
+    -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$minor \
+    -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$minor" \
+    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  log "built helm $HELM_VERSION (Kubernetes 1.$minor defaults) in $((SECONDS - start))s"
+}
+
 case "${1:-all}" in
-  all) build_etcd; build_kwok; build_k8s ;;
+  all) build_etcd; build_kwok; build_helm; build_k8s ;;
   etcd) build_etcd ;;
   kwok) build_kwok ;;
+  helm) build_helm ;;
   kubernetes) build_k8s ;;
-  *) echo "usage: $0 [all|etcd|kwok|kubernetes]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|etcd|kwok|helm|kubernetes]" >&2; exit 2 ;;
 esac
 echo "$BIN"

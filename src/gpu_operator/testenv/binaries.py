@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import IO
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+# Built into the same bin dir (hack/build-components.sh) but never run as part of a cluster.
+TOOLS = ("helm",)
 
 # Fallbacks for when the package runs outside a checkout; keep in step with the script.
 _DEFAULT_VERSIONS = {"K8S_VERSION": "v1.34.4", "ETCD_VERSION": "v3.6.16", "KWOK_VERSION": "v0.7.0"}
@@ -66,7 +68,7 @@ def cache_bin_dir() -> Path:
 
 
 def missing(bin_dir: Path) -> list[str]:
-    return [c for c in COMPONENTS if not os.access(bin_dir / c, os.X_OK)]
+    return [c for c in (*COMPONENTS, *TOOLS) if not os.access(bin_dir / c, os.X_OK)]
 
 
 def cached_bin_dir() -> Path | None:
