@@ -30,7 +30,16 @@ class CliError(Exception):
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
-    sys.stdout.write(dump_yaml([clusterpolicy_crd()]))
+    if not args.apply:
+        sys.stdout.write(dump_yaml([clusterpolicy_crd()]))
+        return 0
+    from gpu_operator.controller.crd_install import ensure_crd
+    from gpu_operator.kube import connect
+
+    applied = ensure_crd(connect(args.kubeconfig))
+    sys.stdout.write(
+        "applied the ClusterPolicy CRD\n" if applied else "the ClusterPolicy CRD is current\n"
+    )
     return 0
 
 
@@ -158,7 +167,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu-operator", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     add_agent_commands(sub)
-    crd = sub.add_parser("crd", help="print the ClusterPolicy CustomResourceDefinition")
+    crd = sub.add_parser(
+        "crd",
+        help="print the ClusterPolicy CustomResourceDefinition, or apply it",
+        description="Print the CRD; with --apply, install or upgrade it in the cluster as the "
+        "operator does at start-up (a newer CRD there is left alone).",
+    )
+    crd.add_argument("--apply", action="store_true", help="install or upgrade it in the cluster")
+    crd.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, else KUBECONFIG)")
     crd.set_defaults(func=_cmd_crd)
     add_install_commands(sub)
 

@@ -34,14 +34,10 @@ class Rule:
         return rule
 
 
-CLUSTER_RULES: tuple[Rule, ...] = (
-    Rule(
-        "nvidia.com",
-        ("clusterpolicies",),
-        ("get", "list", "watch", "patch"),
-        "watch policies; add and remove the node-cleanup finalizer",
-    ),
-    Rule("nvidia.com", ("clusterpolicies/status",), ("patch",), "write status"),
+CRD = "clusterpolicies.nvidia.com"
+
+# Shared by the operator (it installs its CRD at start-up) and the Helm chart's CRD hook.
+CRD_RULES: tuple[Rule, ...] = (
     Rule(
         "apiextensions.k8s.io",
         ("customresourcedefinitions",),
@@ -53,8 +49,19 @@ CLUSTER_RULES: tuple[Rule, ...] = (
         ("customresourcedefinitions",),
         ("create", "patch"),
         "install or upgrade its own CRD at start-up",
-        ("clusterpolicies.nvidia.com",),
+        (CRD,),
     ),
+)
+
+CLUSTER_RULES: tuple[Rule, ...] = (
+    Rule(
+        "nvidia.com",
+        ("clusterpolicies",),
+        ("get", "list", "watch", "patch"),
+        "watch policies; add and remove the node-cleanup finalizer",
+    ),
+    Rule("nvidia.com", ("clusterpolicies/status",), ("patch",), "write status"),
+    *CRD_RULES,
     Rule(
         "",
         ("nodes",),
@@ -129,3 +136,23 @@ def role(
         },
         "rules": [r.to_k8s() for r in rules],
     }
+
+
+# The Helm chart's pre-delete hook (`gpu-operator uninstall --wait`): delete every policy while
+# the operator still runs, so its finalizer cleans the nodes, and wait until they are gone.
+UNINSTALL_RULES: tuple[Rule, ...] = (
+    Rule(
+        "nvidia.com",
+        ("clusterpolicies",),
+        ("list", "delete"),
+        "delete every ClusterPolicy and wait for the operator's finalizer",
+    ),
+)
+# ... and, with operator.cleanupCRD, the CRD itself once no policy is left.
+CRD_DELETE_RULE = Rule(
+    "apiextensions.k8s.io",
+    ("customresourcedefinitions",),
+    ("get", "delete"),
+    "remove the ClusterPolicy CRD on uninstall (operator.cleanupCRD)",
+    (CRD,),
+)
