@@ -7,6 +7,7 @@ Everything is a pure function returning plain dicts; the CLI writes the files.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import yaml
@@ -91,6 +92,19 @@ def rbac_objects(namespace: str = NAMESPACE) -> list[dict[str, Any]]:
     ]
 
 
+# The operator's pod and container run like this; so do the Helm chart's hook pods.
+POD_SECURITY: dict[str, Any] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "runAsUser": 65532,
+    "runAsGroup": 65532,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
 def _probe(failure_threshold: int, period: int) -> dict[str, Any]:
     return {
         "httpGet": {"path": "/healthz", "port": "health"},
@@ -132,15 +146,7 @@ def deployment_spec(image: str = DEFAULT_OPERATOR_IMAGE) -> dict[str, Any]:
             "requests": {"cpu": "100m", "memory": "192Mi"},
             "limits": {"cpu": "1", "memory": "512Mi"},
         },
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "runAsUser": 65532,
-            "runAsGroup": 65532,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY),
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
     return {
@@ -171,10 +177,7 @@ def deployment_spec(image: str = DEFAULT_OPERATOR_IMAGE) -> dict[str, Any]:
                         ]
                     }
                 },
-                "securityContext": {
-                    "runAsNonRoot": True,
-                    "seccompProfile": {"type": "RuntimeDefault"},
-                },
+                "securityContext": copy.deepcopy(POD_SECURITY),
                 "containers": [container],
                 "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
             },
