@@ -115,6 +115,7 @@ def _cmd_uninstall(args: argparse.Namespace) -> int:
             wait=args.wait,
             timeout=args.timeout,
             delete_crd=args.delete_crd,
+            namespace=args.namespace,
         )
     except UninstallError as exc:
         return _error(str(exc))
@@ -175,6 +176,14 @@ def add_install_commands(sub: Any) -> None:
         "--timeout", type=float, default=300, help="seconds --wait waits (default 300)"
     )
     remove.add_argument(
-        "--delete-crd", action="store_true", help="then delete the ClusterPolicy CRD too"
+        "--delete-crd",
+        action="store_true",
+        help="then, once garbage collection has removed what the policies owned, the CRD too",
+    )
+    remove.add_argument(
+        "-n",
+        "--namespace",
+        default=manifests.NAMESPACE,
+        help="the operator's (operand) namespace, where --delete-crd waits for garbage collection",
     )
     remove.set_defaults(func=_cmd_uninstall)

@@ -148,7 +148,20 @@ UNINSTALL_RULES: tuple[Rule, ...] = (
         "delete every ClusterPolicy and wait for the operator's finalizer",
     ),
 )
-# ... and, with operator.cleanupCRD, the CRD itself once no policy is left.
+
+
+def listing(rules: tuple[Rule, ...]) -> tuple[Rule, ...]:
+    """Read-only ``list`` of every resource the operator creates and deletes in ``rules``."""
+    return tuple(
+        Rule(r.api_group, r.resources, ("list",), f"wait until GC has removed: {r.why}")
+        for r in rules
+        if {"create", "delete"} <= set(r.verbs) and not r.resource_names
+    )
+
+
+# ... and, with operator.cleanupCRD, the CRD itself once no policy is left and garbage
+# collection has removed what the policies owned (with the CRD gone it cannot resolve the owner
+# references, and would leave those objects forever): it lists what the operator makes.
 CRD_DELETE_RULE = Rule(
     "apiextensions.k8s.io",
     ("customresourcedefinitions",),

@@ -14,8 +14,12 @@ from typing import IO, Any
 
 from kubernetes.client.exceptions import ApiException
 
-from gpu_operator.install.rbac import CRD
-from gpu_operator.kube import Kube
+from gpu_operator.install.rbac import CLUSTER_RULES, CRD, NAMESPACE_RULES, Rule, listing
+from gpu_operator.kube import KINDS, Kube
+
+_KIND_BY_RESOURCE = {
+    (kind.api_version.rpartition("/")[0], kind.plural): name for name, kind in KINDS.items()
+}
 
 
 class UninstallError(RuntimeError):
@@ -45,6 +49,29 @@ def _policies(kube: Kube) -> list[dict[str, Any]]:
         raise
 
 
+def _kinds(rules: tuple[Rule, ...]) -> list[str]:
+    return [_KIND_BY_RESOURCE[(r.api_group, plural)] for r in rules for plural in r.resources]
+
+
+def dependents(kube: Kube, owners: set[str], namespace: str) -> list[str]:
+    """Objects the operator made that still name one of ``owners`` (policy uids) as owner."""
+    found = []
+    scopes: list[tuple[str, str | None]] = [(k, None) for k in _kinds(listing(CLUSTER_RULES))]
+    scopes += [(kind, namespace) for kind in _kinds(listing(NAMESPACE_RULES))]
+    for kind, where in scopes:
+        try:
+            objects = kube.list_objects(kind, where)
+        except ApiException as exc:
+            if exc.status == 404:  # e.g. no ServiceMonitor CRD in this cluster
+                continue
+            raise
+        for obj in objects:
+            refs = obj["metadata"].get("ownerReferences") or ()
+            if any(ref.get("uid") in owners for ref in refs):
+                found.append(f"{kind} {obj['metadata']['name']}")
+    return found
+
+
 def _until(
     done: Callable[[], bool],
     timeout: float,
@@ -72,11 +99,19 @@ def uninstall(
     wait: bool,
     timeout: float,
     delete_crd: bool,
+    namespace: str,
     every: float = 1.0,
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
-    """Delete every ClusterPolicy (then the CRD with ``delete_crd``), waiting when asked."""
-    for policy in _policies(kube):
+    """Delete every ClusterPolicy (then the CRD with ``delete_crd``), waiting when asked.
+
+    Before the CRD goes, garbage collection must have removed what the policies owned (in
+    ``namespace``, the operand namespace, and cluster-wide): without the CRD it cannot resolve
+    their owner references and would keep them.
+    """
+    policies = _policies(kube)
+    owners = {p["metadata"]["uid"] for p in policies}
+    for policy in policies:
         name = policy["metadata"]["name"]
         if kube.delete("ClusterPolicy", name):
             out.write(f"deleted ClusterPolicy {name}\n")
@@ -91,6 +126,19 @@ def uninstall(
         out.write("every ClusterPolicy is gone; the operator has cleaned the nodes\n")
     if not delete_crd:
         return
+    if wait and owners:
+
+        def say_dependents() -> None:
+            left = ", ".join(dependents(kube, owners, namespace))
+            out.write(f"waiting for garbage collection: {left}\n")
+            out.flush()
+
+        if not _until(
+            lambda: not dependents(kube, owners, namespace), timeout, every, sleep, say_dependents
+        ):
+            left = ", ".join(dependents(kube, owners, namespace))
+            raise UninstallError(f"after {timeout:.0f}s garbage collection left: {left}")
+        out.write("garbage collection has removed what the policies owned\n")
     if kube.delete("CustomResourceDefinition", CRD):
         out.write(f"deleted CustomResourceDefinition {CRD}\n")
     if wait and not _until(

@@ -4,9 +4,9 @@ tests/e2e/test_helm.py (the helm binary comes with the local control plane)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -24,35 +24,9 @@ from gpu_operator.install.helm_values import (
     values_schema,
 )
 from tests.paths import REPO
+from tests.unit.install.values_data import NVIDIA_KEYS, keys_file, nvidia_values
 
-DATA = Path(__file__).parent / "data"
-NVIDIA_KEYS = DATA / "nvidia-chart-v26.3.1.keys"
 CHART = REPO / helm.CHART_DIR
-
-
-def keys_file(path: Path) -> dict[str, Any]:
-    """``dotted.key = JSON`` lines as a flat dict."""
-    out = {}
-    for line in path.read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            key, _, value = line.partition(" = ")
-            out[key] = json.loads(value)
-    return out
-
-
-def nest(flat: dict[str, Any]) -> dict[str, Any]:
-    values: dict[str, Any] = {}
-    for key, value in flat.items():
-        node = values
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return values
-
-
-def nvidia_values() -> dict[str, Any]:
-    return nest(keys_file(NVIDIA_KEYS))
 
 
 def validator() -> jsonschema.Draft7Validator:
@@ -178,6 +152,7 @@ def test_the_charts_operator_objects_are_deploys() -> None:
         for d in yaml.safe_load_all(p.read_text())
     ]
     wanted = [d for d in deploy if d["kind"] not in ("Namespace", "CustomResourceDefinition")]
+    wanted.append(_filled(helm.leader_lease(), manifests.NAMESPACE, ""))
     image = wanted[[d["kind"] for d in wanted].index("Deployment")]["spec"]["template"]["spec"][
         "containers"
     ][0]["image"]
@@ -191,14 +166,23 @@ def test_the_charts_operator_objects_are_deploys() -> None:
 def test_hooks_hold_only_the_rules_they_need() -> None:
     crd_hook, with_crd, without_crd = _embedded("hooks.yaml")
 
-    def rules(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        (role,) = [o for o in objects if o["kind"] == "ClusterRole"]
-        found: list[dict[str, Any]] = role["rules"]
+    def rules(objects: list[dict[str, Any]], kind: str = "ClusterRole") -> list[dict[str, Any]]:
+        found = [rule for o in objects if o["kind"] == kind for rule in o["rules"]]
         return found
 
-    assert rules(crd_hook) == [r.to_k8s() for r in rbac.CRD_RULES]
-    assert rules(without_crd) == [r.to_k8s() for r in rbac.UNINSTALL_RULES]
-    assert rules(with_crd) == [r.to_k8s() for r in (*rbac.UNINSTALL_RULES, rbac.CRD_DELETE_RULE)]
+    def k8s(*rules: rbac.Rule) -> list[dict[str, Any]]:
+        return [r.to_k8s() for r in rules]
+
+    assert rules(crd_hook) == k8s(*rbac.CRD_RULES)
+    assert rules(crd_hook, "Role") == []
+    assert rules(without_crd) == k8s(*rbac.UNINSTALL_RULES)
+    assert rules(without_crd, "Role") == []
+    # Deleting the CRD waits until garbage collection has removed what the policies owned.
+    assert rules(with_crd) == k8s(
+        *rbac.UNINSTALL_RULES, rbac.CRD_DELETE_RULE, *rbac.listing(rbac.CLUSTER_RULES)
+    )
+    assert rules(with_crd, "Role") == k8s(*rbac.listing(rbac.NAMESPACE_RULES))
+    assert all(r["verbs"] == ["list"] for r in rules(with_crd, "Role"))
     (crd_pod,) = [o for o in crd_hook if o["kind"] == "Pod"]
     (uninstall_pod,) = [o for o in with_crd if o["kind"] == "Pod"]
     assert crd_pod["spec"]["containers"][0]["args"] == ["crd", "--apply"]
@@ -208,3 +192,11 @@ def test_hooks_hold_only_the_rules_they_need() -> None:
         assert pod["spec"]["containers"][0]["securityContext"] == manifests.CONTAINER_SECURITY
         annotations = pod["metadata"]["annotations"]
         assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+
+
+def test_the_chart_owns_the_lease_the_operator_takes() -> None:
+    """So that `helm uninstall` leaves no Lease behind."""
+    from gpu_operator.controller.leader import LeaderElector
+
+    name = {f.name: f.default for f in dataclasses.fields(LeaderElector)}["name"]
+    assert helm.leader_lease()["metadata"]["name"] == name
