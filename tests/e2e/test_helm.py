@@ -98,6 +98,13 @@ class Helm:
             assert done.returncode == 0, f"helm {' '.join(args)}:\n{done.stderr}"
         return done
 
+    def install(self, values: Path) -> subprocess.CompletedProcess[str]:
+        """`helm install` as the README shows it, with a values file, waiting for readiness."""
+        return self.run(
+            "install", RELEASE, str(CHART), "-n", NS, "--create-namespace",
+            "-f", str(values), "--wait", "--timeout", "3m",
+        )  # fmt: skip
+
     def template(self, *args: str) -> list[dict[str, Any]]:
         out = self.run("template", RELEASE, str(CHART), "-n", NS, *args).stdout
         return [d for d in yaml.safe_load_all(out) if d]
@@ -402,10 +409,7 @@ def test_nvidia_defaults_install_upgrade_driver_and_uninstall(
         kube = Kube(api)
         helm_ = Helm(testenv_bin_dir, tmp_path, cluster.kubeconfig)
         before = node_state(kube)
-        install = helm_.run(
-            "install", RELEASE, str(CHART), "-n", NS, "--create-namespace",
-            "-f", str(nvidia_values_file), "--wait", "--timeout", "3m",
-        )  # fmt: skip
+        install = helm_.install(nvidia_values_file)
         assert hooks.ran(helm.CRD_HOOK).args == ["crd", "--apply"]
         # NVIDIA's keys that mean nothing here are named, and NVIDIA's operator image replaced.
         assert "Accepted but ignored" in install.stdout and "nfd.enabled" in install.stdout
@@ -491,10 +495,7 @@ def test_real_world_values_new_crd_first_and_nothing_left(
         # An older release's CRD is there: Helm skips crds/ for a CRD that exists.
         kube.apply(old_crd("devicePlugin", "config"))
         wait_for("the old CRD served", lambda: policy_api_served(kube))
-        helm_.run(
-            "install", RELEASE, str(CHART), "-n", NS, "--create-namespace",
-            "-f", str(REAL_WORLD), "--wait", "--timeout", "3m",
-        )  # fmt: skip
+        helm_.install(REAL_WORLD)
         assert "applied the ClusterPolicy CRD" in hooks.ran(helm.CRD_HOOK).output
         crd = kube.get("CustomResourceDefinition", "clusterpolicies.nvidia.com") or {}
         assert crd["metadata"]["annotations"][VERSION_ANNOTATION] == __version__

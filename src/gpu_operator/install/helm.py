@@ -114,23 +114,6 @@ def _hook(event: str, weight: int, obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
-def _binding(kind: str, name: str, labels: dict[str, str]) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "labels": dict(labels)}
-    if kind == "RoleBinding":
-        meta["namespace"] = NAMESPACE
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": kind,
-        "metadata": meta,
-        "roleRef": {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": kind.removesuffix("Binding"),
-            "name": name,
-        },
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}],
-    }
-
-
 def hook_objects(
     name: str,
     event: str,
@@ -141,11 +124,14 @@ def hook_objects(
     """A hook's ServiceAccount, ClusterRole (and Role) and bindings (weight -10), then its Pod
     (weight 0)."""
     labels = {**manifests.LABELS, HOOK_LABEL: name.removeprefix("gpu-operator-")}
-    access = [rbac.cluster_role(name, rules), _binding("ClusterRoleBinding", name, labels)]
+    access = [
+        rbac.cluster_role(name, rules),
+        manifests.binding("ClusterRoleBinding", NAMESPACE, name, labels),
+    ]
     if namespace_rules:
         access += [
             rbac.role(NAMESPACE, name, namespace_rules),
-            _binding("RoleBinding", name, labels),
+            manifests.binding("RoleBinding", NAMESPACE, name, labels),
         ]
     for obj in access:
         obj["metadata"]["labels"] = dict(labels)

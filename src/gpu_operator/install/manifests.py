@@ -67,17 +67,20 @@ def service_account(namespace: str = NAMESPACE) -> dict[str, Any]:
     }
 
 
-def _binding(kind: str, namespace: str) -> dict[str, Any]:
+def binding(
+    kind: str, namespace: str, name: str = NAME, labels: dict[str, str] = LABELS
+) -> dict[str, Any]:
+    """A (Cluster)RoleBinding of the ServiceAccount ``name`` to the (Cluster)Role ``name``."""
     role_kind = kind.removesuffix("Binding")
-    metadata: dict[str, Any] = {"name": NAME, "labels": dict(LABELS)}
+    metadata: dict[str, Any] = {"name": name, "labels": dict(labels)}
     if kind == "RoleBinding":
         metadata["namespace"] = namespace
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": kind,
         "metadata": metadata,
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": NAME},
-        "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": namespace}],
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
     }
 
 
@@ -86,9 +89,9 @@ def rbac_objects(namespace: str = NAMESPACE) -> list[dict[str, Any]]:
     return [
         service_account(namespace),
         rbac.cluster_role(NAME),
-        _binding("ClusterRoleBinding", namespace),
+        binding("ClusterRoleBinding", namespace),
         rbac.role(namespace, NAME),
-        _binding("RoleBinding", namespace),
+        binding("RoleBinding", namespace),
     ]
 
 
