@@ -7,8 +7,9 @@ FROM python:3.11.14-slim-bookworm AS builder
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY src ./src
+COPY templates ./templates
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11.14-slim-bookworm

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit e2e testenv bench manifests clean
+.PHONY: demo test lint typecheck unit e2e testenv packages bench manifests clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,7 @@ test: lint typecheck testenv
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -33,9 +34,18 @@ unit: $(STAMP)
 e2e: $(STAMP) testenv
 	$(BIN)/pytest -q tests/e2e
 
-## testenv: build (once, cached) etcd, kube-apiserver, kcm, kube-scheduler and kwok
+## testenv: build (once, cached) etcd, kube-apiserver, kcm, kube-scheduler, kwok, kubelet,
+## kube-proxy, containerd and the real nodes' images
 testenv: $(STAMP)
 	hack/testenv build
+
+## packages: as root, install the Debian packages real nodes need (one line and no change otherwise)
+NODE_PACKAGES := runc containernetworking-plugins iptables buildah busybox-static
+packages:
+	@if [ "$$(id -u)" != 0 ]; then echo "packages: not root, not installing $(NODE_PACKAGES)"; \
+	elif ! command -v apt-get >/dev/null; then echo "packages: no apt-get, install $(NODE_PACKAGES) by hand"; \
+	elif dpkg -s $(NODE_PACKAGES) >/dev/null 2>&1; then echo "packages: $(NODE_PACKAGES) installed"; \
+	else apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(NODE_PACKAGES); fi
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done

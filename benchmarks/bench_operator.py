@@ -1,24 +1,34 @@
-"""Operator at fleet scale on the local control plane: 500 GPU + 100 CPU kwok nodes.
+"""Operator at fleet scale on the local control plane: N GPU + N/10 CPU kwok nodes.
 
-Measures, for NVIDIA's Helm-default ClusterPolicy: time from creating the policy to every GPU
-node labelled and to ``state: ready``, the operator's write requests per node while converging,
-its peak RSS, and its reads and writes per minute once converged. The operator runs as its own
-process (``python -m gpu_operator run``) under a ServiceAccount token, so the apiserver's audit
-log attributes every request to it. kube-controller-manager runs with --kube-api-qps 200 /
---kube-api-burst 400 (testenv's setting), which bounds how fast DaemonSet pods appear.
+For NVIDIA's Helm-default ClusterPolicy, per fleet size: time from creating the policy to every
+GPU node labelled and to ``state: ready``; the operator process's CPU-seconds (utime + stime,
+all threads) while converging and per minute once converged; its peak RSS; its writes per GPU
+node while converging; and its requests per minute once converged. The operator runs as its
+own process (``python -m gpu_operator run``) under a ServiceAccount token, so the apiserver's
+audit log attributes every request to it. kube-controller-manager runs with --kube-api-qps 200
+/ --kube-api-burst 400 (testenv's setting), which bounds how fast DaemonSet pods appear.
 
-    python benchmarks/bench_operator.py [--gpu-nodes 500] [--cpu-nodes 100] [--steady 60]
+    python benchmarks/bench_operator.py [--sizes 500,1000,2000] [--steady 60] [--profile DIR]
+
+``--profile DIR`` samples the operator with py-spy (``pip install py-spy``) and writes, per
+size, collapsed stacks of the converging and the converged phase plus their top functions by
+own time.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import yaml
@@ -38,6 +48,13 @@ from tests.e2e.support import (  # noqa: E402
 NS = "gpu-operator"
 USER = f"system:serviceaccount:{NS}:gpu-operator"
 POLICY = REPO.parent / "shared" / "reference" / "nvidia" / "clusterpolicy-helm-default.yaml"
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the whole process (every thread), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -47,10 +64,7 @@ def peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def requests_by_verb(cluster: testenv.Cluster, since: object) -> collections.Counter[str]:
-    import json
-    from datetime import datetime
-
+def requests_by_verb(cluster: testenv.Cluster, since: datetime) -> collections.Counter[str]:
     counts: collections.Counter[str] = collections.Counter()
     with cluster.audit_log.open() as log:
         for line in log:
@@ -60,34 +74,105 @@ def requests_by_verb(cluster: testenv.Cluster, since: object) -> collections.Cou
             if event.get("user", {}).get("username") != USER:
                 continue
             stamp = datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
-            if stamp >= since:  # type: ignore[operator]
+            if stamp >= since:
                 resource = event["objectRef"].get("resource", "")
                 counts[f"{event['verb']} {resource}"] += 1
     return counts
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--gpu-nodes", type=int, default=500)
-    parser.add_argument("--cpu-nodes", type=int, default=100)
-    parser.add_argument("--steady", type=float, default=60.0, help="seconds of idle measured")
-    args = parser.parse_args()
+@dataclass
+class Result:
+    gpu_nodes: int
+    labelled_s: float
+    ready_s: float
+    cpu_converge_s: float
+    cpu_per_min: float
+    peak_rss_mib: float
+    writes: int
+    writes_by_resource: dict[str, int]
+    steady_reads_per_min: float
+    steady_writes_per_min: float
+    steady_detail: dict[str, int]
 
+    def row(self) -> str:
+        return (
+            f"| {self.gpu_nodes} | {self.labelled_s:.1f} | {self.ready_s:.1f} | "
+            f"{self.cpu_converge_s:.1f} | {self.cpu_per_min:.2f} | {self.peak_rss_mib:.0f} | "
+            f"{self.writes / self.gpu_nodes:.2f} | {self.steady_reads_per_min:.1f} / "
+            f"{self.steady_writes_per_min:.1f} |"
+        )
+
+
+HEADER = (
+    "| GPU nodes | labelled s | ready s | CPU-s converging | CPU-s/min converged | "
+    "peak RSS MiB | writes/GPU node | steady reads/writes per min |\n"
+    "|---|---|---|---|---|---|---|---|"
+)
+
+
+class Profiler:
+    """py-spy sampling the operator for one phase at a time (collapsed stacks)."""
+
+    def __init__(self, out: Path | None, pid: int) -> None:
+        self.out, self.pid = out, pid
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, name: str) -> None:
+        if self.out is None:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.file = self.out / f"{name}.txt"
+        self.proc = subprocess.Popen(
+            [_py_spy(), "record", "--pid", str(self.pid), "--format", "raw", "--rate", "50",
+             "--nonblocking", "-o", str(self.file)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    def stop(self, top: int = 15) -> None:
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(60)
+        self.proc = None
+        print(f"  profile {self.file.name}: top functions by own samples")
+        for share, frame in top_frames(self.file, top):
+            print(f"    {share:5.1f}%  {frame}")
+
+
+def _py_spy() -> str:
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else "py-spy"
+
+
+def top_frames(collapsed: Path, top: int) -> list[tuple[float, str]]:
+    """Own-time shares of the innermost frames in py-spy's collapsed output."""
+    own: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        leaf = stack.split(";")[-1]
+        own[leaf] += int(count)
+        total += int(count)
+    return [(100 * n / max(total, 1), f) for f, n in own.most_common(top)]
+
+
+def run_size(gpu_nodes: int, steady: float, profile: Path | None) -> Result:
+    cpu_nodes = max(1, gpu_nodes // 10)
     state = testenv.default_state_dir() / f"bench-{uuid.uuid4().hex[:6]}"
     t = time.monotonic()
     cluster = testenv.start(state)
-    print(f"control plane up: {time.monotonic() - t:.1f}s")
+    print(f"[{gpu_nodes}] control plane up: {time.monotonic() - t:.1f}s")
     proc = None
     try:
         t = time.monotonic()
-        manifests = [
-            testenv.node_manifest(f"gpu-node-{i}", gpu=True) for i in range(args.gpu_nodes)
-        ]
-        manifests += [
-            testenv.node_manifest(f"cpu-node-{i}", gpu=False) for i in range(args.cpu_nodes)
-        ]
-        cluster.create_nodes(manifests, timeout=600)
-        print(f"{len(manifests)} nodes created and Ready: {time.monotonic() - t:.1f}s")
+        manifests = [testenv.node_manifest(f"gpu-node-{i}", gpu=True) for i in range(gpu_nodes)]
+        manifests += [testenv.node_manifest(f"cpu-node-{i}", gpu=False) for i in range(cpu_nodes)]
+        cluster.create_nodes(manifests, timeout=900)
+        print(
+            f"[{gpu_nodes}] {len(manifests)} nodes created and Ready: {time.monotonic() - t:.1f}s"
+        )
 
         with (
             tempfile.TemporaryDirectory() as tmp,
@@ -100,69 +185,86 @@ def main() -> int:
                 cluster, service_account_config(cluster, NS, "gpu-operator"), kubeconfig
             )
             proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "gpu_operator",
-                    "run",
-                    "--kubeconfig",
-                    str(kubeconfig),
-                    "--namespace",
-                    NS,
-                    "--health-port",
-                    "0",
-                    "--metrics-port",
-                    "0",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=oplog,
-            )
-            time.sleep(3)
+                [sys.executable, "-m", "gpu_operator", "run", "--kubeconfig", str(kubeconfig),
+                 "--namespace", NS, "--health-port", "0", "--metrics-port", "0"],
+                stdout=subprocess.DEVNULL, stderr=oplog,
+            )  # fmt: skip
+            profiler = Profiler(profile / str(gpu_nodes) if profile else None, proc.pid)
+            while not kube.list_objects("Lease", NS):  # leading (and its caches filling)
+                time.sleep(0.2)
+            time.sleep(2)
+            cpu_idle = cpu_seconds(proc.pid)
+            profiler.start("converging")
             start_wall, start = now(), time.monotonic()
             kube.create(yaml.safe_load(POLICY.read_text()))
             labelled_at = ready_at = None
-            while ready_at is None and time.monotonic() - start < 900:
+            while ready_at is None and time.monotonic() - start < 1800:
                 if labelled_at is None:
                     got = kube.list_objects("Node", label_selector="nvidia.com/gpu.present=true")
-                    if len(got) == args.gpu_nodes:
+                    if len(got) == gpu_nodes:
                         labelled_at = time.monotonic() - start
                 status = (kube.get("ClusterPolicy", "cluster-policy") or {}).get("status") or {}
                 if status.get("state") == "ready" and labelled_at is not None:
                     ready_at = time.monotonic() - start
                 time.sleep(0.5)
-            if ready_at is None:
-                print("did not converge within 900 s")
-                return 1
+            if ready_at is None or labelled_at is None:
+                raise SystemExit(f"[{gpu_nodes}] did not converge within 1800 s")
+            cpu_converge = cpu_seconds(proc.pid) - cpu_idle
+            profiler.stop()
             time.sleep(2)
-            converge_writes = audit_writes(cluster, USER, start_wall)
-            by_kind = collections.Counter(w["objectRef"]["resource"] for w in converge_writes)
-            print(f"all {args.gpu_nodes} GPU nodes labelled: {labelled_at:.1f}s after apply")
-            print(f"state ready: {ready_at:.1f}s after apply")
-            print(
-                f"operator writes while converging: {len(converge_writes)} "
-                f"({len(converge_writes) / args.gpu_nodes:.2f} per GPU node) {dict(by_kind)}"
-            )
+            writes = audit_writes(cluster, USER, start_wall)
+            by_resource = collections.Counter(w["objectRef"]["resource"] for w in writes)
 
-            steady_from = now()
-            time.sleep(args.steady)
+            profiler.start("converged")
+            steady_from, cpu_before = now(), cpu_seconds(proc.pid)
+            time.sleep(steady)
+            cpu_steady = cpu_seconds(proc.pid) - cpu_before
+            profiler.stop()
             counts = requests_by_verb(cluster, steady_from)
-            minutes = args.steady / 60
-            writes = sum(
-                v
-                for k, v in counts.items()
-                if k.split()[0] in {"create", "update", "patch", "delete"}
+            minutes = steady / 60
+            write_verbs = {"create", "update", "patch", "delete"}
+            steady_writes = sum(v for k, v in counts.items() if k.split()[0] in write_verbs)
+            steady_reads = sum(v for k, v in counts.items() if k.split()[0] not in write_verbs)
+            return Result(
+                gpu_nodes=gpu_nodes,
+                labelled_s=labelled_at,
+                ready_s=ready_at,
+                cpu_converge_s=cpu_converge,
+                cpu_per_min=cpu_steady / minutes,
+                peak_rss_mib=peak_rss_mib(proc.pid),
+                writes=len(writes),
+                writes_by_resource=dict(by_resource),
+                steady_reads_per_min=steady_reads / minutes,
+                steady_writes_per_min=steady_writes / minutes,
+                steady_detail=dict(counts),
             )
-            reads = sum(v for k, v in counts.items() if k.split()[0] in {"get", "list", "watch"})
-            print(
-                f"steady state: {reads / minutes:.1f} reads/min, {writes / minutes:.1f} writes/min "
-                f"({dict(counts)})"
-            )
-            print(f"operator peak RSS: {peak_rss_mib(proc.pid):.0f} MiB")
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait(30)
         cluster.stop(remove_state=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", default="500,1000,2000", help="GPU nodes per run")
+    parser.add_argument("--steady", type=float, default=60.0, help="seconds of idle measured")
+    parser.add_argument("--profile", type=Path, default=None, help="py-spy output folder")
+    args = parser.parse_args()
+    if not POLICY.is_file():
+        print(f"skipped: NVIDIA's Helm-default policy not found at {POLICY}")
+        return 0
+    results = []
+    for size in (int(s) for s in args.sizes.split(",")):
+        result = run_size(size, args.steady, args.profile)
+        results.append(result)
+        print(f"[{size}] writes while converging: {result.writes} {result.writes_by_resource}")
+        print(f"[{size}] steady requests: {result.steady_detail}")
+        print(HEADER.splitlines()[0])
+        print(result.row())
+    print("\n" + HEADER)
+    for result in results:
+        print(result.row())
     return 0
 
 

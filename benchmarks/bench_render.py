@@ -23,7 +23,7 @@ from timing import summarize  # benchmarks/ is on sys.path when a benchmark runs
 from gpu_operator.api import parse_spec
 from gpu_operator.cli import policy_from_text
 from gpu_operator.render import Facts, NodeOS, render
-from gpu_operator.render.engine import _parse
+from gpu_operator.render.engine import clear_parse_caches
 
 NVIDIA_HELM_DEFAULT = (
     Path(__file__).resolve().parents[1].parent
@@ -70,7 +70,7 @@ def main() -> None:
     text = NVIDIA_HELM_DEFAULT.read_text()
 
     def uncached() -> None:
-        _parse.cache_clear()
+        clear_parse_caches()
         render(policy, facts)
 
     def load() -> None:

@@ -1,23 +1,63 @@
 #!/usr/bin/env bash
-# Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and helm from their
-# Go modules into a versioned cache directory outside the repository. Idempotent: a binary that is
-# already cached is not rebuilt. Prints the bin directory on its last line.
+# Builds the testenv's components from their Go modules into versioned cache directories outside
+# the repository. Idempotent: a binary or image that is already cached is not rebuilt. Every step
+# logs what it builds and how long it took (and a line a minute while a long one runs).
+#
+#   all | kubernetes | etcd | kwok   etcd, kube-apiserver, kcm, kube-scheduler, kwok, kubelet and
+#                                    kube-proxy (all: and helm); prints their bin directory on its
+#                                    last line
+#   helm                             helm, for the Helm chart's tests, into the same bin directory
+#   nodes                            what real nodes add: containerd, containerd-shim-runc-v2, ctr
+#                                    (containerd v2, CDI built in), a static pause and the two
+#                                    images (pause, a busybox shell) as OCI archives made with
+#                                    buildah; prints the node directory on its last line
 set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-v1.34.4}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 KWOK_VERSION=${KWOK_VERSION:-v0.7.0}
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
+CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.4.2}
+# Bump when the pause/probe programs or the image recipes below change.
+NODE_IMAGES_VERSION=${NODE_IMAGES_VERSION:-1}
 CACHE_ROOT=${TESTENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-operator-testenv}
 KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}"
 BIN="$CACHE_ROOT/$KEY/bin"
 WORK="$CACHE_ROOT/$KEY/src"
+NODE_KEY="containerd-${CONTAINERD_VERSION}_images-${NODE_IMAGES_VERSION}"
+NODE_DIR="$CACHE_ROOT/$NODE_KEY"
+NODE_BIN="$NODE_DIR/bin"
+NODE_IMAGES="$NODE_DIR/images"
+NODE_WORK="$NODE_DIR/src"
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 
-mkdir -p "$BIN" "$WORK"
 command -v go >/dev/null || { echo "testenv: Go toolchain not found on PATH" >&2; exit 3; }
 
 log() { echo "testenv: $*" >&2; }
+
+# step WHAT COMMAND...: run one build step, logging its start, a line a minute while it runs and
+# its elapsed time at the end (a cold build of the Kubernetes binaries takes many minutes).
+step() {
+  local what=$1 t0=$SECONDS next=60 pid rc
+  shift
+  log "$what ..."
+  "$@" &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    if ((SECONDS - t0 >= next)); then
+      log "  $what: still running after $((SECONDS - t0))s"
+      next=$((next + 60))
+    fi
+  done
+  if wait "$pid"; then
+    log "$what: done in $((SECONDS - t0))s"
+  else
+    rc=$?
+    log "$what: FAILED after $((SECONDS - t0))s (exit $rc)"
+    return "$rc"
+  fi
+}
 
 build_k8s() {
   local mod="$WORK/kubernetes"
@@ -52,20 +92,27 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )
 GO
-    (cd "$mod" && go mod tidy -e >/dev/null 2>&1 || true)
+    step "resolving k8s.io/kubernetes $K8S_VERSION dependencies" \
+      bash -c 'cd "$1" && { go mod tidy -e >/dev/null 2>&1 || true; }' _ "$mod"
   fi
-  for cmd in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; do
+  local cmds=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy) i=0
+  for cmd in "${cmds[@]}"; do
+    i=$((i + 1))
     if [ ! -x "$BIN/$cmd" ]; then
-      log "building $cmd $K8S_VERSION (first build takes many minutes)"
-      (cd "$mod" && go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2)" -o "$BIN/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd")
+      step "building $cmd $K8S_VERSION [$i/${#cmds[@]}] (the first one compiles the shared packages: many minutes)" \
+        go_build_k8s "$mod" "$cmd"
       mv "$BIN/$cmd.tmp" "$BIN/$cmd"
     fi
   done
 }
 
+go_build_k8s() {
+  local mod=$1 cmd=$2
+  cd "$mod" && go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2)" -o "$BIN/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd"
+}
+
 build_etcd() {
   [ -x "$BIN/etcd" ] && return
-  log "building etcd $ETCD_VERSION"
   local mod="$WORK/etcd"
   mkdir -p "$mod"
   if [ ! -f "$mod/go.mod" ]; then
@@ -82,16 +129,17 @@ import (
 
 func main() { etcdmain.Main(os.Args) }
 GO
-    (cd "$mod" && go mod tidy >/dev/null)
   fi
-  (cd "$mod" && go build -trimpath -ldflags "-s -w" -o "$BIN/etcd.tmp" .)
+  step "building etcd $ETCD_VERSION" \
+    bash -c 'cd "$1" && go mod tidy >/dev/null && go build -trimpath -ldflags "-s -w" -o "$2.tmp" .' \
+    _ "$mod" "$BIN/etcd"
   mv "$BIN/etcd.tmp" "$BIN/etcd"
 }
 
 build_kwok() {
   [ -x "$BIN/kwok" ] && return
-  log "building kwok $KWOK_VERSION"
-  GOBIN="$BIN" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  step "building kwok $KWOK_VERSION" \
+    env GOBIN="$BIN" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
 }
 
 # helm is not part of the cache key (a new helm must not rebuild the control plane): a cached
@@ -102,25 +150,182 @@ build_helm() {
   if [ -x "$BIN/helm" ] && [ "$("$BIN/helm" version --template '{{.Version}}' 2>/dev/null)" = "$HELM_VERSION" ]; then
     return
   fi
-  local start=$SECONDS gomod kube minor
-  log "building helm $HELM_VERSION"
+  local gomod minor
   gomod=$(go mod download -json "helm.sh/helm/v3@$HELM_VERSION" | awk -F'"' '/"GoMod"/{print $4}')
-  kube=$(awk '$1 == "k8s.io/client-go" {print $2}' "$gomod")
-  minor=$(echo "$kube" | cut -d. -f2)
-  GOBIN="$BIN" go install -trimpath -ldflags "-s -w \
+  minor=$(awk '$1 == "k8s.io/client-go" {print $2}' "$gomod" | cut -d. -f2)
+  step "building helm $HELM_VERSION (Kubernetes 1.$minor defaults)" \
+    env GOBIN="$BIN" go install -trimpath -ldflags "-s -w \
     -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION \
     -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$minor \
     -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$minor" \
     "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
-  log "built helm $HELM_VERSION (Kubernetes 1.$minor defaults) in $((SECONDS - start))s"
+}
+
+# containerd v2 (its CRI plugin reads CDI specs from /etc/cdi and /var/run/cdi), the runc shim
+# and ctr. Static (CGO_ENABLED=0) without the storage drivers that need cgo headers.
+build_containerd() {
+  local c have=1
+  for c in containerd containerd-shim-runc-v2 ctr; do [ -x "$NODE_BIN/$c" ] || have=0; done
+  [ "$have" = 1 ] && return
+  local pkg=github.com/containerd/containerd/v2
+  step "building containerd, containerd-shim-runc-v2 and ctr $CONTAINERD_VERSION" \
+    env GOBIN="$NODE_BIN" go install -trimpath -tags "no_btrfs no_devmapper no_zfs" \
+    -ldflags "-s -w -X $pkg/version.Version=$CONTAINERD_VERSION -X $pkg/version.Revision=testenv" \
+    "$pkg/cmd/containerd@$CONTAINERD_VERSION" \
+    "$pkg/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" \
+    "$pkg/cmd/ctr@$CONTAINERD_VERSION"
+}
+
+# Two small static programs for the node images: `pause` (a pod sandbox's init: waits for a
+# signal, reaps orphans) and `incluster-get` (GETs an API path the way in-cluster clients do:
+# the kubernetes Service's env, the ServiceAccount token, TLS verified with its ca.crt).
+build_node_tools() {
+  [ -x "$NODE_BIN/pause" ] && [ -x "$NODE_BIN/incluster-get" ] && return
+  local mod="$NODE_WORK/tools"
+  mkdir -p "$mod/pause" "$mod/incluster-get"
+  printf 'module testenv/nodetools\n\ngo 1.22\n' >"$mod/go.mod"
+  cat >"$mod/pause/main.go" <<'GO'
+// Command pause holds a pod sandbox's namespaces open until it is told to stop.
+package main
+
+import (
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGCHLD)
+	for s := range sigs {
+		if s != syscall.SIGCHLD {
+			os.Exit(0)
+		}
+		for { // reap every exited child (it is PID 1 when the pod shares its PID namespace)
+			pid, err := syscall.Wait4(-1, nil, syscall.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+		}
+	}
+}
+GO
+  cat >"$mod/incluster-get/main.go" <<'GO'
+// Command incluster-get prints the response to a GET of an API path, authenticated and verified
+// exactly as in-cluster clients are: the kubernetes Service's address from the environment, the
+// pod's ServiceAccount token, and the cluster CA mounted beside it.
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+)
+
+const sa = "/var/run/secrets/kubernetes.io/serviceaccount/"
+
+func main() {
+	if len(os.Args) != 2 {
+		fmt.Fprintln(os.Stderr, "usage: incluster-get /api/path")
+		os.Exit(2)
+	}
+	host, port := os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")
+	token, err := os.ReadFile(sa + "token")
+	check(err)
+	caPEM, err := os.ReadFile(sa + "ca.crt")
+	check(err)
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		check(fmt.Errorf("no certificate in %sca.crt", sa))
+	}
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	req, err := http.NewRequest("GET", "https://"+net.JoinHostPort(host, port)+os.Args[1], nil)
+	check(err)
+	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(token)))
+	resp, err := client.Do(req)
+	check(err)
+	defer resp.Body.Close()
+	_, err = io.Copy(os.Stdout, resp.Body)
+	check(err)
+	if resp.StatusCode != http.StatusOK {
+		check(fmt.Errorf("HTTP %s", resp.Status))
+	}
+}
+
+func check(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "incluster-get:", err)
+		os.Exit(1)
+	}
+}
+GO
+  step "building pause and incluster-get" \
+    bash -c 'cd "$1" && go build -trimpath -ldflags "-s -w" -o "$2/" ./pause ./incluster-get' \
+    _ "$mod" "$NODE_BIN"
+}
+
+# OCI image archives made with buildah (FROM scratch, vfs storage private to the cache, nothing
+# pulled): the sandbox image and a busybox shell image for test pods. Their names live in
+# src/gpu_operator/testenv/binaries.py (NODE_IMAGES).
+build_node_images() {
+  [ -f "$NODE_IMAGES/pause.oci.tar" ] && [ -f "$NODE_IMAGES/shell.oci.tar" ] && return
+  command -v buildah >/dev/null || {
+    log "buildah not found: install Debian's buildah (make packages) to build the node images"
+    return 3
+  }
+  local busybox
+  busybox=$(command -v busybox) || { log "busybox not found: install Debian's busybox-static (make packages)"; return 3; }
+  file -L "$busybox" 2>/dev/null | grep -q 'statically linked' ||
+    ldd "$busybox" 2>&1 | grep -q 'not a dynamic executable' ||
+    { log "$busybox is not static: install Debian's busybox-static (make packages)"; return 3; }
+  step "building images pause and shell with buildah" build_images_with_buildah "$busybox"
+}
+
+build_images_with_buildah() {
+  local busybox=$1 store="$NODE_WORK/buildah" rootfs="$NODE_WORK/shell-rootfs" ctr applet
+  local b=(buildah --root "$store/root" --runroot "$store/run" --storage-driver vfs)
+  mkdir -p "$NODE_IMAGES"
+  rm -rf "$rootfs" && mkdir -p "$rootfs/bin" "$rootfs/tmp" "$rootfs/etc"
+  cp "$busybox" "$rootfs/bin/busybox"
+  for applet in $("$busybox" --list); do
+    [ "$applet" = busybox ] || ln -sf busybox "$rootfs/bin/$applet"
+  done
+  cp "$NODE_BIN/incluster-get" "$rootfs/bin/incluster-get"
+  printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' >"$rootfs/etc/passwd"
+  printf 'root:x:0:\nnobody:x:65534:\n' >"$rootfs/etc/group"
+  chmod 1777 "$rootfs/tmp"
+
+  ctr=$("${b[@]}" from --quiet scratch)
+  "${b[@]}" copy --quiet "$ctr" "$NODE_BIN/pause" /pause >/dev/null
+  "${b[@]}" config --entrypoint '["/pause"]' --user 65535:65535 \
+    --label org.opencontainers.image.title="testenv pause (built locally)" "$ctr"
+  "${b[@]}" commit --quiet --rm "$ctr" "oci-archive:$NODE_IMAGES/pause.oci.tar.tmp:localhost/testenv/pause:$NODE_IMAGES_VERSION" >/dev/null
+  mv "$NODE_IMAGES/pause.oci.tar.tmp" "$NODE_IMAGES/pause.oci.tar"
+
+  ctr=$("${b[@]}" from --quiet scratch)
+  "${b[@]}" copy --quiet "$ctr" "$rootfs" / >/dev/null
+  "${b[@]}" config --cmd '["/bin/sh"]' --env PATH=/bin \
+    --label org.opencontainers.image.title="testenv shell: Debian busybox-static (built locally)" "$ctr"
+  "${b[@]}" commit --quiet --rm "$ctr" "oci-archive:$NODE_IMAGES/shell.oci.tar.tmp:localhost/testenv/shell:$NODE_IMAGES_VERSION" >/dev/null
+  mv "$NODE_IMAGES/shell.oci.tar.tmp" "$NODE_IMAGES/shell.oci.tar"
+  rm -rf "$rootfs" "$store"
 }
 
 case "${1:-all}" in
-  all) build_etcd; build_kwok; build_helm; build_k8s ;;
-  etcd) build_etcd ;;
-  kwok) build_kwok ;;
-  helm) build_helm ;;
-  kubernetes) build_k8s ;;
-  *) echo "usage: $0 [all|etcd|kwok|helm|kubernetes]" >&2; exit 2 ;;
+  all) mkdir -p "$BIN" "$WORK"; build_etcd; build_kwok; build_helm; build_k8s; echo "$BIN" ;;
+  etcd) mkdir -p "$BIN" "$WORK"; build_etcd; echo "$BIN" ;;
+  kwok) mkdir -p "$BIN" "$WORK"; build_kwok; echo "$BIN" ;;
+  kubernetes) mkdir -p "$BIN" "$WORK"; build_k8s; echo "$BIN" ;;
+  helm) mkdir -p "$BIN" "$WORK"; build_helm; echo "$BIN" ;;
+  nodes)
+    mkdir -p "$NODE_BIN" "$NODE_WORK"
+    build_containerd; build_node_tools; build_node_images
+    echo "$NODE_DIR"
+    ;;
+  *) echo "usage: $0 [all|etcd|kwok|kubernetes|helm|nodes]" >&2; exit 2 ;;
 esac
-echo "$BIN"

@@ -9,14 +9,15 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from gpu_operator.kinds import KINDS, kind_of
+
 FIELD_MANAGER = "gpu-operator"
+__all__ = ["FIELD_MANAGER", "Kube", "api_configuration", "connect"]
 
 
 def api_configuration(kubeconfig: str | None = None) -> k8s.Configuration:
@@ -47,61 +48,6 @@ def _body(resp: Any) -> bytes:
 
 def connect(kubeconfig: str | None = None) -> Kube:
     return Kube(k8s.ApiClient(api_configuration(kubeconfig)))
-
-
-@dataclass(frozen=True)
-class Kind:
-    """Where a kind lives in the REST tree."""
-
-    api_version: str
-    kind: str
-    plural: str
-    namespaced: bool
-
-    def collection(self, namespace: str | None = None) -> str:
-        base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
-        if self.namespaced and namespace:
-            return f"{base}/namespaces/{quote(namespace, safe='')}/{self.plural}"
-        return f"{base}/{self.plural}"
-
-    def item(self, name: str, namespace: str | None = None) -> str:
-        return f"{self.collection(namespace)}/{quote(name, safe='')}"
-
-
-KINDS: dict[str, Kind] = {
-    k.kind: k
-    for k in (
-        Kind("v1", "Namespace", "namespaces", False),
-        Kind("v1", "Node", "nodes", False),
-        Kind("v1", "Pod", "pods", True),
-        Kind("v1", "ConfigMap", "configmaps", True),
-        Kind("v1", "Secret", "secrets", True),
-        Kind("v1", "Service", "services", True),
-        Kind("v1", "ServiceAccount", "serviceaccounts", True),
-        Kind("v1", "Event", "events", True),
-        Kind("apps/v1", "DaemonSet", "daemonsets", True),
-        Kind("apps/v1", "ControllerRevision", "controllerrevisions", True),
-        Kind("rbac.authorization.k8s.io/v1", "Role", "roles", True),
-        Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", True),
-        Kind("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", False),
-        Kind("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "clusterrolebindings", False),
-        Kind("node.k8s.io/v1", "RuntimeClass", "runtimeclasses", False),
-        Kind("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors", True),
-        Kind("nvidia.com/v1", "ClusterPolicy", "clusterpolicies", False),
-        Kind(
-            "apiextensions.k8s.io/v1",
-            "CustomResourceDefinition",
-            "customresourcedefinitions",
-            False,
-        ),
-        Kind("coordination.k8s.io/v1", "Lease", "leases", True),
-        Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", True),
-    )
-}
-
-
-def kind_of(obj: Mapping[str, Any]) -> Kind:
-    return KINDS[obj["kind"]]
 
 
 class Kube:

@@ -6,6 +6,10 @@ whole session and is always torn down; each test gets its own namespace and fres
 Skip policy: outside CI, a machine without Go (and without cached binaries) skips e2e with one
 line saying so. With CI set, failing to build or start the control plane fails the tests.
 Set TESTENV_REUSE=1 to run against a cluster already started with `hack/testenv up`.
+
+Tests marked `real_nodes` share a second cluster with real kubelet nodes (`real_cluster`). A
+machine where real nodes cannot run (not root, packages missing) skips them with one line saying
+why, except under CI, where that is a failure.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -24,12 +29,13 @@ from gpu_operator import testenv
 E2E_DIR = Path(__file__).resolve().parent
 SESSION_GPU_NODES = 2
 SESSION_CPU_NODES = 1
+SESSION_REAL_NODES = 2
 
 _UNAVAILABLE = pytest.StashKey[str]()  # why the binaries cannot be had, if they cannot
+_REAL_UNAVAILABLE = pytest.StashKey[str]()  # why real nodes cannot run, if they cannot
 
 
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+in_ci = testenv.binaries.in_ci
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -45,6 +51,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if not selected or session.config.option.collectonly:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    _prepare_control_plane(session, selected, reporter)
+    real = [i for i in selected if i.get_closest_marker("real_nodes")]
+    if real and session.config.stash.get(_UNAVAILABLE, None) is None:
+        _prepare_real_nodes(session, real, reporter)
+
+
+def _prepare_control_plane(
+    session: pytest.Session, selected: list[pytest.Item], reporter: Any
+) -> None:
     reason = testenv.why_unbuildable()
     if reason is None and testenv.binaries.cached_bin_dir() is None:
         log = testenv.default_state_dir() / "build.log"
@@ -66,6 +81,33 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         reporter.write_line(f"testenv: skipping {len(selected)} e2e tests: {reason}")
     for item in selected:
         item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _prepare_real_nodes(session: pytest.Session, items: list[pytest.Item], reporter: Any) -> None:
+    """Build the node runtime (containerd, images: about a minute cold) before any test runs;
+    skip (or in CI fail) the real-node tests with one line when this machine cannot run them."""
+    if all(i.get_closest_marker("skip") for i in items):
+        return
+    reason = testenv.realnodes.why_unavailable(testenv.default_state_dir())
+    if reason and in_ci():
+        session.config.stash[_REAL_UNAVAILABLE] = f"CI is set and {reason}"
+        return
+    if reason:
+        if reporter:
+            reporter.write_line(f"testenv: skipping {len(items)} real-node tests: {reason}")
+        for item in items:
+            item.add_marker(pytest.mark.skip(reason=reason))
+        return
+    if testenv.binaries.missing_node_parts(testenv.binaries.node_dir()):
+        log = testenv.default_state_dir() / "build-nodes.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        if reporter:
+            reporter.write_line(f"testenv: building the real nodes' runtime (log: {log})")
+        try:
+            with log.open("w") as out:
+                testenv.binaries.ensure_node_runtime(log=out)
+        except testenv.BinariesError as exc:
+            session.config.stash[_REAL_UNAVAILABLE] = f"{exc} (see {log})"
 
 
 @pytest.fixture(scope="session")
@@ -99,6 +141,38 @@ def cluster(testenv_bin_dir: Path) -> Iterator[testenv.Cluster]:
     except (testenv.TestenvError, OSError, TimeoutError) as exc:
         lock.close()
         pytest.fail(f"testenv could not start: {exc}", pytrace=False)
+    try:
+        yield started
+    finally:
+        started.stop()
+        lock.close()
+
+
+@pytest.fixture(scope="session")
+def real_nodes_runtime(pytestconfig: pytest.Config, testenv_bin_dir: Path) -> Path:
+    """The real nodes' runtime dir (containerd, images); fails (never skips) when real nodes
+    were found unable to run (tests marked `real_nodes` are skipped earlier outside CI)."""
+    problem = pytestconfig.stash.get(_REAL_UNAVAILABLE, None)
+    if problem:
+        pytest.fail(f"real nodes unavailable: {problem}", pytrace=False)
+    try:
+        return testenv.binaries.ensure_node_runtime()
+    except testenv.BinariesError as exc:
+        pytest.fail(f"real nodes unavailable: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def real_cluster(real_nodes_runtime: Path, testenv_bin_dir: Path) -> Iterator[testenv.Cluster]:
+    """A control plane with SESSION_REAL_NODES real nodes (kubelet, containerd, runc, kube-proxy)
+    and one kwok GPU node beside them; fails (never skips) when it cannot start."""
+    state_dir, lock = testenv.claim_state_dir(testenv.default_state_dir(), "real-e2e")
+    try:
+        started = testenv.start(
+            state_dir, gpu_nodes=1, real_nodes=SESSION_REAL_NODES, bin_dir=testenv_bin_dir
+        )
+    except (testenv.TestenvError, OSError, TimeoutError) as exc:
+        lock.close()
+        pytest.fail(f"testenv with real nodes could not start: {exc}", pytrace=False)
     try:
         yield started
     finally:

@@ -16,7 +16,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from gpu_operator import testenv
-from gpu_operator.controller.operator import OperatorSettings
+from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.runner import OperatorThread, RunOptions
 from gpu_operator.kube import Kube
 
@@ -147,7 +147,7 @@ def token_kubeconfig(cluster: testenv.Cluster, config: k8s.Configuration, path: 
 
 def start_operator(config: k8s.Configuration, namespace: str, **settings: Any) -> OperatorThread:
     options = RunOptions(
-        settings=OperatorSettings(namespace=namespace, **settings),
+        config=OperatorConfig(namespace=namespace, **settings),
         metrics_port=None,
         health_endpoint=None,
         renew_seconds=2.0,

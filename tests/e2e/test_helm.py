@@ -42,13 +42,13 @@ from gpu_operator import __version__, testenv
 from gpu_operator.api import parse_document
 from gpu_operator.api.crd import clusterpolicy_crd
 from gpu_operator.cli import build_parser
+from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.crd_install import SCHEMA_ANNOTATION, VERSION_ANNOTATION
-from gpu_operator.controller.operator import OperatorSettings
 from gpu_operator.controller.runner import IMAGE_ENV_NAMES, OperatorThread, RunOptions
 from gpu_operator.install import helm
 from gpu_operator.install.helm_values import MOVES, handled
 from gpu_operator.kube import Kube
-from gpu_operator.upgrade.model import SINCE_ANNOTATION
+from gpu_operator.labels import UPGRADE_SINCE
 from tests.e2e.support import (
     policy_api_served,
     policy_status,
@@ -313,13 +313,13 @@ def operator_from_deployment(cluster: testenv.Cluster, kube: Kube) -> OperatorTh
     assert args.func.__name__ == "_cmd_run"
     env = {e["name"]: e for e in container["env"]}
     assert env["OPERATOR_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
-    settings = OperatorSettings(
+    settings = OperatorConfig(
         namespace=deployment["metadata"]["namespace"],
         operator_image=env["OPERATOR_IMAGE"]["value"],
         image_env={k: env[k]["value"] for k in IMAGE_ENV_NAMES if k in env},
     )
     options = RunOptions(
-        settings=settings,
+        config=settings,
         apply_crd=args.install_crd,
         leader_election=args.leader_election,
         health_endpoint=None,
@@ -354,10 +354,10 @@ def assert_nodes_as_before(kube: Kube, before: dict[str, Any]) -> None:
         name: sorted(set(after[name]["annotations"]) - set(was["annotations"]))
         for name, was in before.items()
     }
-    if any(left.values()) and {k for keys in left.values() for k in keys} == {SINCE_ANNOTATION}:
+    if any(left.values()) and {k for keys in left.values() for k in keys} == {UPGRADE_SINCE}:
         # The operator's finalizer removes the upgrade-state label but not this annotation the
         # upgrade writes beside it (controller/nodes.py plan_node); reported, not the chart's.
-        pytest.xfail(f"the operator's node cleanup leaves {SINCE_ANNOTATION}: {left}")
+        pytest.xfail(f"the operator's node cleanup leaves {UPGRADE_SINCE}: {left}")
     assert not any(left.values()), left
 
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from gpu_operator import testenv
-from gpu_operator.controller.operator import OperatorSettings
+from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.runner import OperatorThread, RunOptions
 from gpu_operator.install.rbac import CLUSTER_RULES, NAMESPACE_RULES, Rule, cluster_role, role
 from gpu_operator.kube import Kube
@@ -107,7 +107,7 @@ def exercise(cluster: testenv.Cluster, kube: Kube, timeout: float) -> str | None
     """Run every step the operator takes; the name of the first that fails, None if none."""
     config = service_account_config(cluster, NS, "gpu-operator", cluster_role="")
     options = RunOptions(
-        settings=OperatorSettings(namespace=NS), metrics_port=None, health_endpoint=None,
+        config=OperatorConfig(namespace=NS), metrics_port=None, health_endpoint=None,
         renew_seconds=1.0, lease_seconds=4,
     )  # fmt: skip
     operator = OperatorThread(options, config)

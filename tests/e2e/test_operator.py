@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from gpu_operator import testenv
-from gpu_operator.controller.nodes import OWNED_ANNOTATION
 from gpu_operator.controller.runner import OperatorThread
 from gpu_operator.kube import Kube
+from gpu_operator.labels import OWNED_ANNOTATION
 from tests.e2e.support import (
     audit_writes,
     now,

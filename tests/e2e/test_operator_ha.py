@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from gpu_operator.controller.operator import OperatorSettings
+from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.runner import OperatorThread, RunOptions
 from gpu_operator.kube import Kube
 from tests.e2e.support import policy_status, private_cluster, service_account_config, wait_for
@@ -28,7 +28,7 @@ def free_port() -> int:
 
 def replica(config: object, identity: str, health: int, metrics: int) -> OperatorThread:
     options = RunOptions(
-        settings=OperatorSettings(namespace=NS),
+        config=OperatorConfig(namespace=NS),
         identity=identity,
         health_endpoint=f"http://127.0.0.1:{health}/healthz",
         metrics_port=metrics,

@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from gpu_operator.controller.health import HealthServer, parse_endpoint
-from gpu_operator.controller.metrics import OperatorMetrics
+from gpu_operator.controller.metrics import PrometheusMetrics
 
 
 def free_port() -> int:
@@ -29,7 +29,7 @@ def test_parse_endpoint() -> None:
 
 
 def test_answers_with_the_current_role() -> None:
-    metrics = OperatorMetrics()
+    metrics = PrometheusMetrics()
     port = free_port()
 
     def get(path: str) -> tuple[int, str]:

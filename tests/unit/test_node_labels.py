@@ -4,15 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_operator.controller.nodes import (
-    OWNED_ANNOTATION,
-    NodePolicy,
-    NodeView,
-    Owned,
-    Taint,
-    is_gpu_node,
-    plan_node,
-)
+from gpu_operator.controller.nodes import NodePolicy, Owned, Taint, is_gpu_node, plan_node
+from gpu_operator.labels import OWNED_ANNOTATION
+from gpu_operator.views import NodeView
 
 TAINT = Taint("nvidia.com/gpu", "present", "NoSchedule")
 POLICY = NodePolicy(
@@ -27,7 +21,25 @@ def node(
     taints: list[dict[str, Any]] | None = None,
     capacity: dict[str, str] | None = None,
 ) -> NodeView:
-    return NodeView("n1", labels or {}, annotations or {}, tuple(taints or ()), capacity or {}, "7")
+    return NodeView(
+        "n1",
+        labels=labels or {},
+        annotations=annotations or {},
+        taints=tuple(taints or ()),
+        capacity=capacity or {},
+        resource_version="7",
+    )
+
+
+def _view(labels: dict[str, str], like: NodeView) -> NodeView:
+    """``like`` with other labels, as the next observation of the same node."""
+    return NodeView(
+        "n1",
+        labels=labels,
+        annotations=like.annotations,
+        taints=like.taints,
+        resource_version="9",
+    )
 
 
 def apply(view: NodeView, policy: NodePolicy | None, uninstall: bool = False) -> NodeView:
@@ -48,7 +60,14 @@ def apply(view: NodeView, policy: NodePolicy | None, uninstall: bool = False) ->
         else:
             annotations[k] = v
     taints = view.taints if patch.taints is None else tuple(patch.taints)
-    return NodeView(view.name, labels, annotations, taints, dict(view.capacity), "8")
+    return NodeView(
+        view.name,
+        labels=labels,
+        annotations=annotations,
+        taints=taints,
+        capacity=dict(view.capacity),
+        resource_version="8",
+    )
 
 
 def test_detection_sources() -> None:
@@ -110,14 +129,7 @@ def test_paused_and_false_deploy_labels_are_left_alone() -> None:
 def test_operands_false_removes_every_deploy_label() -> None:
     labelled = apply(node(NFD), POLICY)
     off = apply(
-        NodeView(
-            "n1",
-            {**labelled.labels, "nvidia.com/gpu.deploy.operands": "false"},
-            labelled.annotations,
-            labelled.taints,
-            {},
-            "9",
-        ),
+        _view({**labelled.labels, "nvidia.com/gpu.deploy.operands": "false"}, labelled),
         POLICY,
     )
     assert not [
@@ -145,17 +157,13 @@ def test_removal_restores_exactly_what_was_there() -> None:
     )
     labelled = apply(original, POLICY)
     # Feature discovery adds its labels meanwhile.
-    with_gfd = NodeView(
-        "n1",
+    with_gfd = _view(
         {
             **labelled.labels,
             "nvidia.com/gpu.product": "Tesla-T4",
             "nvidia.com/cuda.driver-version.major": "580",
         },
-        labelled.annotations,
-        labelled.taints,
-        {},
-        "9",
+        labelled,
     )
     gone = apply(with_gfd, None, uninstall=True)
     assert gone.labels == original.labels  # the user's deploy.driver=true label survives
@@ -166,7 +174,7 @@ def test_removal_restores_exactly_what_was_there() -> None:
 def test_node_losing_its_gpu_loses_our_labels_and_taint() -> None:
     labelled = apply(node({**NFD, "team": "ml"}), POLICY)
     labels = {k: v for k, v in labelled.labels.items() if k not in NFD}
-    lost = apply(NodeView("n1", labels, labelled.annotations, labelled.taints, {}, "9"), POLICY)
+    lost = apply(_view(labels, labelled), POLICY)
     assert lost.labels == {"team": "ml"}
     assert lost.taints == ()
     assert OWNED_ANNOTATION not in lost.annotations

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gpu_operator.controller.operator import summarize_errors, trim
+from gpu_operator.controller.memory import summarize_errors
+from gpu_operator.controller.watch import trim
 
 
 def test_errors_are_grouped_by_reason() -> None:

@@ -11,9 +11,8 @@ import pytest
 import yaml
 
 from gpu_operator.api import ClusterPolicySpec, parse_spec
+from gpu_operator.labels import CONFIG_HASH, OPERATOR_LABELS
 from gpu_operator.render import (
-    CONFIG_HASH_ANNOTATION,
-    STANDARD_LABELS,
     Facts,
     NodeOS,
     config_hash,
@@ -130,7 +129,7 @@ def test_every_object_is_labelled_and_namespaced(name: str) -> None:
     cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "RuntimeClass"}
     for obj in render(policy, facts):
         meta = obj["metadata"]
-        assert meta["labels"].items() >= STANDARD_LABELS.items(), obj["kind"]
+        assert meta["labels"].items() >= OPERATOR_LABELS.items(), obj["kind"]
         assert meta["labels"]["app.kubernetes.io/component"] in {c.name for c in REGISTRY}
         assert "ownerReferences" not in meta
         if obj["kind"] in cluster_scoped:
@@ -139,7 +138,7 @@ def test_every_object_is_labelled_and_namespaced(name: str) -> None:
             assert meta["namespace"] == facts.namespace
         if obj["kind"] == "DaemonSet":
             pod_labels = obj["spec"]["template"]["metadata"]["labels"]
-            assert pod_labels.items() >= STANDARD_LABELS.items()
+            assert pod_labels.items() >= OPERATOR_LABELS.items()
             assert pod_labels.items() >= obj["spec"]["selector"]["matchLabels"].items()
 
 
@@ -545,7 +544,7 @@ def test_config_hash_rolls_pods_when_a_mounted_configmap_changes() -> None:
     def annotation(facts: Facts) -> str | None:
         ds = by_kind(render(policy, facts), "DaemonSet")["nvidia-device-plugin-daemonset"]
         annotations = ds["spec"]["template"]["metadata"].get("annotations") or {}
-        return annotations.get(CONFIG_HASH_ANNOTATION)
+        return annotations.get(CONFIG_HASH)
 
     one = annotation(Facts(config_hashes={"time-slicing-config": "aaaa"}))
     two = annotation(Facts(config_hashes={"time-slicing-config": "bbbb"}))
@@ -553,7 +552,7 @@ def test_config_hash_rolls_pods_when_a_mounted_configmap_changes() -> None:
     assert annotation(Facts()) is None  # unknown content: no annotation rather than a wrong one
     # pods that mount no ConfigMap carry none
     gfd = daemonsets()["gpu-feature-discovery"]["spec"]["template"]["metadata"]
-    assert CONFIG_HASH_ANNOTATION not in (gfd.get("annotations") or {})
+    assert CONFIG_HASH not in (gfd.get("annotations") or {})
 
 
 def test_generated_configmaps_are_hashed_too() -> None:
@@ -561,7 +560,7 @@ def test_generated_configmaps_are_hashed_too() -> None:
     cm = by_kind(objects, "ConfigMap")["default-mig-parted-config"]
     assert config_hash(cm) == config_hash({"data": dict(cm["data"])})
     ds = by_kind(objects, "DaemonSet")["nvidia-mig-manager"]
-    assert CONFIG_HASH_ANNOTATION in ds["spec"]["template"]["metadata"]["annotations"]
+    assert CONFIG_HASH in ds["spec"]["template"]["metadata"]["annotations"]
 
 
 def test_exporter_service_and_metrics_configmap() -> None:

@@ -1,8 +1,9 @@
 """User-controlled strings cannot change the shape of what is rendered.
 
-Every value that reaches a template is emitted as one JSON scalar, and everything applied after
-parsing is set on parsed objects. So a hostile env value, label, annotation, argument, ConfigMap
-name or image tag comes out as the very same string and adds no field and no object.
+Every value that reaches a template is emitted as one JSON value, including the settings the
+shared DaemonSet partial places and the env it merges. So a hostile env value, label,
+annotation, argument, ConfigMap name or image tag comes out as the very same string and adds no
+field and no object.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def hostile_spec(value: str) -> dict[str, Any]:
         },
         "driver": {"version": value, "env": [{"name": "HOSTILE", "value": value}]},
         "toolkit": {"installDir": value, "args": [value, "--x"]},
+        "dcgm": {"enabled": True, "args": [value], "env": [{"name": "HOSTILE", "value": value}]},
         "devicePlugin": {
             "config": {"name": value, "default": value},
             "env": [{"name": "HOSTILE", "value": value}],
@@ -48,7 +50,7 @@ def hostile_spec(value: str) -> dict[str, Any]:
             "serviceMonitor": {
                 "enabled": True,
                 "interval": value,
-                "additionalLabels": {"k": value},
+                "additionalLabels": {"k": value, value: "key"},
             },
         },
         "gfd": {"repository": value, "image": value},
@@ -61,7 +63,7 @@ def hostile_spec(value: str) -> dict[str, Any]:
 def hostile_policy(value: str) -> ClusterPolicySpec:
     policy = parse_spec(hostile_spec(value))
     # The API rejects such label values; the renderer must not depend on that.
-    policy.daemonsets.labels = {"example.com/team": value}
+    policy.daemonsets.labels = {"example.com/team": value, value: "key"}
     return policy
 
 
@@ -121,6 +123,11 @@ def test_hostile_strings_come_out_unchanged() -> None:
     for daemonset in ("nvidia-device-plugin-daemonset", "nvidia-driver-daemonset-ubuntu22.04"):
         assert main_env(objects, daemonset)["HOSTILE"] == HOSTILE
     assert main_env(objects, "nvidia-operator-validator")["HOSTILE"] == HOSTILE
+    assert main_env(objects, "nvidia-dcgm")["HOSTILE"] == HOSTILE
+    dcgm = by_name(objects, "DaemonSet", "nvidia-dcgm")["spec"]["template"]["spec"]
+    assert dcgm["containers"][0]["args"] == [HOSTILE]
+    assert dcgm["priorityClassName"] == HOSTILE
+    assert {"key": HOSTILE, "operator": "Equal", "value": HOSTILE} in dcgm["tolerations"]
     toolkit = by_name(objects, "DaemonSet", "nvidia-container-toolkit-daemonset")
     container = toolkit["spec"]["template"]["spec"]["containers"][0]
     assert container["args"] == [HOSTILE, "--x"]
@@ -131,6 +138,8 @@ def test_hostile_strings_come_out_unchanged() -> None:
     assert template["metadata"]["annotations"]["example.com/note"] == HOSTILE
     assert template["metadata"]["annotations"][HOSTILE] == "key"
     assert template["metadata"]["labels"]["example.com/team"] == HOSTILE
+    assert template["metadata"]["labels"][HOSTILE] == "key"
+    assert plugin["metadata"]["labels"][HOSTILE] == "key"
     volumes = {v["name"]: v for v in template["spec"]["volumes"]}
     assert volumes["available-configs"]["configMap"]["name"] == HOSTILE
     assert template["spec"]["imagePullSecrets"] == [{"name": HOSTILE}]
@@ -142,6 +151,7 @@ def test_hostile_strings_come_out_unchanged() -> None:
     monitor = by_name(objects, "ServiceMonitor", "nvidia-dcgm-exporter")
     assert monitor["spec"]["endpoints"][0]["interval"] == HOSTILE
     assert monitor["metadata"]["labels"]["k"] == HOSTILE
+    assert monitor["metadata"]["labels"][HOSTILE] == "key"
     driver = by_name(objects, "DaemonSet", "nvidia-driver-daemonset-ubuntu22.04")
     image = driver["spec"]["template"]["spec"]["containers"][0]["image"]
     assert HOSTILE in image

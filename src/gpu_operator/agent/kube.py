@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpu_operator.events import event_body, now_iso
+from gpu_operator.views import NodeView, string_map
 
 if TYPE_CHECKING:  # the client is imported on first use: agents printing labels stay small
     from gpu_operator.kube import Kube
@@ -32,16 +33,6 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class NodeView:
-    name: str
-    labels: Mapping[str, str] = field(default_factory=dict)
-    annotations: Mapping[str, str] = field(default_factory=dict)
-    capacity: Mapping[str, str] = field(default_factory=dict)
-    allocatable: Mapping[str, str] = field(default_factory=dict)
-    resource_version: str = ""
-
-
-@dataclass(frozen=True)
 class PodView:
     name: str
     namespace: str
@@ -56,24 +47,11 @@ def connect() -> Kube:
     return kube.connect()
 
 
-def _strings(value: Any) -> dict[str, str]:
-    return {str(k): str(v) for k, v in (value or {}).items()}
-
-
 def read_node(api: Kube, name: str) -> NodeView:
     node = api.get("Node", name)
     if node is None:
         raise LookupError(f"node {name} not found (is NODE_NAME right?)")
-    meta = node.get("metadata") or {}
-    status = node.get("status") or {}
-    return NodeView(
-        name=name,
-        labels=_strings(meta.get("labels")),
-        annotations=_strings(meta.get("annotations")),
-        capacity=_strings(status.get("capacity")),
-        allocatable=_strings(status.get("allocatable")),
-        resource_version=str(meta.get("resourceVersion") or ""),
-    )
+    return NodeView.from_k8s(node)
 
 
 def patch_node_metadata(
@@ -120,7 +98,7 @@ def pods_on_node(api: Kube, node_name: str, namespace: str) -> list[PodView]:
         PodView(
             name=str(pod["metadata"].get("name") or ""),
             namespace=str(pod["metadata"].get("namespace") or ""),
-            labels=_strings(pod["metadata"].get("labels")),
+            labels=string_map(pod["metadata"].get("labels")),
             phase=str((pod.get("status") or {}).get("phase") or ""),
         )
         for pod in pods

@@ -39,20 +39,17 @@ from gpu_operator.agent.migparted import (
     apply_plan,
     plan,
 )
+from gpu_operator.labels import DEPLOY_PREFIX, MIG_CONFIG, MIG_CONFIG_STATE
 
 if TYPE_CHECKING:
     from gpu_operator.kube import Kube
 
 log = logging.getLogger(__name__)
 
-CONFIG_LABEL = "nvidia.com/mig.config"
-STATE_LABEL = "nvidia.com/mig.config.state"
 PAUSED = "paused-for-mig-change"
-DEPLOY_LABELS = (
-    "nvidia.com/gpu.deploy.device-plugin",
-    "nvidia.com/gpu.deploy.gpu-feature-discovery",
-    "nvidia.com/gpu.deploy.dcgm-exporter",
-    "nvidia.com/gpu.deploy.dcgm",
+DEPLOY_LABELS = tuple(
+    DEPLOY_PREFIX + name
+    for name in ("device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm")
 )
 OPERAND_APPS = frozenset(
     {
@@ -72,7 +69,7 @@ DEFAULT_NAMESPACE = "gpu-operator"  # where the operands to pause run
 
 # -- observations and actions --------------------------------------------------------------------
 @dataclass(frozen=True)
-class Observed:
+class MigObservation:
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     pods: Sequence[PodView]
@@ -151,7 +148,7 @@ class Paused:
 
 
 # -- the state machine ---------------------------------------------------------------------------
-def _finish(obs: Observed, paused: Paused | None, state: str | None, reason: str) -> Step:
+def _finish(obs: MigObservation, paused: Paused | None, state: str | None, reason: str) -> Step:
     """Restore paused labels (where still paused by us), then record the outcome."""
     labels: dict[str, str | None] = {}
     annotations: dict[str, str | None] = {}
@@ -161,13 +158,13 @@ def _finish(obs: Observed, paused: Paused | None, state: str | None, reason: str
             if current == PAUSED and current != original:
                 labels[key] = original
         annotations[PAUSE_ANNOTATION] = None
-    if state is not None and obs.labels.get(STATE_LABEL) != state:
-        labels[STATE_LABEL] = state
+    if state is not None and obs.labels.get(MIG_CONFIG_STATE) != state:
+        labels[MIG_CONFIG_STATE] = state
     if state == "failed":
         if obs.annotations.get(REASON_ANNOTATION) != reason:
             annotations[REASON_ANNOTATION] = reason
-        if obs.annotations.get(FAILED_ANNOTATION) != obs.labels.get(CONFIG_LABEL):
-            annotations[FAILED_ANNOTATION] = obs.labels.get(CONFIG_LABEL)
+        if obs.annotations.get(FAILED_ANNOTATION) != obs.labels.get(MIG_CONFIG):
+            annotations[FAILED_ANNOTATION] = obs.labels.get(MIG_CONFIG)
     else:
         for key in (REASON_ANNOTATION, FAILED_ANNOTATION):
             if key in obs.annotations:
@@ -175,8 +172,8 @@ def _finish(obs: Observed, paused: Paused | None, state: str | None, reason: str
     actions: tuple[Action, ...] = ()
     if labels or annotations:
         actions = (PatchNode(labels=labels, annotations=annotations),)
-    if STATE_LABEL in labels:  # the outcome changed: say so once
-        desired = obs.labels.get(CONFIG_LABEL)
+    if MIG_CONFIG_STATE in labels:  # the outcome changed: say so once
+        desired = obs.labels.get(MIG_CONFIG)
         if state == "failed":
             event = RecordEvent("Warning", "MIGConfigFailed", f"MIG config {desired}: {reason}")
         else:
@@ -200,15 +197,15 @@ def blocking_pods(pods: Sequence[PodView]) -> list[PodView]:
     ]
 
 
-def step(obs: Observed, *, wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S) -> Step:
+def step(obs: MigObservation, *, wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S) -> Step:
     """One decision of the MIG manager from what it observes now."""
-    desired = obs.labels.get(CONFIG_LABEL)
+    desired = obs.labels.get(MIG_CONFIG)
     paused = Paused.decode(obs.annotations.get(PAUSE_ANNOTATION))
     if not desired:
         return _finish(obs, paused, None, "") if paused else Step("idle")
     if (
         not obs.first_pass
-        and obs.labels.get(STATE_LABEL) == "failed"
+        and obs.labels.get(MIG_CONFIG_STATE) == "failed"
         and obs.annotations.get(FAILED_ANNOTATION) == desired
         and paused is None
     ):
@@ -226,7 +223,7 @@ def step(obs: Observed, *, wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S) -> St
     if paused is None:
         original = {k: obs.labels.get(k) for k in DEPLOY_LABELS}
         record = Paused(config=desired, since=obs.now, labels=original)
-        labels: dict[str, str | None] = {STATE_LABEL: "pending", **_pause_labels(obs.labels)}
+        labels: dict[str, str | None] = {MIG_CONFIG_STATE: "pending", **_pause_labels(obs.labels)}
         annotations: dict[str, str | None] = {PAUSE_ANNOTATION: record.encode()}
         for key in (REASON_ANNOTATION, FAILED_ANNOTATION):
             if key in obs.annotations:
@@ -239,8 +236,8 @@ def step(obs: Observed, *, wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S) -> St
         return Step("pausing", (PatchNode(labels=labels, annotations=annotations), pausing))
     # Paused: keep the pause in force (someone may have reset a label), then wait or apply.
     reassert: dict[str, str | None] = dict(_pause_labels(obs.labels))
-    if obs.labels.get(STATE_LABEL) != "pending":
-        reassert[STATE_LABEL] = "pending"
+    if obs.labels.get(MIG_CONFIG_STATE) != "pending":
+        reassert[MIG_CONFIG_STATE] = "pending"
     prefix: tuple[Action, ...] = (PatchNode(labels=reassert),) if reassert else ()
     waiting = blocking_pods(obs.pods)
     if waiting:
@@ -290,7 +287,7 @@ def reconcile(
         pods = kube.pods_on_node(api, node_name, namespace) if paused else []
         cfg, cfg_error = _read_config(config)
         result = step(
-            Observed(
+            MigObservation(
                 labels=node.labels,
                 annotations=node.annotations,
                 pods=pods,
@@ -308,7 +305,7 @@ def reconcile(
             log.info(
                 "node %s: MIG config %s -> %s %s",
                 node_name,
-                node.labels.get(CONFIG_LABEL),
+                node.labels.get(MIG_CONFIG),
                 result.phase,
                 result.reason,
             )

@@ -29,6 +29,7 @@ from gpu_operator.api.base import (
     Toleration,
     crd_default,
 )
+from gpu_operator.selector import Selector
 
 MigStrategy = Literal["none", "single", "mixed"]
 
@@ -114,8 +115,17 @@ def _label_value(value: str) -> str:
     return value
 
 
+def _pod_selector(value: str) -> str:
+    try:
+        Selector.parse(value)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; write it as kubectl -l accepts, e.g. app=x,tier!=db") from None
+    return value
+
+
 LabelKey = Annotated[str, AfterValidator(_label_key)]
 LabelValue = Annotated[str, AfterValidator(_label_value)]
+PodSelectorText = Annotated[str, AfterValidator(_pod_selector)]
 
 
 class DaemonsetsSpec(ApiModel):
@@ -139,7 +149,7 @@ class DriverManager(ImageRef):
 class DrainSpec(ApiModel):
     enable: bool | None = Field(default=None, json_schema_extra=crd_default(False))
     force: bool | None = Field(default=None, json_schema_extra=crd_default(False))
-    pod_selector: str | None = None
+    pod_selector: PodSelectorText | None = None
     timeout_seconds: NonNegativeInt | None = Field(default=None, json_schema_extra=crd_default(300))
     delete_empty_dir: bool | None = Field(default=None, json_schema_extra=crd_default(False))
 
@@ -151,7 +161,7 @@ class PodDeletionSpec(ApiModel):
 
 
 class WaitForCompletionSpec(ApiModel):
-    pod_selector: str | None = None
+    pod_selector: PodSelectorText | None = None
     timeout_seconds: NonNegativeInt | None = Field(default=None, json_schema_extra=crd_default(0))
 
 

@@ -6,13 +6,12 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from gpu_operator.api.spec import ClusterPolicySpec
-from gpu_operator.controller.nodes import NodePolicy, NodeView, Taint, is_gpu_node
+from gpu_operator.controller.nodes import NodePolicy, Taint, is_gpu_node
+from gpu_operator.labels import NFD_PREFIX, OS_ID, OS_VERSION
 from gpu_operator.render.components import REGISTRY, section
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE, Facts, NodeOS, Runtime
+from gpu_operator.views import NodeView
 
-OS_ID = "feature.node.kubernetes.io/system-os_release.ID"
-OS_VERSION = "feature.node.kubernetes.io/system-os_release.VERSION_ID"
-NFD_PREFIX = "feature.node.kubernetes.io/"
 _RUNTIMES: dict[str, Runtime] = {"containerd": "containerd", "cri-o": "crio", "docker": "docker"}
 
 

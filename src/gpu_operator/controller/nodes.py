@@ -14,20 +14,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-GPU_PRESENT = "nvidia.com/gpu.present"
-DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
-DEPLOY_OPERANDS = DEPLOY_PREFIX + "operands"
-MIG_CONFIG = "nvidia.com/mig.config"
-MIG_CAPABLE = "nvidia.com/mig.capable"
-OWNED_ANNOTATION = "nvidia.com/gpu-operator.owned"
-GPU_RESOURCE = "nvidia.com/gpu"
-
-NFD_GPU_LABELS = (
-    "feature.node.kubernetes.io/pci-10de.present",
-    "feature.node.kubernetes.io/pci-0302_10de.present",
-    "feature.node.kubernetes.io/pci-0300_10de.present",
+from gpu_operator.labels import (
+    DEPLOY_OPERANDS,
+    DEPLOY_PREFIX,
+    GKE_ACCELERATOR,
+    GPU_PRESENT,
+    GPU_RESOURCE,
+    MIG_CAPABLE,
+    MIG_CONFIG,
+    NFD_GPU_LABELS,
+    OWNED_ANNOTATION,
+    is_true,
 )
-GKE_ACCELERATOR = "cloud.google.com/gke-accelerator"
+from gpu_operator.views import NodeView
 
 # Labels other parts of the GPU stack write (feature discovery, MIG manager, upgrades). They
 # mean nothing once the stack is gone, so uninstall removes them too (NVIDIA leaves them).
@@ -61,39 +60,6 @@ class Taint:
     def ident(self) -> str:
         """Taints are identified by key and effect, as the scheduler does."""
         return f"{self.key}:{self.effect}"
-
-
-@dataclass(frozen=True)
-class NodeView:
-    name: str
-    labels: Mapping[str, str]
-    annotations: Mapping[str, str]
-    taints: tuple[dict[str, Any], ...]
-    capacity: Mapping[str, str]
-    resource_version: str = ""
-    container_runtime: str = ""  # status.nodeInfo.containerRuntimeVersion, e.g. containerd://1.7
-    ready: bool = True
-    unschedulable: bool = False
-
-    @classmethod
-    def from_k8s(cls, node: Mapping[str, Any]) -> NodeView:
-        meta = node.get("metadata") or {}
-        return cls(
-            name=meta.get("name", ""),
-            labels=dict(meta.get("labels") or {}),
-            annotations=dict(meta.get("annotations") or {}),
-            taints=tuple((node.get("spec") or {}).get("taints") or ()),
-            capacity=dict((node.get("status") or {}).get("capacity") or {}),
-            resource_version=meta.get("resourceVersion", ""),
-            container_runtime=((node.get("status") or {}).get("nodeInfo") or {}).get(
-                "containerRuntimeVersion", ""
-            ),
-            ready=any(
-                c.get("type") == "Ready" and c.get("status") == "True"
-                for c in (node.get("status") or {}).get("conditions") or ()
-            ),
-            unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
-        )
 
 
 @dataclass(frozen=True)
@@ -153,10 +119,6 @@ class NodePatch:
         return body
 
 
-def _truthy(value: str | None) -> bool:
-    return (value or "").lower() == "true"
-
-
 def is_gpu_node(node: NodeView) -> bool:
     """A node has NVIDIA GPUs when NFD, GKE, a person or the kubelet says so.
 
@@ -164,11 +126,11 @@ def is_gpu_node(node: NodeView) -> bool:
     otherwise a node could never stop being a GPU node.
     """
     labels = node.labels
-    if any(_truthy(labels.get(key)) for key in NFD_GPU_LABELS):
+    if any(is_true(labels.get(key)) for key in NFD_GPU_LABELS):
         return True
     if labels.get(GKE_ACCELERATOR):
         return True
-    if _truthy(labels.get(GPU_PRESENT)) and GPU_PRESENT not in Owned.parse(node.annotations).labels:
+    if is_true(labels.get(GPU_PRESENT)) and GPU_PRESENT not in Owned.parse(node.annotations).labels:
         return True
     try:
         return int(node.capacity.get(GPU_RESOURCE, "0")) > 0
@@ -181,7 +143,7 @@ def desired_labels(node: NodeView, policy: NodePolicy) -> dict[str, str]:
     labels = node.labels
     want = {GPU_PRESENT: "true"}
     if labels.get(DEPLOY_OPERANDS, "").lower() != "false":
-        mig_capable = _truthy(labels.get(MIG_CAPABLE))
+        mig_capable = is_true(labels.get(MIG_CAPABLE))
         for name in policy.deploy:
             if name in policy.mig_only and not mig_capable:
                 continue

@@ -14,11 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_operator.render import MANAGED_BY_LABEL
-
-MANAGED_BY = MANAGED_BY_LABEL
-MANAGED_SELECTOR = f"{MANAGED_BY}=gpu-operator"
-APPLIED_HASH = "nvidia.com/gpu-operator.applied-hash"
+from gpu_operator.labels import APPLIED_HASH, MANAGED_BY, OPERATOR_NAME
 
 Key = tuple[str, str, str]  # kind, namespace ("" when cluster-scoped), name
 
@@ -58,7 +54,7 @@ def stamp(objects: Iterable[Mapping[str, Any]], owner: Owner) -> list[dict[str, 
     for obj in objects:
         meta = dict(obj["metadata"])
         meta["ownerReferences"] = [owner.reference()]
-        meta["labels"] = {**(meta.get("labels") or {}), MANAGED_BY: "gpu-operator"}
+        meta["labels"] = {**(meta.get("labels") or {}), MANAGED_BY: OPERATOR_NAME}
         body = {**obj, "metadata": meta}
         meta["annotations"] = {**(meta.get("annotations") or {}), APPLIED_HASH: content_hash(body)}
         out.append(body)
@@ -85,7 +81,7 @@ class Observed:
 
 
 @dataclass(frozen=True)
-class Plan:
+class ObjectChanges:
     apply: list[dict[str, Any]] = field(default_factory=list)
     prune: list[Key] = field(default_factory=list)
     skipped: list[Key] = field(default_factory=list)  # desired, but the API lacks the kind
@@ -100,7 +96,7 @@ def plan_changes(
     observed: Iterable[Observed],
     applied_generations: Mapping[Key, int] | None = None,
     available_kinds: frozenset[str] | None = None,
-) -> Plan:
+) -> ObjectChanges:
     """Apply what differs, prune what is no longer desired.
 
     ``applied_generations`` is what this process saw right after its own applies: a server
@@ -126,4 +122,4 @@ def plan_changes(
         if current is None or current.applied_hash != want_hash or edited:
             apply.append(dict(obj))
     prune = sorted(k for k in seen if k not in wanted)
-    return Plan(apply, prune, skipped)
+    return ObjectChanges(apply, prune, skipped)

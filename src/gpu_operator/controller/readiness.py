@@ -1,12 +1,13 @@
-"""Whether an operand is ready, from its observed DaemonSet (and, for OnDelete, its pods)."""
+"""Whether an operand is ready, from its observed DaemonSets (and, for OnDelete, their pods)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-REVISION_HASH = "controller-revision-hash"
+from gpu_operator.labels import COMPONENT, REVISION_HASH
+from gpu_operator.views import newest_revision_hash, owner_uids, pod_ready
 
 
 @dataclass(frozen=True)
@@ -17,26 +18,6 @@ class DaemonSetReadiness:
     available: int
     updated: int
     message: str | None = None
-
-
-def newest_revision_hash(revisions: Iterable[Mapping[str, Any]]) -> str | None:
-    """The ``controller-revision-hash`` of the highest ControllerRevision, if any."""
-    newest = max(revisions, key=lambda r: int(r.get("revision", 0)), default=None)
-    if newest is None:
-        return None
-    labels = (newest.get("metadata") or {}).get("labels") or {}
-    value = labels.get(REVISION_HASH)
-    return str(value) if value is not None else None
-
-
-def pod_ready(pod: Mapping[str, Any]) -> bool:
-    status = pod.get("status") or {}
-    if status.get("phase") != "Running":
-        return False
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or ()
-    )
 
 
 def daemonset_readiness(
@@ -79,3 +60,31 @@ def daemonset_readiness(
     ok = ready_n == desired and updated == desired and available == desired
     msg = None if ok else f"{ready_n}/{desired} ready, {updated}/{desired} updated"
     return DaemonSetReadiness(name, ok, desired, available, updated, msg)
+
+
+def by_owner(objects: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """Objects grouped by the uid of each DaemonSet that owns them."""
+    grouped: dict[str, list[Mapping[str, Any]]] = {}
+    for obj in objects:
+        for uid in owner_uids(obj, "DaemonSet"):
+            grouped.setdefault(uid, []).append(obj)
+    return grouped
+
+
+def component_readiness(
+    component: str,
+    daemonsets: Iterable[Mapping[str, Any]],
+    pods_by_owner: Mapping[str, Sequence[Mapping[str, Any]]],
+    revisions_by_owner: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> list[DaemonSetReadiness]:
+    """Readiness of each of ``component``'s DaemonSets (one "not created yet" when none)."""
+    result = [
+        daemonset_readiness(
+            ds,
+            pods_by_owner.get(ds["metadata"].get("uid", ""), ()),
+            revisions_by_owner.get(ds["metadata"].get("uid", ""), ()),
+        )
+        for ds in daemonsets
+        if (ds["metadata"].get("labels") or {}).get(COMPONENT) == component
+    ]
+    return result or [DaemonSetReadiness(component, False, 0, 0, 0, "DaemonSet not created yet")]

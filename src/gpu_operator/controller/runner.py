@@ -15,17 +15,13 @@ import kopf
 from kubernetes import client as k8s
 from prometheus_client import start_http_server
 
+from gpu_operator.controller.clusterpolicy import ClusterPolicyController
+from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.crd_install import ensure_crd
 from gpu_operator.controller.health import HealthServer
 from gpu_operator.controller.leader import LeaderElector
-from gpu_operator.controller.metrics import OperatorMetrics
-from gpu_operator.controller.operator import (
-    Controller,
-    OperatorSettings,
-    build_registry,
-    configure,
-    connection_info,
-)
+from gpu_operator.controller.metrics import PrometheusMetrics
+from gpu_operator.controller.watch import build_registry, configure, connection_info
 from gpu_operator.kube import Kube, api_configuration
 
 log = logging.getLogger(__name__)
@@ -33,7 +29,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RunOptions:
-    settings: OperatorSettings = field(default_factory=OperatorSettings)
+    config: OperatorConfig = field(default_factory=OperatorConfig)
     apply_crd: bool = True
     leader_election: bool = True
     identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
@@ -49,11 +45,11 @@ async def run_operator(
     *,
     stop: asyncio.Event | None = None,
     started: threading.Event | None = None,
-    metrics: OperatorMetrics | None = None,
-) -> Controller:
+    metrics: PrometheusMetrics | None = None,
+) -> ClusterPolicyController | None:
     """Run until ``stop`` is set (graceful), leadership is lost, or something fails."""
     stop = stop or asyncio.Event()
-    metrics = metrics or OperatorMetrics()
+    metrics = metrics or PrometheusMetrics()
     kube = Kube(k8s.ApiClient(api_config))
     server = None
     if options.metrics_port is not None:
@@ -79,9 +75,9 @@ async def _run(
     kube: Kube,
     stop: asyncio.Event,
     started: threading.Event | None,
-    metrics: OperatorMetrics,
-) -> Controller:
-    settings = options.settings
+    metrics: PrometheusMetrics,
+) -> ClusterPolicyController | None:
+    config = options.config
     if options.apply_crd:
         await asyncio.to_thread(ensure_crd, kube)
 
@@ -89,7 +85,7 @@ async def _run(
     if options.leader_election:
         elector = LeaderElector(
             kube,
-            settings.namespace,
+            config.namespace,
             options.identity,
             lease_seconds=options.lease_seconds,
             renew_seconds=options.renew_seconds,
@@ -99,12 +95,12 @@ async def _run(
         await asyncio.wait({acquire, stopping}, return_when=asyncio.FIRST_COMPLETED)
         if not acquire.done():
             acquire.cancel()
-            return Controller(kube, settings, metrics)
+            return None
         stopping.cancel()
     metrics.set_leading(True)
 
-    controller = Controller(kube, settings, metrics)
-    registry = build_registry(controller)
+    controller = ClusterPolicyController(kube, config, metrics)
+    registry = build_registry(controller.notify)
 
     @kopf.on.startup(registry=registry)
     async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -119,19 +115,19 @@ async def _run(
         asyncio.create_task(
             kopf.operator(
                 registry=registry,
-                namespaces=[settings.namespace],
+                namespaces=[config.namespace],
                 standalone=True,
                 stop_flag=kopf_stop,
             ),
             name="kopf",
         ),
-        asyncio.create_task(controller.run(), name="reconcile"),
+        asyncio.create_task(controller.loop.run(), name="reconcile"),
         asyncio.create_task(stop.wait(), name="stop"),
     }
     if elector is not None:
         tasks.add(asyncio.create_task(elector.hold(), name="lease"))
     if started is not None:
-        ready = asyncio.create_task(controller.ready.wait())
+        ready = asyncio.create_task(controller.loop.ready.wait())
         ready.add_done_callback(lambda _: started.set())
     done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     for task in done:
@@ -155,9 +151,9 @@ class OperatorThread:
     def __init__(self, options: RunOptions, api_config: k8s.Configuration) -> None:
         self.options = options
         self.api_config = api_config
-        self.metrics = OperatorMetrics()
+        self.metrics = PrometheusMetrics()
         self.started = threading.Event()
-        self.controller: Controller | None = None
+        self.controller: ClusterPolicyController | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._main, name="gpu-operator", daemon=True)
@@ -232,13 +228,13 @@ def main_run(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    settings = OperatorSettings(
+    config = OperatorConfig(
         namespace=namespace or os.environ.get("OPERATOR_NAMESPACE", "gpu-operator"),
-        operator_image=os.environ.get("OPERATOR_IMAGE", OperatorSettings().operator_image),
+        operator_image=os.environ.get("OPERATOR_IMAGE", OperatorConfig().operator_image),
         image_env={k: os.environ[k] for k in IMAGE_ENV_NAMES if os.environ.get(k)},
     )
     options = RunOptions(
-        settings=settings,
+        config=config,
         apply_crd=apply_crd,
         leader_election=leader_election,
         health_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
@@ -246,14 +242,14 @@ def main_run(
         lease_seconds=lease_seconds,
         renew_seconds=max(1.0, lease_seconds / 3),
     )
-    config = api_configuration(kubeconfig)
+    api_config = api_configuration(kubeconfig)
 
     async def run() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await run_operator(options, config, stop=stop)
+        await run_operator(options, api_config, stop=stop)
 
     try:
         asyncio.run(run())

@@ -15,11 +15,10 @@ from typing import IO, Any
 from kubernetes.client.exceptions import ApiException
 
 from gpu_operator.install.rbac import CLUSTER_RULES, CRD, NAMESPACE_RULES, Rule, listing
-from gpu_operator.kube import KINDS, Kube
+from gpu_operator.kinds import KINDS
+from gpu_operator.kube import Kube
 
-_KIND_BY_RESOURCE = {
-    (kind.api_version.rpartition("/")[0], kind.plural): name for name, kind in KINDS.items()
-}
+_KIND_BY_RESOURCE = {(kind.group, kind.plural): name for name, kind in KINDS.items()}
 
 
 class UninstallError(RuntimeError):

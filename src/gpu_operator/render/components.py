@@ -2,7 +2,8 @@
 
 Components are data, not code paths: an entry names the ClusterPolicy section, the template
 folder (``templates/<name>/``), the DaemonSet/app name, the deploy-gate label and the default
-image. Adding a component is a folder of templates plus one entry here.
+image. Adding a component is a folder of templates, one entry here and the builder of what its
+templates read (``render.values.VALUES``).
 """
 
 from __future__ import annotations
@@ -11,10 +12,9 @@ from dataclasses import dataclass
 
 from gpu_operator.api.base import Component
 from gpu_operator.api.spec import ClusterPolicySpec
+from gpu_operator.labels import DEPLOY_PREFIX
 from gpu_operator.render.facts import Facts
 from gpu_operator.render.images import ImageDefault, resolve_image, split_reference
-
-DEPLOY_LABEL_PREFIX = "nvidia.com/gpu.deploy."
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class ComponentDef:
 
     @property
     def deploy_label(self) -> str:
-        return DEPLOY_LABEL_PREFIX + self.name
+        return DEPLOY_PREFIX + self.name
 
 
 REGISTRY: tuple[ComponentDef, ...] = (

@@ -8,6 +8,7 @@ always a complete reference.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from gpu_operator.api.base import ImageRef
@@ -48,6 +49,7 @@ def join_reference(repository: str, image: str, version: str) -> str:
     return f"{path}@{version}" if is_digest(version) else f"{path}:{version}"
 
 
+@functools.lru_cache(maxsize=256)  # a handful of references, split on every render
 def split_reference(reference: str) -> ImageParts:
     """``nvcr.io/nvidia/driver:580`` -> (nvcr.io/nvidia, driver, 580); digests keep ``sha256:``.
 

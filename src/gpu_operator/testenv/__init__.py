@@ -1,11 +1,13 @@
 """A real local Kubernetes control plane for end-to-end tests, benchmarks and demos.
 
 etcd, kube-apiserver, kube-controller-manager and kube-scheduler run for real on loopback; kwok
-plays the kubelets of simulated GPU and CPU nodes. Build the binaries once with
-`hack/testenv build`, then::
+plays the kubelets of simulated GPU and CPU nodes, and `real_nodes=N` adds real nodes (kubelet,
+containerd, runc, kube-proxy in their own namespaces: `realnodes`, configured by the pure
+`nodeconfig`). Build the binaries once with `hack/testenv build`, then::
 
-    cluster = testenv.start(gpu_nodes=2, cpu_nodes=1)
+    cluster = testenv.start(gpu_nodes=2, cpu_nodes=1, real_nodes=2)
     with cluster.api_client() as api: ...
+    cluster.load_image(Path("image.oci.tar"))  # into every real node's containerd
     cluster.stop()
 """
 

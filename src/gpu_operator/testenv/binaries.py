@@ -14,12 +14,27 @@ import subprocess
 from pathlib import Path
 from typing import IO
 
+# The control plane's processes; the same bin dir also holds the real nodes' kubelet/kube-proxy.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
-# Built into the same bin dir (hack/build-components.sh) but never run as part of a cluster.
-TOOLS = ("helm",)
+# helm is built there too, for the chart's tests; no cluster runs it.
+BUILT = (*COMPONENTS, "kubelet", "kube-proxy", "helm")
+# What `build-components.sh nodes` puts in the node dir: bin/ and images/<kind>.oci.tar.
+NODE_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "pause", "incluster-get")
+NODE_IMAGES = ("pause", "shell")
 
 # Fallbacks for when the package runs outside a checkout; keep in step with the script.
-_DEFAULT_VERSIONS = {"K8S_VERSION": "v1.34.4", "ETCD_VERSION": "v3.6.16", "KWOK_VERSION": "v0.7.0"}
+_DEFAULT_VERSIONS = {
+    "K8S_VERSION": "v1.34.4",
+    "ETCD_VERSION": "v3.6.16",
+    "KWOK_VERSION": "v0.7.0",
+    "CONTAINERD_VERSION": "v2.4.2",
+    "NODE_IMAGES_VERSION": "1",
+}
+
+
+def in_ci() -> bool:
+    """CI is set: what would be skipped elsewhere (no Go, no root for real nodes) fails."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
 class BinariesError(RuntimeError):
@@ -58,17 +73,41 @@ def versions() -> dict[str, str]:
     return found
 
 
+def _cache_root() -> Path:
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(os.environ.get("TESTENV_CACHE") or Path(xdg) / "gpu-operator-testenv")
+
+
 def cache_bin_dir() -> Path:
     """The versioned cache directory the build script writes to."""
     v = versions()
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    root = Path(os.environ.get("TESTENV_CACHE") or Path(xdg) / "gpu-operator-testenv")
     key = f"k8s-{v['K8S_VERSION']}_etcd-{v['ETCD_VERSION']}_kwok-{v['KWOK_VERSION']}"
-    return root / key / "bin"
+    return _cache_root() / key / "bin"
+
+
+def node_dir() -> Path:
+    """The versioned cache directory of the real nodes' runtime (bin/, images/)."""
+    v = versions()
+    key = f"containerd-{v['CONTAINERD_VERSION']}_images-{v['NODE_IMAGES_VERSION']}"
+    return Path(os.environ.get("TESTENV_NODE_DIR") or _cache_root() / key)
+
+
+def node_image_name(kind: str) -> str:
+    """The name an image from the node dir is imported under (`localhost/testenv/shell:1`)."""
+    return f"localhost/testenv/{kind}:{versions()['NODE_IMAGES_VERSION']}"
+
+
+def node_image_archives(directory: Path) -> list[Path]:
+    return [directory / "images" / f"{kind}.oci.tar" for kind in NODE_IMAGES]
 
 
 def missing(bin_dir: Path) -> list[str]:
-    return [c for c in (*COMPONENTS, *TOOLS) if not os.access(bin_dir / c, os.X_OK)]
+    return [c for c in BUILT if not os.access(bin_dir / c, os.X_OK)]
+
+
+def missing_node_parts(directory: Path) -> list[str]:
+    absent = [b for b in NODE_BINARIES if not os.access(directory / "bin" / b, os.X_OK)]
+    return absent + [str(p.name) for p in node_image_archives(directory) if not p.is_file()]
 
 
 def cached_bin_dir() -> Path | None:
@@ -92,6 +131,24 @@ def why_unbuildable() -> str | None:
     return None
 
 
+def _run_script(target: str, log: IO[str] | None) -> Path:
+    script = build_script()
+    assert script is not None
+    proc = subprocess.run(
+        ["bash", str(script), target],
+        stdout=subprocess.PIPE,
+        stderr=log if log is not None else None,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise BinariesError(f"{script} {target} failed with exit code {proc.returncode}")
+    lines = proc.stdout.strip().splitlines()
+    if not lines:
+        raise BinariesError(f"{script} {target} printed no directory")
+    return Path(lines[-1])
+
+
 def ensure_binaries(log: IO[str] | None = None) -> Path:
     """Return the bin dir, building the components first if any is missing (slow when cold).
 
@@ -103,20 +160,28 @@ def ensure_binaries(log: IO[str] | None = None) -> Path:
     reason = why_unbuildable()
     if reason:
         raise BinariesError(reason)
-    script = build_script()
-    assert script is not None
-    proc = subprocess.run(
-        ["bash", str(script), "all"],
-        stdout=subprocess.PIPE,
-        stderr=log if log is not None else None,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise BinariesError(f"{script} failed with exit code {proc.returncode}")
-    lines = proc.stdout.strip().splitlines()
-    bin_dir = Path(lines[-1]) if lines else cache_bin_dir()
+    bin_dir = _run_script("all", log)
     absent = missing(bin_dir)
     if absent:
         raise BinariesError(f"build finished but {', '.join(absent)} missing in {bin_dir}")
     return bin_dir
+
+
+def ensure_node_runtime(log: IO[str] | None = None) -> Path:
+    """Return the real nodes' runtime dir (containerd, pause, images), building it if needed
+    (about a minute cold; needs Go and buildah)."""
+    directory = node_dir()
+    if not missing_node_parts(directory):
+        return directory
+    if shutil.which("go") is None:
+        raise BinariesError(
+            f"Go toolchain not found on PATH and the real nodes' runtime is not cached in "
+            f"{directory}; install Go and run `hack/testenv build`"
+        )
+    if build_script() is None:
+        raise BinariesError("hack/build-components.sh not found (run from the checkout)")
+    built = _run_script("nodes", log)
+    absent = missing_node_parts(built)
+    if absent:
+        raise BinariesError(f"build finished but {', '.join(absent)} missing in {built}")
+    return built

@@ -1,5 +1,7 @@
 """Start, describe and stop a real control plane on loopback: etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler and kwok (which plays every kubelet).
+kube-controller-manager, kube-scheduler and kwok (which plays the simulated nodes' kubelets),
+optionally with real nodes (kubelet, containerd, runc, kube-proxy; see `realnodes`), for which
+the API server listens on the harness bridge instead of loopback.
 
 All state lives in one directory (default `.testenv/` in the checkout): PKI, kubeconfigs, etcd
 data, logs, the audit log and `state.json`, which records ports and PIDs so that `stop()` from
@@ -14,6 +16,7 @@ import functools
 import json
 import os
 import shutil
+import signal
 import ssl
 import subprocess
 import threading
@@ -28,7 +31,7 @@ from typing import IO, Any
 import yaml
 from kubernetes import client
 
-from . import binaries, nodes, pki
+from . import binaries, nodeconfig, nodes, pki, realnodes
 from .processes import (
     ProcessRecord,
     alive,
@@ -39,7 +42,7 @@ from .processes import (
     wait_ports_free,
 )
 
-SERVICE_CIDR = "10.96.0.0/16"
+SERVICE_CIDR = nodeconfig.SERVICE_CIDR
 POD_CIDR = "10.128.0.1/14"
 AUDIT_POLICY = """\
 apiVersion: audit.k8s.io/v1
@@ -109,6 +112,7 @@ class Cluster:
     bin_dir: Path
     # Seconds from the start of `start()` until each milestone (apiserver ready, nodes, ...).
     timings: dict[str, float] = field(default_factory=dict)
+    real: realnodes.RealNodes | None = None
     popens: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
 
     @property
@@ -158,8 +162,33 @@ class Cluster:
         return self.get("/metrics", timeout=30.0)
 
     def running(self) -> bool:
-        components = [p for p in self.processes if p.name in binaries.COMPONENTS]
+        components = [
+            p
+            for p in self.processes
+            if p.name in binaries.COMPONENTS or p.name.startswith(realnodes.PROCESS_PREFIX)
+        ]
         return bool(components) and all(alive(p) for p in components)
+
+    # Real nodes ----------------------------------------------------------------------------
+
+    @property
+    def real_nodes(self) -> list[str]:
+        """Names of the real (kubelet) nodes, in order; kwok nodes are not listed."""
+        return [n.name for n in self.real.nodes] if self.real else []
+
+    def real_node_dir(self, name: str) -> Path:
+        """The node's directory: bound on /var/lib/kubelet (`kubelet/`), /var/run/cdi (`cdi/`),
+        /run/nvidia (`nvidia/`) and the simulated-GPU marker dir on that node; logs in `logs/`."""
+        for node in self.real.nodes if self.real else ():
+            if node.name == name:
+                return node.dir
+        raise KeyError(f"no real node {name!r} (real nodes: {self.real_nodes})")
+
+    def load_image(self, archive: Path) -> None:
+        """Import an image archive into every real node's containerd (nothing is ever pulled)."""
+        if self.real is None:
+            raise TestenvError("this cluster has no real nodes to load an image into")
+        realnodes.load_image(self.real, self.processes, archive)
 
     def adopt(self, record: ProcessRecord) -> None:
         """Tie another process (the demo's operator and agents) to this cluster: `stop()` and
@@ -256,6 +285,7 @@ class Cluster:
             "ports": self.ports,
             "processes": [p.to_json() for p in self.processes],
             "timings": self.timings,
+            "real_nodes": self.real.to_json() if self.real else None,
         }
 
 
@@ -290,6 +320,7 @@ def load(state_dir: Path | None = None) -> Cluster | None:
         processes=[ProcessRecord.from_json(p) for p in data["processes"]],
         bin_dir=Path(data["bin_dir"]),
         timings={str(k): float(v) for k, v in data.get("timings", {}).items()},
+        real=realnodes.RealNodes.from_json(data["real_nodes"]) if data.get("real_nodes") else None,
     )
 
 
@@ -297,7 +328,12 @@ def stray_markers(state_dir: Path) -> list[str]:
     """Paths that appear in the arguments of exactly this state dir's components (and not in
     those of a state dir nested inside it)."""
     names = ("etcd", "pki/", "kwok.yaml", "kwok.kubeconfig", "kube-controller-manager.kubeconfig")
-    return [f"{state_dir}{os.sep}{name}" for name in (*names, "kube-scheduler.kubeconfig")]
+    return [
+        f"{state_dir}{os.sep}{name}" for name in (*names, "kube-scheduler.kubeconfig", "nodes/")
+    ]
+
+
+STRAY_NAMES = (*binaries.COMPONENTS, "unshare")
 
 
 def stop(state_dir: Path | None = None) -> None:
@@ -310,14 +346,23 @@ def stop(state_dir: Path | None = None) -> None:
     records = cluster.processes if cluster else []
     # Strays: components whose arguments mention this state dir but that state.json missed
     # (e.g. the starter was killed between spawning and writing the file).
-    strays = find_strays(binaries.COMPONENTS, stray_markers(state_dir))
-    terminate(records, strays)
+    strays = find_strays(STRAY_NAMES, stray_markers(state_dir))
+    # etcd last: an API server that publishes its endpoint lease (real nodes) removes it on
+    # SIGTERM and would wait out the grace period for an etcd already gone.
+    etcd = [r for r in records if r.name == "etcd"]
+    terminate([r for r in records if r.name != "etcd"], strays)
+    terminate(etcd)
+    if os.geteuid() == 0:
+        # Cgroups, veths and the bridge of real nodes (also a crashed `up`'s, found by name).
+        leftovers = realnodes.cleanup(state_dir, cluster.real if cluster else None)
+        if leftovers:
+            raise TestenvError(f"could not remove {', '.join(leftovers)}")
     (state_dir / STATE_FILE).unlink(missing_ok=True)
     if cluster:
         busy = wait_ports_free(cluster.ports.values())
         # Once our processes are gone a listener can only be someone else's that picked the
         # freed port (other clusters choose free ports too); only ours would be an error.
-        left = find_strays(binaries.COMPONENTS, stray_markers(state_dir))
+        left = find_strays(STRAY_NAMES, stray_markers(state_dir))
         if busy and left:
             raise TestenvError(f"ports {busy} still held by testenv processes {left}")
 
@@ -378,17 +423,34 @@ class _Starter:
         self.die_with_parent = die_with_parent
         self.records: list[ProcessRecord] = []
         self.popens: list[subprocess.Popen[bytes]] = []
+        # Processes to record and stop that this object did not spawn (real nodes' inits).
+        self.adopted: list[ProcessRecord] = []
 
     def spawn(self, name: str, args: Sequence[str]) -> None:
+        self.spawn_argv(
+            name, [str(self.bin_dir / name), *args], self.state_dir / "logs" / f"{name}.log"
+        )
+
+    def spawn_argv(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log: Path,
+        cgroups: Sequence[Path] = (),
+        death_signal: int = signal.SIGTERM,
+    ) -> ProcessRecord:
         proc, record = spawn(
             name,
-            [str(self.bin_dir / name), *args],
-            self.state_dir / "logs" / f"{name}.log",
+            argv,
+            log,
             die_with_parent=self.die_with_parent,
             cwd=self.state_dir,
+            cgroups=cgroups,
+            death_signal=death_signal,
         )
         self.popens.append(proc)
         self.records.append(record)
+        return record
 
     def check(self) -> None:
         for proc, record in zip(self.popens, self.records, strict=True):
@@ -415,6 +477,8 @@ def start(
     *,
     gpu_nodes: int = 0,
     cpu_nodes: int = 0,
+    real_nodes: int = 0,
+    real_node_gpus: Sequence[str] = nodeconfig.DEFAULT_GPUS,
     bin_dir: Path | None = None,
     detach: bool = False,
     timeout: float = START_TIMEOUT,
@@ -423,15 +487,29 @@ def start(
     usable: apiserver ready, controllers and scheduler healthy, the `default` ServiceAccount in
     place (pods can be created) and the requested nodes Ready.
 
+    `real_nodes` adds that many real nodes (`real-node-N`: kubelet, containerd, runc,
+    kube-proxy), given simulated GPUs from `real_node_gpus` in turn (`a100-40gb:8`); they need
+    root and the packages `realnodes.why_unavailable()` checks for.
+
     `detach=False` (called from the main thread) ties the components to this process's lifetime
     (PR_SET_PDEATHSIG) so a killed test run leaves nothing behind; `detach=True` (the CLI's
     `up`) lets them outlive it. Either way `stop()` finds them from `state.json`.
     """
     state_dir = (state_dir or default_state_dir()).resolve()
     bin_dir = bin_dir or binaries.ensure_binaries()
+    node_dir: Path | None = None
+    if real_nodes:
+        reason = realnodes.why_unavailable(state_dir)
+        if reason:
+            raise TestenvError(f"real nodes cannot run here: {reason}")
+        try:
+            node_dir = binaries.ensure_node_runtime()
+        except binaries.BinariesError as exc:
+            raise TestenvError(f"real nodes cannot run here: {exc}") from exc
+    nodes_wanted = _NodesWanted(gpu_nodes, cpu_nodes, real_nodes, tuple(real_node_gpus), node_dir)
     for attempt in range(3):
         try:
-            return _start_once(state_dir, gpu_nodes, cpu_nodes, bin_dir, detach, timeout)
+            return _start_once(state_dir, nodes_wanted, bin_dir, detach, timeout)
         except TestenvError as exc:
             # A port chosen as free can be taken by another process (e.g. a concurrent
             # cluster) before our component binds it; pick new ports and try again.
@@ -440,11 +518,20 @@ def start(
     raise AssertionError("unreachable")
 
 
+@dataclass(frozen=True)
+class _NodesWanted:
+    gpu: int
+    cpu: int
+    real: int
+    real_gpus: tuple[str, ...]
+    node_dir: Path | None  # the real nodes' runtime (containerd, images), when real > 0
+
+
 def _start_once(
-    state_dir: Path, gpu_nodes: int, cpu_nodes: int, bin_dir: Path, detach: bool, timeout: float
+    state_dir: Path, wanted: _NodesWanted, bin_dir: Path, detach: bool, timeout: float
 ) -> Cluster:
     stop(state_dir)  # never two clusters on one state dir; also clears what a crash left
-    for sub in ("etcd", "logs", "kcm", "scheduler"):
+    for sub in ("etcd", "logs", "kcm", "scheduler", "nodes"):
         shutil.rmtree(state_dir / sub, ignore_errors=True)
     for name in ("audit.log", "kubeconfig"):
         (state_dir / name).unlink(missing_ok=True)
@@ -452,10 +539,18 @@ def _start_once(
     (state_dir / ".gitignore").write_text("*\n")
 
     deadline = time.monotonic() + timeout
-    keys = pki.load_or_generate(state_dir / "pki")
+    network = realnodes.allocate_network(state_dir) if wanted.real else None
+    # With real nodes the API server listens on the harness bridge, where the nodes reach it.
+    host = network.gateway if network else "127.0.0.1"
+    try:
+        keys = pki.load_or_generate(state_dir / "pki", server_ips=(host,) if network else ())
+    except BaseException:
+        if network:
+            realnodes.cleanup(state_dir, None)
+        raise
     names = ("etcd", "etcd-peer", "kube-apiserver", "kcm", "scheduler", "kwok")
     ports = dict(zip(names, free_ports(len(names)), strict=True))
-    api_url = f"https://127.0.0.1:{ports['kube-apiserver']}"
+    api_url = f"https://{host}:{ports['kube-apiserver']}"
     ca = keys.ca.cert
 
     kubeconfigs = {}
@@ -468,6 +563,12 @@ def _start_once(
     audit_policy.write_text(AUDIT_POLICY)
 
     cluster = Cluster(state_dir, api_url, ports, [], bin_dir)
+    planned: list[nodeconfig.RealNode] = []
+    if network:
+        planned = nodeconfig.plan_nodes(wanted.real, wanted.real_gpus, network, state_dir / "nodes")
+        cluster.real = realnodes.RealNodes(
+            network, tuple(planned), tuple(realnodes.cluster_cgroups(state_dir))
+        )
     # PR_SET_PDEATHSIG fires when the spawning *thread* exits, so only the main thread can
     # tie the components' lifetime to the process; other threads rely on stop()/strays.
     die_with_parent = not detach and threading.current_thread() is threading.main_thread()
@@ -476,7 +577,7 @@ def _start_once(
     peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
 
     def record_state() -> None:
-        cluster.processes = list(starter.records)
+        cluster.processes = [*starter.records, *starter.adopted]
         (state_dir / STATE_FILE).write_text(json.dumps(cluster.to_json(), indent=2) + "\n")
 
     try:
@@ -501,8 +602,8 @@ def _start_once(
             "kube-apiserver",
             [
                 f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={host}",
+                f"--advertise-address={host}",
                 f"--secure-port={ports['kube-apiserver']}",
                 f"--cert-dir={state_dir / 'pki'}",
                 f"--tls-cert-file={keys.apiserver.cert}",
@@ -522,9 +623,15 @@ def _start_once(
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={keys.sa_pub}",
                 f"--service-account-signing-key-file={keys.sa_key}",
-                # Loopback is not a valid Endpoints address, so don't publish the apiserver
-                # as the endpoint of the `kubernetes` Service (nothing in-cluster dials it).
-                "--endpoint-reconciler-type=none",
+                # Loopback is not a valid Endpoints address: without real nodes nothing
+                # in-cluster dials the `kubernetes` Service, so don't publish the apiserver as
+                # its endpoint; with real nodes it is the bridge address kube-proxy DNATs to.
+                f"--endpoint-reconciler-type={'lease' if network else 'none'}",
+                # logs/exec/port-forward: the apiserver dials kubelets at their InternalIP
+                # (kwok nodes have loopback addresses, so nothing leaves the machine).
+                f"--kubelet-client-certificate={keys.clients['kubelet-client'].cert}",
+                f"--kubelet-client-key={keys.clients['kubelet-client'].key}",
+                "--kubelet-preferred-address-types=InternalIP",
                 f"--audit-policy-file={audit_policy}",
                 f"--audit-log-path={cluster.audit_log}",
                 "--audit-log-maxsize=0",
@@ -606,9 +713,30 @@ def _start_once(
             core = client.CoreV1Api(api)
             starter.wait_for("the default ServiceAccount", lambda: _has_default_sa(core), deadline)
         cluster.popens = starter.popens
-        if gpu_nodes or cpu_nodes:
-            cluster.add_nodes(gpu=gpu_nodes, cpu=cpu_nodes)
+        if planned and network and wanted.node_dir:
+            starter.adopted.extend(
+                realnodes.start_nodes(
+                    planned,
+                    network,
+                    cluster.real.cgroups if cluster.real else (),
+                    state_dir=state_dir,
+                    api_url=api_url,
+                    keys=keys,
+                    k8s_bin=bin_dir,
+                    node_dir=wanted.node_dir,
+                    spawn=starter.spawn_argv,
+                    wait_for=starter.wait_for,
+                    deadline=deadline,
+                )
+            )
+            record_state()
+        if wanted.gpu or wanted.cpu:
+            # kwok nodes come up while the kubelets register.
+            cluster.add_nodes(gpu=wanted.gpu, cpu=wanted.cpu)
             cluster.timings["nodes Ready"] = round(time.monotonic() - starter.t0, 3)
+        if planned:
+            with cluster.api_client() as api:
+                realnodes.label_and_wait_ready(api, planned, starter.wait_for, deadline)
     except BaseException:
         record_state()
         try:

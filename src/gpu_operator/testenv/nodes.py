@@ -36,9 +36,13 @@ KUBELET_VERSION = "v1.34.4"
 
 
 def _internal_ip(name: str) -> str:
-    """A stable address in 172.16.0.0/12 derived from the node name (collisions are harmless)."""
+    """A stable loopback address (127.16.0.1-127.31.255.255) derived from the node name.
+
+    Loopback on purpose: the API server prefers InternalIP when it dials a kubelet (the real
+    nodes need that), so `kubectl logs` on a kwok pod must not send anything off the machine.
+    Collisions are harmless."""
     h = int.from_bytes(hashlib.sha256(name.encode()).digest()[:3], "big") & 0x0FFFFF
-    return f"172.{16 + (h >> 16)}.{(h >> 8) & 0xFF}.{max(h & 0xFF, 1)}"
+    return f"127.{16 + (h >> 16)}.{(h >> 8) & 0xFF}.{max(h & 0xFF, 1)}"
 
 
 def node_manifest(

@@ -13,6 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _DAYS = "3650"
+_CLIENT_EXT = (
+    "basicConstraints=critical,CA:FALSE\n"
+    "keyUsage=critical,digitalSignature,keyEncipherment\n"
+    "extendedKeyUsage=clientAuth\n"
+)
 
 
 class PKIError(RuntimeError):
@@ -42,7 +47,21 @@ CLIENTS: dict[str, tuple[str, str | None]] = {
     "kube-controller-manager": ("system:kube-controller-manager", None),
     "kube-scheduler": ("system:kube-scheduler", None),
     "kwok": ("kwok-controller", "system:masters"),
+    # The API server's identity towards kubelets (logs, exec, port-forward on real nodes).
+    "kubelet-client": ("kube-apiserver-kubelet-client", "system:masters"),
+    # Bound to system:node-proxier by the default RBAC.
+    "kube-proxy": ("system:kube-proxy", None),
 }
+NODE_GROUP = "system:nodes"
+BASE_SANS = (
+    "IP:127.0.0.1",
+    "DNS:localhost",
+    "IP:10.96.0.1",  # the `kubernetes` Service: what in-cluster clients dial
+    "DNS:kubernetes",
+    "DNS:kubernetes.default",
+    "DNS:kubernetes.default.svc",
+    "DNS:kubernetes.default.svc.cluster.local",
+)
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -86,9 +105,46 @@ def _paths(dir_: Path) -> PKI:
     )
 
 
-def load_or_generate(dir_: Path) -> PKI:
+def load_or_generate(dir_: Path, server_ips: tuple[str, ...] = ()) -> PKI:
     """Reuse a complete PKI from an earlier start (nothing in it depends on ports), else
-    generate one; saves the openssl calls on every warm start."""
+    generate one; saves the openssl calls on every warm start. `server_ips` are extra
+    addresses the API server's serving certificate must name (the real nodes' bridge); the
+    serving certificate alone is re-signed when they change."""
+    pki = _load_or_generate(dir_)
+    sans = ",".join([*BASE_SANS, *(f"IP:{ip}" for ip in server_ips)])
+    recorded = dir_ / "apiserver.sans"
+    if not recorded.is_file() or recorded.read_text() != sans:
+        _sign_apiserver(dir_, pki.ca, sans)
+        recorded.write_text(sans)
+    return pki
+
+
+def node_client(dir_: Path, ca: KeyPair, node: str) -> KeyPair:
+    """A kubelet's client certificate (CN system:node:<node>, O system:nodes: what the Node
+    authorizer and NodeRestriction admission expect), reused across starts."""
+    pair = KeyPair(dir_ / f"node-{node}.crt", dir_ / f"node-{node}.key")
+    if pair.cert.is_file() and pair.key.is_file():
+        return pair
+    pair = _sign(dir_, f"node-{node}", f"/O={NODE_GROUP}/CN=system:node:{node}", _CLIENT_EXT, ca)
+    pair.key.chmod(0o600)
+    return pair
+
+
+def _sign_apiserver(dir_: Path, ca: KeyPair, sans: str) -> KeyPair:
+    pair = _sign(
+        dir_,
+        "apiserver",
+        "/CN=kube-apiserver",
+        "basicConstraints=critical,CA:FALSE\n"
+        "keyUsage=critical,digitalSignature,keyEncipherment\n"
+        f"extendedKeyUsage=serverAuth\nsubjectAltName={sans}\n",
+        ca,
+    )
+    pair.key.chmod(0o600)
+    return pair
+
+
+def _load_or_generate(dir_: Path) -> PKI:
     existing = _paths(dir_)
     files = [
         existing.ca,
@@ -125,31 +181,10 @@ def generate(dir_: Path) -> PKI:
     # The aggregation layer's CA: kube-controller-manager and kube-scheduler read it from
     # kube-system/extension-apiserver-authentication and log errors every second without it.
     front_proxy_ca = _new_ca(dir_, "front-proxy-ca", "gpu-operator-testenv-front-proxy-ca")
-    sans = ",".join(
-        [
-            "IP:127.0.0.1",
-            "DNS:localhost",
-            "IP:10.96.0.1",
-            "DNS:kubernetes",
-            "DNS:kubernetes.default",
-            "DNS:kubernetes.default.svc",
-            "DNS:kubernetes.default.svc.cluster.local",
-        ]
-    )
-    apiserver = _sign(
-        dir_,
-        "apiserver",
-        "/CN=kube-apiserver",
-        "basicConstraints=critical,CA:FALSE\n"
-        "keyUsage=critical,digitalSignature,keyEncipherment\n"
-        f"extendedKeyUsage=serverAuth\nsubjectAltName={sans}\n",
-        ca,
-    )
-    client_ext = (
-        "basicConstraints=critical,CA:FALSE\n"
-        "keyUsage=critical,digitalSignature,keyEncipherment\n"
-        "extendedKeyUsage=clientAuth\n"
-    )
+    sans = ",".join(BASE_SANS)
+    apiserver = _sign_apiserver(dir_, ca, sans)
+    (dir_ / "apiserver.sans").write_text(sans)
+    client_ext = _CLIENT_EXT
     clients = {}
     for name, (cn, org) in CLIENTS.items():
         subject = f"/O={org}/CN={cn}" if org else f"/CN={cn}"

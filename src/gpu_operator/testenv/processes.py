@@ -100,19 +100,43 @@ def find_strays(names: Iterable[str], markers: Sequence[str]) -> list[int]:
     return found
 
 
-def _die_with_parent() -> None:
-    """preexec_fn: have the kernel SIGTERM the child when the starting thread dies."""
+def _die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """preexec_fn: have the kernel send `sig` to the child when the starting thread dies."""
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+
+
+def _preexec(
+    die_with_parent: bool, death_signal: int, cgroups: Sequence[Path]
+) -> Callable[[], None] | None:
+    """What the child does before exec: join `cgroups` (their cgroup.procs), set PDEATHSIG."""
+    if not die_with_parent and not cgroups:
+        return None
+
+    def run() -> None:
+        for cgroup in cgroups:
+            (cgroup / "cgroup.procs").write_text("0")  # 0: the writing process itself
+        if die_with_parent:
+            _die_with_parent(death_signal)
+
+    return run
 
 
 def spawn(
-    name: str, argv: Sequence[str], log: Path, *, die_with_parent: bool, cwd: Path
+    name: str,
+    argv: Sequence[str],
+    log: Path,
+    *,
+    die_with_parent: bool,
+    cwd: Path,
+    cgroups: Sequence[Path] = (),
+    death_signal: int = signal.SIGTERM,
 ) -> tuple[subprocess.Popen[bytes], ProcessRecord]:
-    """Start `argv` in a new session with output to `log`; record it for later teardown."""
+    """Start `argv` in a new session with output to `log` (in `cgroups` when given); record it
+    for later teardown. `death_signal` is what it gets if the starter dies (die_with_parent)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
-        preexec: Callable[[], None] | None = _die_with_parent if die_with_parent else None
+        preexec = _preexec(die_with_parent, death_signal, cgroups)
         proc = subprocess.Popen(
             list(argv),
             stdin=subprocess.DEVNULL,

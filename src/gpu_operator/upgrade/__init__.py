@@ -1,18 +1,14 @@
 """The fleet driver-upgrade planner: a pure state machine over an observed fleet.
 
-``plan(fleet, policy, now)`` returns the next actions; the controller applies them and calls it
-again on the next observation. ``simulate`` plays a cluster for tests and benchmarks.
+``fleet_from_objects`` builds the observation from watched objects, ``plan(fleet, policy, now)``
+returns the next actions; the controller executes them and plans again on the next
+observation. ``simulate`` plays a cluster for tests and benchmarks.
 """
 
+from gpu_operator.selector import Selector
+from gpu_operator.upgrade.fleet import emptying_nodes, fleet_from_objects
 from gpu_operator.upgrade.model import (
-    DRAIN_SKIP_LABEL,
     IN_PROGRESS,
-    REQUESTED_ANNOTATION,
-    SINCE_ANNOTATION,
-    SKIP_LABEL,
-    STATE_LABEL,
-    VALIDATOR_APP,
-    WAS_CORDONED_ANNOTATION,
     Action,
     Cordon,
     DeletePod,
@@ -21,27 +17,19 @@ from gpu_operator.upgrade.model import (
     Fail,
     Fleet,
     Node,
-    Plan,
     Pod,
     Policy,
     SetState,
     State,
     Summary,
     Uncordon,
+    UpgradePlan,
     scaled_max_unavailable,
 )
 from gpu_operator.upgrade.planner import plan, summary_line
-from gpu_operator.upgrade.selector import Selector
 
 __all__ = [
-    "DRAIN_SKIP_LABEL",
     "IN_PROGRESS",
-    "REQUESTED_ANNOTATION",
-    "SINCE_ANNOTATION",
-    "SKIP_LABEL",
-    "STATE_LABEL",
-    "VALIDATOR_APP",
-    "WAS_CORDONED_ANNOTATION",
     "Action",
     "Cordon",
     "DeletePod",
@@ -50,7 +38,6 @@ __all__ = [
     "Fail",
     "Fleet",
     "Node",
-    "Plan",
     "Pod",
     "Policy",
     "Selector",
@@ -58,6 +45,9 @@ __all__ = [
     "State",
     "Summary",
     "Uncordon",
+    "UpgradePlan",
+    "emptying_nodes",
+    "fleet_from_objects",
     "plan",
     "scaled_max_unavailable",
     "summary_line",

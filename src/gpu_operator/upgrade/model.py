@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal, TypeVar
 
@@ -20,29 +19,27 @@ from gpu_operator.api.spec import (
     UpgradePolicy,
     WaitForCompletionSpec,
 )
-from gpu_operator.controller.nodes import NodeView
-from gpu_operator.controller.readiness import REVISION_HASH, pod_ready
-from gpu_operator.upgrade.selector import Selector
+from gpu_operator.labels import (
+    GPU_RESOURCE,
+    MIG_RESOURCE_PREFIX,
+    REVISION_HASH,
+    UPGRADE_REQUESTED,
+    UPGRADE_SINCE,
+    UPGRADE_SKIP,
+    UPGRADE_STATE,
+    UPGRADE_WAS_CORDONED,
+    is_true,
+)
+from gpu_operator.selector import Selector
+from gpu_operator.views import NodeView, parse_time, pod_ready
 
-# Names shared with NVIDIA's operator (reference/gpu-facts.md section 6).
-STATE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
-SKIP_LABEL = "nvidia.com/gpu-driver-upgrade.skip"
-DRAIN_SKIP_LABEL = "nvidia.com/gpu-driver-upgrade-drain.skip"
-REQUESTED_ANNOTATION = "nvidia.com/gpu-driver-upgrade-requested"
-VALIDATOR_APP = "nvidia-operator-validator"
-# Ours: what must survive an operator restart.
-SINCE_ANNOTATION = "nvidia.com/gpu-driver-upgrade-state.since"
-WAS_CORDONED_ANNOTATION = "nvidia.com/gpu-driver-upgrade.was-cordoned"
-
-GPU_RESOURCE = "nvidia.com/gpu"
-MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 _T = TypeVar("_T")
 
 
 class State(StrEnum):
-    """Values of ``STATE_LABEL``, spelled as NVIDIA's operator spells them."""
+    """Values of ``UPGRADE_STATE``, spelled as NVIDIA's operator spells them."""
 
     UNKNOWN = ""
     DONE = "upgrade-done"
@@ -71,19 +68,15 @@ IN_PROGRESS = frozenset(
 )
 
 
-def is_true(value: str | None) -> bool:
-    """Label and annotation booleans, as people write them (``true``, ``True``)."""
-    return (value or "").strip().lower() == "true"
+# States in which the planner looks at the workload pods on a node. The operator does not
+# watch workload namespaces, so it lists those pods only for such nodes, and looks again this
+# often while they empty.
+EMPTYING = frozenset({State.WAIT_FOR_JOBS, State.POD_DELETION, State.DRAIN})
+EMPTYING_RECHECK_S = 3.0
 
 
-def parse_time(value: str | None) -> float:
-    """RFC 3339 (``2024-05-01T10:00:00Z``) to unix seconds; 0.0 when absent or unreadable."""
-    if not value:
-        return 0.0
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
+def is_emptying(labels: Mapping[str, str]) -> bool:
+    return labels.get(UPGRADE_STATE, "") in {s.value for s in EMPTYING}
 
 
 @dataclass(frozen=True)
@@ -101,15 +94,15 @@ class Node:
 
     @property
     def state_label(self) -> str:
-        return self.labels.get(STATE_LABEL, "")
+        return self.labels.get(UPGRADE_STATE, "")
 
     @property
     def skipped(self) -> bool:
-        return is_true(self.labels.get(SKIP_LABEL))
+        return is_true(self.labels.get(UPGRADE_SKIP))
 
     @property
     def requested(self) -> bool:
-        return is_true(self.annotations.get(REQUESTED_ANNOTATION))
+        return is_true(self.annotations.get(UPGRADE_REQUESTED))
 
     @property
     def unavailable(self) -> bool:
@@ -120,7 +113,7 @@ class Node:
     def since(self) -> float | None:
         """When the node entered its current state, as recorded by the planner."""
         try:
-            value = float(self.annotations[SINCE_ANNOTATION])
+            value = float(self.annotations[UPGRADE_SINCE])
         except (KeyError, ValueError):
             return None
         return value if math.isfinite(value) else None
@@ -128,7 +121,7 @@ class Node:
     @property
     def was_cordoned(self) -> bool | None:
         """Whether the node was cordoned before its upgrade began; None when not recorded."""
-        value = (self.annotations.get(WAS_CORDONED_ANNOTATION) or "").strip().lower()
+        value = (self.annotations.get(UPGRADE_WAS_CORDONED) or "").strip().lower()
         return {"true": True, "false": False}.get(value)
 
 
@@ -334,12 +327,14 @@ class SetState:
     reason: str = ""
 
     def patch(self) -> dict[str, Any]:
-        annotations: dict[str, str | None] = {SINCE_ANNOTATION: str(self.since)}
+        annotations: dict[str, str | None] = {UPGRADE_SINCE: str(self.since)}
         if self.state is State.REQUIRED:
-            annotations[REQUESTED_ANNOTATION] = None  # consumed: asking again means a new run
+            annotations[UPGRADE_REQUESTED] = None  # consumed: asking again means a new run
         if self.state is State.DONE:
-            annotations[WAS_CORDONED_ANNOTATION] = None
-        return {"metadata": {"labels": {STATE_LABEL: self.state.value}, "annotations": annotations}}
+            annotations[UPGRADE_WAS_CORDONED] = None
+        return {
+            "metadata": {"labels": {UPGRADE_STATE: self.state.value}, "annotations": annotations}
+        }
 
 
 @dataclass(frozen=True)
@@ -352,7 +347,7 @@ class Cordon:
     def patch(self) -> dict[str, Any]:
         value = "true" if self.was_cordoned else "false"
         return {
-            "metadata": {"annotations": {WAS_CORDONED_ANNOTATION: value}},
+            "metadata": {"annotations": {UPGRADE_WAS_CORDONED: value}},
             "spec": {"unschedulable": True},
         }
 
@@ -426,11 +421,11 @@ class Summary:
 
 
 @dataclass(frozen=True)
-class Plan:
+class UpgradePlan:
     actions: tuple[Action, ...]
     summary: Summary
     notes: tuple[str, ...] = ()
     line: str = ""  # one human line for status and the CLI
-    # The earliest time a waiting node times out: pass again by then even if nothing changes
-    # (a requeue hint; None when no timeout is running).
+    # When to pass again even if nothing changes: the earliest timeout of a waiting node, or
+    # soon while nodes empty (their pods are not watched); None when nothing is pending.
     next_deadline: float | None = None

@@ -25,10 +25,15 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from gpu_operator.upgrade.model import (
-    DRAIN_SKIP_LABEL,
-    IN_PROGRESS,
+from gpu_operator.labels import (
+    UPGRADE_DRAIN_SKIP,
     VALIDATOR_APP,
+    is_true,
+)
+from gpu_operator.upgrade.model import (
+    EMPTYING,
+    EMPTYING_RECHECK_S,
+    IN_PROGRESS,
     Action,
     Cordon,
     DeletePod,
@@ -37,14 +42,13 @@ from gpu_operator.upgrade.model import (
     Fail,
     Fleet,
     Node,
-    Plan,
     Pod,
     Policy,
     SetState,
     State,
     Summary,
     Uncordon,
-    is_true,
+    UpgradePlan,
     scaled_max_unavailable,
 )
 
@@ -89,7 +93,7 @@ class _Ctx:
         return newest is None or pod.revision_hash == newest
 
 
-def plan(fleet: Fleet, policy: Policy, now: float) -> Plan:
+def plan(fleet: Fleet, policy: Policy, now: float) -> UpgradePlan:
     """The next steps of the fleet's driver upgrade (see the module docstring for the rules)."""
     views, notes = _views(fleet)
     ctx = _Ctx(policy, now, dict(fleet.newest_hash), bool(fleet.validator_pods))
@@ -117,7 +121,7 @@ def plan(fleet: Fleet, policy: Policy, now: float) -> Plan:
             f"driver upgrade: automatic upgrades off; {summary.pending} of {summary.total} "
             "nodes need a new driver"
         )
-        return Plan((), summary, tuple(notes), line)
+        return UpgradePlan((), summary, tuple(notes), line)
 
     actions: list[Action] = []
     recoverable: list[_NodeView] = []
@@ -187,8 +191,12 @@ def plan(fleet: Fleet, policy: Policy, now: float) -> Plan:
     failed = [v.name for v in views if v.state is State.FAILED]
     if failed:
         notes.append(f"{len(failed)} nodes failed (see their Events): {_names(failed)}")
+    if any(v.state in EMPTYING for v in views) or any(
+        isinstance(a, (Evict, DeletePod)) for a in actions
+    ):
+        ctx.deadlines.append(now + EMPTYING_RECHECK_S)
     deadline = min(ctx.deadlines, default=None)
-    return Plan(tuple(actions), summary, tuple(notes), summary_line(summary), deadline)
+    return UpgradePlan(tuple(actions), summary, tuple(notes), summary_line(summary), deadline)
 
 
 def summary_line(summary: Summary) -> str:
@@ -387,7 +395,7 @@ def _drain(view: _NodeView, ctx: _Ctx) -> list[Action]:
         for pod in view.workloads
         if pod.running
         and not pod.is_daemonset_pod
-        and not is_true(pod.labels.get(DRAIN_SKIP_LABEL))
+        and not is_true(pod.labels.get(UPGRADE_DRAIN_SKIP))
         and (selector is None or selector.matches(pod.labels))
     ]
     return _remove(

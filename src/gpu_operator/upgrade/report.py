@@ -8,7 +8,12 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpu_operator.upgrade.model import SINCE_ANNOTATION, SKIP_LABEL, STATE_LABEL
+from gpu_operator.labels import (
+    UPGRADE_SINCE,
+    UPGRADE_SKIP,
+    UPGRADE_STATE,
+    is_true,
+)
 
 BAR_WIDTH = 30
 
@@ -43,12 +48,12 @@ def status_report(
     for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
         meta = node["metadata"]
         labels = meta.get("labels") or {}
-        if STATE_LABEL not in labels and labels.get(SKIP_LABEL) != "true":
+        if UPGRADE_STATE not in labels and labels.get(UPGRADE_SKIP) != "true":
             continue
-        state = labels.get(STATE_LABEL) or "-"
-        if labels.get(SKIP_LABEL) == "true":
+        state = labels.get(UPGRADE_STATE) or "-"
+        if is_true(labels.get(UPGRADE_SKIP)):
             state += " (skipped)"
-        since = (meta.get("annotations") or {}).get(SINCE_ANNOTATION)
+        since = (meta.get("annotations") or {}).get(UPGRADE_SINCE)
         schedulable = "no" if (node.get("spec") or {}).get("unschedulable") else "yes"
         rows.append((meta["name"], state, _age(since, now), schedulable))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]

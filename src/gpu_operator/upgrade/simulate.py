@@ -21,11 +21,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from gpu_operator.upgrade.model import (
-    REQUESTED_ANNOTATION,
-    SKIP_LABEL,
-    STATE_LABEL,
+from gpu_operator.labels import (
+    UPGRADE_REQUESTED,
+    UPGRADE_SKIP,
+    UPGRADE_STATE,
     VALIDATOR_APP,
+)
+from gpu_operator.upgrade.model import (
     Action,
     Cordon,
     DeletePod,
@@ -34,11 +36,11 @@ from gpu_operator.upgrade.model import (
     Fail,
     Fleet,
     Node,
-    Plan,
     Pod,
     Policy,
     SetState,
     Uncordon,
+    UpgradePlan,
 )
 from gpu_operator.upgrade.planner import plan
 
@@ -107,8 +109,8 @@ class World:
         late_at: float = 0.0,
         validator: bool = True,
     ) -> None:
-        labels = {SKIP_LABEL: "true"} if skip else {}
-        annotations = {REQUESTED_ANNOTATION: "true"} if requested else {}
+        labels = {UPGRADE_SKIP: "true"} if skip else {}
+        annotations = {UPGRADE_REQUESTED: "true"} if requested else {}
         self.nodes[name] = Node(name, labels, annotations, unschedulable=cordoned, ready=ready)
         if heal_at is not None and not ready:
             self._at(heal_at, lambda: self._set_node(name, ready=True))
@@ -213,11 +215,11 @@ class World:
         unschedulable = node.unschedulable
         if "unschedulable" in (patch.get("spec") or {}):
             unschedulable = bool(patch["spec"]["unschedulable"])
-        before = node.labels.get(STATE_LABEL, "")
+        before = node.labels.get(UPGRADE_STATE, "")
         self.nodes[name] = replace(
             node, labels=labels, annotations=annotations, unschedulable=unschedulable
         )
-        after = labels.get(STATE_LABEL, "")
+        after = labels.get(UPGRADE_STATE, "")
         if after != before:
             self.transitions.setdefault(name, []).append((self.now, after))
 
@@ -374,7 +376,7 @@ def _merge(current: Mapping[str, str], patch: Mapping[str, str | None]) -> dict[
 class Pass:
     now: float
     fleet: Fleet
-    plan: Plan
+    plan: UpgradePlan
     applied: int  # how many of the plan's actions the executor applied
 
 
@@ -384,7 +386,7 @@ class Result:
     end: float  # simulated time when the loop stopped
     settled: bool  # nothing left that could change
     plan_seconds: list[float]  # wall time of each plan() call
-    final: Plan
+    final: UpgradePlan
 
 
 class Simulation:
@@ -401,7 +403,7 @@ class Simulation:
         until: float,
         max_passes: int = 1_000_000,
         on_pass: Callable[[Pass], None] | None = None,
-        applied: Callable[[Plan], int] | None = None,
+        applied: Callable[[UpgradePlan], int] | None = None,
     ) -> Result:
         """Pass until nothing can change any more, ``until`` or ``max_passes``.
 
@@ -415,7 +417,7 @@ class Simulation:
         world, config = self.world, self.world.config
         timings: list[float] = []
         passes = 0
-        current: Plan | None = None
+        current: UpgradePlan | None = None
         settled = False
         while self.now <= until and passes < max_passes:
             world.advance(self.now)

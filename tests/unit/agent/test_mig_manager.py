@@ -12,14 +12,12 @@ from gpu_operator.agent import mig_manager as mm
 from gpu_operator.agent.inventory import Inventory
 from gpu_operator.agent.kube import PodView
 from gpu_operator.agent.mig_manager import (
-    CONFIG_LABEL,
     FAILED_ANNOTATION,
     PAUSE_ANNOTATION,
     PAUSED,
     REASON_ANNOTATION,
-    STATE_LABEL,
     ApplyMig,
-    Observed,
+    MigObservation,
     PatchNode,
     Paused,
     RecordEvent,
@@ -28,6 +26,7 @@ from gpu_operator.agent.mig_manager import (
 )
 from gpu_operator.agent.migparted import MigPartedConfig, load_mig_config
 from gpu_operator.agent.nvml import Nvml
+from gpu_operator.labels import MIG_CONFIG, MIG_CONFIG_STATE
 
 from .conftest import MIG_CONFIGMAP, Simulate, inventory_with
 
@@ -50,8 +49,8 @@ def observe(
     annotations: Mapping[str, str] | None = None,
     pods: list[PodView] | None = None,
     **kwargs: Any,
-) -> Observed:
-    return Observed(
+) -> MigObservation:
+    return MigObservation(
         labels=dict(labels),
         annotations=dict(annotations or {}),
         pods=pods or [],
@@ -67,7 +66,7 @@ def paused_annotation(config: str = "all-1g.5gb", since: float = 1000.0) -> dict
     return {PAUSE_ANNOTATION: Paused(config, since, original).encode()}
 
 
-PAUSED_LABELS = {DP: PAUSED, GFD: PAUSED, EXP: "false", DCGM: PAUSED, STATE_LABEL: "pending"}
+PAUSED_LABELS = {DP: PAUSED, GFD: PAUSED, EXP: "false", DCGM: PAUSED, MIG_CONFIG_STATE: "pending"}
 
 
 def test_no_config_label_nothing_to_do(simulate: Simulate, config: MigPartedConfig) -> None:
@@ -77,13 +76,13 @@ def test_no_config_label_nothing_to_do(simulate: Simulate, config: MigPartedConf
 
 def test_already_applied_only_records_success(simulate: Simulate, config: MigPartedConfig) -> None:
     inv = inventory_with(simulate, "a100-40gb:2")  # MIG off: all-disabled already holds
-    result = step(observe(inv, config, {**DEPLOY, CONFIG_LABEL: "all-disabled"}))
+    result = step(observe(inv, config, {**DEPLOY, MIG_CONFIG: "all-disabled"}))
     assert result.phase == "success"
     assert result.actions == (
-        PatchNode(labels={STATE_LABEL: "success"}),
+        PatchNode(labels={MIG_CONFIG_STATE: "success"}),
         RecordEvent("Normal", "MIGConfigApplied", "MIG config all-disabled applied"),
     )
-    settled = {**DEPLOY, CONFIG_LABEL: "all-disabled", STATE_LABEL: "success"}
+    settled = {**DEPLOY, MIG_CONFIG: "all-disabled", MIG_CONFIG_STATE: "success"}
     assert step(observe(inv, config, settled)).actions == ()
 
 
@@ -93,7 +92,10 @@ def test_new_config_pauses_operands_false_stays_false(
     inv = inventory_with(simulate, "a100-40gb:2")
     result = step(
         observe(
-            inv, config, {**DEPLOY, CONFIG_LABEL: "all-1g.5gb", STATE_LABEL: "success"}, now=1000.0
+            inv,
+            config,
+            {**DEPLOY, MIG_CONFIG: "all-1g.5gb", MIG_CONFIG_STATE: "success"},
+            now=1000.0,
         )
     )
     assert result.phase == "pausing"
@@ -104,7 +106,7 @@ def test_new_config_pauses_operands_false_stays_false(
         "MIG config all-1g.5gb: pausing GPU operands to repartition the GPUs",
     )
     assert isinstance(patch, PatchNode)
-    assert patch.labels == {STATE_LABEL: "pending", DP: PAUSED, GFD: PAUSED, DCGM: PAUSED}
+    assert patch.labels == {MIG_CONFIG_STATE: "pending", DP: PAUSED, GFD: PAUSED, DCGM: PAUSED}
     saved = Paused.decode(patch.annotations[PAUSE_ANNOTATION])
     assert saved == Paused(
         "all-1g.5gb", 1000.0, {DP: "true", GFD: "true", EXP: "false", DCGM: None}
@@ -115,7 +117,7 @@ def test_another_components_pause_is_left_alone(
     simulate: Simulate, config: MigPartedConfig
 ) -> None:
     inv = inventory_with(simulate, "a100-40gb:1")
-    labels = {DP: "paused-for-driver-upgrade", GFD: "true", CONFIG_LABEL: "all-1g.5gb"}
+    labels = {DP: "paused-for-driver-upgrade", GFD: "true", MIG_CONFIG: "all-1g.5gb"}
     (patch, _) = step(observe(inv, config, labels)).actions
     assert isinstance(patch, PatchNode)
     assert DP not in patch.labels and patch.labels[GFD] == PAUSED
@@ -141,7 +143,7 @@ def test_waits_for_operand_pods(simulate: Simulate, config: MigPartedConfig) -> 
             "Succeeded",
         ),
     ]
-    labels = {**PAUSED_LABELS, CONFIG_LABEL: "all-1g.5gb"}
+    labels = {**PAUSED_LABELS, MIG_CONFIG: "all-1g.5gb"}
     result = step(observe(inv, config, labels, paused_annotation(), pods, now=1100.0))
     assert result.phase == "waiting"
     assert result.actions == (
@@ -156,7 +158,7 @@ def test_waits_for_operand_pods(simulate: Simulate, config: MigPartedConfig) -> 
 
 def test_applies_once_the_operands_are_gone(simulate: Simulate, config: MigPartedConfig) -> None:
     inv = inventory_with(simulate, "a100-40gb:2")
-    labels = {**PAUSED_LABELS, CONFIG_LABEL: "all-1g.5gb"}
+    labels = {**PAUSED_LABELS, MIG_CONFIG: "all-1g.5gb"}
     result = step(observe(inv, config, labels, paused_annotation()))
     assert result.phase == "applying"
     (apply,) = result.actions
@@ -167,7 +169,7 @@ def test_applies_once_the_operands_are_gone(simulate: Simulate, config: MigParte
 
 def test_success_restores_labels_exactly(simulate: Simulate, config: MigPartedConfig) -> None:
     inv = inventory_with(simulate, "a100-40gb:2", "all-1g.5gb")  # the apply happened
-    labels = {**PAUSED_LABELS, CONFIG_LABEL: "all-1g.5gb"}
+    labels = {**PAUSED_LABELS, MIG_CONFIG: "all-1g.5gb"}
     annotations = {
         **paused_annotation(),
         FAILED_ANNOTATION: "all-7g.40gb",
@@ -177,7 +179,7 @@ def test_success_restores_labels_exactly(simulate: Simulate, config: MigPartedCo
     assert result.phase == "success"
     assert result.actions == (
         PatchNode(
-            labels={DP: "true", GFD: "true", DCGM: None, STATE_LABEL: "success"},
+            labels={DP: "true", GFD: "true", DCGM: None, MIG_CONFIG_STATE: "success"},
             annotations={PAUSE_ANNOTATION: None, REASON_ANNOTATION: None, FAILED_ANNOTATION: None},
         ),
         RecordEvent("Normal", "MIGConfigApplied", "MIG config all-1g.5gb applied"),
@@ -188,7 +190,7 @@ def test_a_label_changed_during_the_pause_is_not_overwritten(
     simulate: Simulate, config: MigPartedConfig
 ) -> None:
     inv = inventory_with(simulate, "a100-40gb:1", "all-1g.5gb")
-    labels = {**PAUSED_LABELS, DP: "false", CONFIG_LABEL: "all-1g.5gb"}  # an admin disabled it
+    labels = {**PAUSED_LABELS, DP: "false", MIG_CONFIG: "all-1g.5gb"}  # an admin disabled it
     (patch, _) = step(observe(inv, config, labels, paused_annotation())).actions
     assert isinstance(patch, PatchNode)
     assert DP not in patch.labels and patch.labels[GFD] == "true"
@@ -198,12 +200,12 @@ def test_apply_failure_restores_and_fails_with_reason(
     simulate: Simulate, config: MigPartedConfig
 ) -> None:
     inv = inventory_with(simulate, "a100-40gb:2")
-    labels = {**PAUSED_LABELS, CONFIG_LABEL: "all-1g.5gb"}
+    labels = {**PAUSED_LABELS, MIG_CONFIG: "all-1g.5gb"}
     result = step(observe(inv, config, labels, paused_annotation(), apply_error="GPU 1: in use"))
     assert result.phase == "failed"
     assert result.actions == (
         PatchNode(
-            labels={DP: "true", GFD: "true", DCGM: None, STATE_LABEL: "failed"},
+            labels={DP: "true", GFD: "true", DCGM: None, MIG_CONFIG_STATE: "failed"},
             annotations={
                 PAUSE_ANNOTATION: None,
                 REASON_ANNOTATION: "GPU 1: in use",
@@ -216,12 +218,12 @@ def test_apply_failure_restores_and_fails_with_reason(
 
 def test_non_mig_gpu_fails_without_pausing(simulate: Simulate, config: MigPartedConfig) -> None:
     inv = inventory_with(simulate, "t4:1")
-    result = step(observe(inv, config, {**DEPLOY, CONFIG_LABEL: "all-1g.5gb"}))
+    result = step(observe(inv, config, {**DEPLOY, MIG_CONFIG: "all-1g.5gb"}))
     assert result.phase == "failed"
     assert "Tesla T4) is not MIG capable" in result.reason
     (patch, event) = result.actions
     assert isinstance(patch, PatchNode)
-    assert patch.labels == {STATE_LABEL: "failed"}
+    assert patch.labels == {MIG_CONFIG_STATE: "failed"}
     assert patch.annotations[REASON_ANNOTATION] == result.reason
     assert event == RecordEvent(
         "Warning", "MIGConfigFailed", f"MIG config all-1g.5gb: {result.reason}"
@@ -233,9 +235,11 @@ def test_unknown_config_and_unreadable_file_fail(
 ) -> None:
     inv = inventory_with(simulate, "a100-40gb:1")
     assert (
-        "unknown MIG config 'all-9g'" in step(observe(inv, config, {CONFIG_LABEL: "all-9g"})).reason
+        "unknown MIG config 'all-9g'" in step(observe(inv, config, {MIG_CONFIG: "all-9g"})).reason
     )
-    broken = Observed({CONFIG_LABEL: "all-1g.5gb"}, {}, [], inv, None, config_error="no such file")
+    broken = MigObservation(
+        {MIG_CONFIG: "all-1g.5gb"}, {}, [], inv, None, config_error="no such file"
+    )
     assert step(broken).reason == "no such file"
 
 
@@ -243,17 +247,17 @@ def test_a_failed_config_is_retried_only_on_restart(
     simulate: Simulate, config: MigPartedConfig
 ) -> None:
     inv = inventory_with(simulate, "a100-40gb:1")
-    labels = {**DEPLOY, CONFIG_LABEL: "all-1g.5gb", STATE_LABEL: "failed"}
+    labels = {**DEPLOY, MIG_CONFIG: "all-1g.5gb", MIG_CONFIG_STATE: "failed"}
     annotations = {FAILED_ANNOTATION: "all-1g.5gb", REASON_ANNOTATION: "boom"}
     assert step(observe(inv, config, labels, annotations)).actions == ()
     assert step(observe(inv, config, labels, annotations, first_pass=True)).phase == "pausing"
-    other = {**labels, CONFIG_LABEL: "all-7g.40gb"}
+    other = {**labels, MIG_CONFIG: "all-7g.40gb"}
     assert step(observe(inv, config, other, annotations)).phase == "pausing"
 
 
 def test_restart_mid_way_resumes(simulate: Simulate, config: MigPartedConfig) -> None:
     inv = inventory_with(simulate, "a100-40gb:2")
-    labels = {**PAUSED_LABELS, CONFIG_LABEL: "all-1g.5gb"}
+    labels = {**PAUSED_LABELS, MIG_CONFIG: "all-1g.5gb"}
     result = step(observe(inv, config, labels, paused_annotation(), first_pass=True))
     assert result.phase == "applying"
 
@@ -262,7 +266,7 @@ def test_pause_is_reasserted_if_someone_undid_it(
     simulate: Simulate, config: MigPartedConfig
 ) -> None:
     inv = inventory_with(simulate, "a100-40gb:1")
-    labels = {**PAUSED_LABELS, GFD: "true", CONFIG_LABEL: "all-1g.5gb"}
+    labels = {**PAUSED_LABELS, GFD: "true", MIG_CONFIG: "all-1g.5gb"}
     first, second = step(observe(inv, config, labels, paused_annotation())).actions
     assert first == PatchNode(labels={GFD: PAUSED})
     assert isinstance(second, ApplyMig)
@@ -271,7 +275,7 @@ def test_pause_is_reasserted_if_someone_undid_it(
 def test_waiting_too_long_fails_and_restores(simulate: Simulate, config: MigPartedConfig) -> None:
     inv = inventory_with(simulate, "a100-40gb:1")
     pods = [PodView("dcgm-1", "gpu-operator", {"app": "nvidia-dcgm"}, "Running")]
-    labels = {**PAUSED_LABELS, CONFIG_LABEL: "all-1g.5gb"}
+    labels = {**PAUSED_LABELS, MIG_CONFIG: "all-1g.5gb"}
     result = step(observe(inv, config, labels, paused_annotation(since=0.0), pods, now=601.0))
     assert result.phase == "failed"
     assert "timed out after 600s waiting for gpu-operator/dcgm-1" in result.reason
@@ -359,7 +363,7 @@ class FakeKube:
 
 def test_reconcile_applies_restores_and_then_writes_nothing(simulate: Simulate) -> None:
     sim = simulate("a100-40gb:8")
-    api = FakeKube({**DEPLOY, DCGM: "true", CONFIG_LABEL: "all-balanced"})
+    api = FakeKube({**DEPLOY, DCGM: "true", MIG_CONFIG: "all-balanced"})
     with Nvml() as nvml:
         result = mm.reconcile(
             api,
@@ -373,8 +377,8 @@ def test_reconcile_applies_restores_and_then_writes_nothing(simulate: Simulate) 
         assert api.labels == {
             **DEPLOY,
             DCGM: "true",
-            CONFIG_LABEL: "all-balanced",
-            STATE_LABEL: "success",
+            MIG_CONFIG: "all-balanced",
+            MIG_CONFIG_STATE: "success",
         }
         assert api.annotations == {}
         assert all(
@@ -382,7 +386,7 @@ def test_reconcile_applies_restores_and_then_writes_nothing(simulate: Simulate) 
             for g in nvml.inventory().gpus
         )
         # pending and the pause went out in one patch, the restore in another
-        assert api.patches[0]["metadata"]["labels"][STATE_LABEL] == "pending"
+        assert api.patches[0]["metadata"]["labels"][MIG_CONFIG_STATE] == "pending"
         assert PAUSE_ANNOTATION in api.patches[0]["metadata"]["annotations"]
         # and the story is told on the Node, where `kubectl describe node` finds it
         assert [e["reason"] for e in api.events] == ["MIGConfigPending", "MIGConfigApplied"]
@@ -407,13 +411,13 @@ def test_reconcile_reports_an_nvml_failure_and_restores(simulate: Simulate) -> N
 
     sim = simulate("h100-80gb:2")
     sim.fail("nvmlDeviceCreateGpuInstanceWithPlacement", pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
-    api = FakeKube({**DEPLOY, CONFIG_LABEL: "all-7g.80gb"})
+    api = FakeKube({**DEPLOY, MIG_CONFIG: "all-7g.80gb"})
     with Nvml() as nvml:
         result = mm.reconcile(
             api, "gpu-node-1", lambda: load_mig_config(MIG_CONFIGMAP), nvml, poll_interval_s=0.01
         )
     assert result.phase == "failed"
-    assert api.labels == {**DEPLOY, CONFIG_LABEL: "all-7g.80gb", STATE_LABEL: "failed"}
+    assert api.labels == {**DEPLOY, MIG_CONFIG: "all-7g.80gb", MIG_CONFIG_STATE: "failed"}
     assert "GPU 0" in api.annotations[REASON_ANNOTATION]
     assert "insufficient resources" in api.annotations[REASON_ANNOTATION]
     assert PAUSE_ANNOTATION not in api.annotations

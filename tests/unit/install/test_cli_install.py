@@ -9,12 +9,12 @@ import yaml
 
 import gpu_operator
 from gpu_operator.cli import main
+from gpu_operator.controller.decide import FINALIZER
 from gpu_operator.install import bundle, helm, manifests
 from gpu_operator.install.uninstall import waiting_on
 from tests.paths import REPO
 
 EXAMPLE = REPO / "examples" / "clusterpolicy.yaml"
-FINALIZER = "nvidia.com/gpu-operator-node-cleanup"
 
 
 def test_deploy_prints_the_objects(capsys: pytest.CaptureFixture[str]) -> None:

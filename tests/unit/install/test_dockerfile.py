@@ -3,6 +3,7 @@ be read statically, plus the packaging facts the image depends on."""
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import re
 import shutil
@@ -143,17 +144,20 @@ def test_build_context_holds_what_the_builder_copies() -> None:
 
 
 def test_wheel_ships_every_data_file_the_package_reads() -> None:
-    """Templates and NVML profiles live inside the package; the image has nothing else."""
+    """Templates and NVML profiles live inside the packages; the image has nothing else."""
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    patterns = pyproject["tool"]["setuptools"]["package-data"]["gpu_operator"]
-    package = Path(gpu_operator.__file__).parent
-    shipped = {p for pattern in patterns for p in package.glob(pattern) if p.is_file()}
-    data = {
-        p
-        for p in package.rglob("*")
-        if p.is_file() and p.suffix not in {".py", ".pyc"} and "__pycache__" not in p.parts
-    }
+    shipped: set[Path] = set()
+    data: set[Path] = set()
+    for name, patterns in pyproject["tool"]["setuptools"]["package-data"].items():
+        package = importlib.resources.files(name)
+        assert isinstance(package, Path), name
+        shipped |= {p for pattern in patterns for p in package.glob(pattern) if p.is_file()}
+        data |= {
+            p
+            for p in package.rglob("*")
+            if p.is_file() and p.suffix not in {".py", ".pyc"} and "__pycache__" not in p.parts
+        }
     assert data, "no package data found"
-    assert data <= shipped, sorted(str(p.relative_to(package)) for p in data - shipped)
+    assert data <= shipped, sorted(str(p) for p in data - shipped)
     assert any(p.suffix == ".j2" for p in shipped)
     assert any(p.parent.name == "profiles" for p in shipped)

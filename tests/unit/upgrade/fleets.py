@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from gpu_operator.upgrade import (
-    SINCE_ANNOTATION,
-    STATE_LABEL,
+from gpu_operator.labels import (
+    UPGRADE_SINCE,
+    UPGRADE_STATE,
+    UPGRADE_WAS_CORDONED,
     VALIDATOR_APP,
-    WAS_CORDONED_ANNOTATION,
+)
+from gpu_operator.upgrade import (
     Fleet,
     Node,
     Pod,
@@ -35,12 +37,12 @@ def node(
 ) -> Node:
     all_labels = dict(labels or {})
     if state:
-        all_labels[STATE_LABEL] = state
+        all_labels[UPGRADE_STATE] = state
     all_annotations = dict(annotations or {})
     if since is not None:
-        all_annotations[SINCE_ANNOTATION] = str(int(since))
+        all_annotations[UPGRADE_SINCE] = str(int(since))
     if was_cordoned is not None:
-        all_annotations[WAS_CORDONED_ANNOTATION] = "true" if was_cordoned else "false"
+        all_annotations[UPGRADE_WAS_CORDONED] = "true" if was_cordoned else "false"
     return Node(name, all_labels, all_annotations, unschedulable=cordoned, ready=ready)
 
 

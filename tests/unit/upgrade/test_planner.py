@@ -6,12 +6,14 @@ from dataclasses import replace
 
 import pytest
 
+from gpu_operator.labels import (
+    UPGRADE_REQUESTED,
+    UPGRADE_SINCE,
+    UPGRADE_SKIP,
+    UPGRADE_STATE,
+    UPGRADE_WAS_CORDONED,
+)
 from gpu_operator.upgrade import (
-    REQUESTED_ANNOTATION,
-    SINCE_ANNOTATION,
-    SKIP_LABEL,
-    STATE_LABEL,
-    WAS_CORDONED_ANNOTATION,
     Action,
     Cordon,
     DeletePod,
@@ -82,15 +84,15 @@ def test_current_driver_needs_nothing_and_writes_nothing() -> None:
 
 
 def test_requested_annotation_marks_node_and_the_patch_consumes_it() -> None:
-    n = node("n1", "upgrade-done", annotations={REQUESTED_ANNOTATION: "true"})
+    n = node("n1", "upgrade-done", annotations={UPGRADE_REQUESTED: "true"})
     result = plan(fleet([n], [driver("n1", NEW)]), AUTO, NOW)
     assert moves(result.actions) == [("n1", "upgrade-required")]
     action = result.actions[0]
     assert isinstance(action, SetState)
     patch = action.patch()
-    assert patch["metadata"]["labels"] == {STATE_LABEL: "upgrade-required"}
-    assert patch["metadata"]["annotations"][REQUESTED_ANNOTATION] is None
-    assert patch["metadata"]["annotations"][SINCE_ANNOTATION] == str(STAMP)
+    assert patch["metadata"]["labels"] == {UPGRADE_STATE: "upgrade-required"}
+    assert patch["metadata"]["annotations"][UPGRADE_REQUESTED] is None
+    assert patch["metadata"]["annotations"][UPGRADE_SINCE] == str(STAMP)
 
 
 def test_driver_of_unknown_daemonset_is_not_upgraded() -> None:
@@ -143,7 +145,7 @@ def test_cordon_records_whether_the_node_was_cordoned(
 
 def test_cordon_patch_records_before_cordoning_in_one_patch() -> None:
     assert Cordon("n1", was_cordoned=True).patch() == {
-        "metadata": {"annotations": {WAS_CORDONED_ANNOTATION: "true"}},
+        "metadata": {"annotations": {UPGRADE_WAS_CORDONED: "true"}},
         "spec": {"unschedulable": True},
     }
 
@@ -458,7 +460,7 @@ def test_uncordon_only_what_the_upgrade_cordoned() -> None:
         for a in result.actions
     )
     done = next(a for a in result.actions if isinstance(a, SetState) and a.node == "n1")
-    assert done.patch()["metadata"]["annotations"][WAS_CORDONED_ANNOTATION] is None
+    assert done.patch()["metadata"]["annotations"][UPGRADE_WAS_CORDONED] is None
     assert Uncordon("n1").patch() == {"spec": {"unschedulable": None}}
 
 
@@ -508,7 +510,7 @@ def test_failed_node_stays_failed(drivers: list[Pod], validators: list[Pod]) -> 
 
 
 def test_failed_node_retries_when_requested_again() -> None:
-    n = failed(annotations={REQUESTED_ANNOTATION: "true"})
+    n = failed(annotations={UPGRADE_REQUESTED: "true"})
     result = plan(fleet([n], [driver("n1", OLD)]), AUTO, NOW)
     assert moves(result.actions) == [("n1", "upgrade-required")]
 
@@ -605,14 +607,14 @@ def test_a_failed_node_frees_its_slot_but_stays_unavailable() -> None:
 
 
 def test_skipped_nodes_are_not_managed() -> None:
-    skipped = node("n1", labels={SKIP_LABEL: "true"})
+    skipped = node("n1", labels={UPGRADE_SKIP: "true"})
     result = plan(fleet([skipped, node("n2")]), AUTO, NOW)
     assert moves(result.actions) == [("n2", "upgrade-required")]
     assert result.summary.total == 1
 
 
 def test_percent_is_scaled_from_managed_nodes_only() -> None:
-    skipped = [node(f"s{i}", labels={SKIP_LABEL: "true"}) for i in range(8)]
+    skipped = [node(f"s{i}", labels={UPGRADE_SKIP: "true"}) for i in range(8)]
     non_gpu = [node(f"cpu{i}") for i in range(8)]
     drivers = [*(driver(f"s{i}") for i in range(8)), *(driver(f"n{i}") for i in range(1, 5))]
     policy = replace(AUTO, max_parallel_upgrades=0, max_unavailable="50%")

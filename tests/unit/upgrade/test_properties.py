@@ -14,21 +14,23 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpu_operator.labels import (
+    UPGRADE_DRAIN_SKIP,
+    UPGRADE_STATE,
+)
 from gpu_operator.upgrade import (
     IN_PROGRESS,
-    STATE_LABEL,
     Cordon,
     Fleet,
-    Plan,
     Policy,
     Selector,
     SetState,
     State,
     Uncordon,
+    UpgradePlan,
     plan,
     scaled_max_unavailable,
 )
-from gpu_operator.upgrade.model import DRAIN_SKIP_LABEL
 from gpu_operator.upgrade.simulate import Broken, Pass, SimConfig, Simulation, World
 
 FOREVER = float("inf")
@@ -164,7 +166,7 @@ def add_pod(world: World, policy: Policy, rng: random.Random, node: str, name: s
         world.add_pod(node, name, gpu=gpu, daemonset=True)
         return False
     if kind == "web-skip":
-        world.add_pod(node, name, labels={DRAIN_SKIP_LABEL: "true"})
+        world.add_pod(node, name, labels={UPGRADE_DRAIN_SKIP: "true"})
         return False
     if kind == "scratch":
         world.add_pod(node, name, gpu=gpu, empty_dir=True)
@@ -186,7 +188,7 @@ def reserved(fleet: Fleet, managed: set[str]) -> set[str]:
         n.name
         for n in fleet.nodes
         if n.name in managed
-        and (n.unschedulable or not n.ready or n.labels.get(STATE_LABEL, "") in IN_PROGRESS)
+        and (n.unschedulable or not n.ready or n.labels.get(UPGRADE_STATE, "") in IN_PROGRESS)
     }
 
 
@@ -203,7 +205,7 @@ class Checker:
         self.passes += 1
         assert plan(fleet, s.policy, p.now) == result, "same fleet, different plan"
         nodes = {n.name: n for n in fleet.nodes}
-        states = {n.name: n.labels.get(STATE_LABEL, "") for n in fleet.nodes}
+        states = {n.name: n.labels.get(UPGRADE_STATE, "") for n in fleet.nodes}
         in_progress = {n for n in s.managed if states[n] in IN_PROGRESS}
         limit = s.policy.max_parallel_upgrades
         assert not limit or len(in_progress) <= limit, f"{len(in_progress)} in progress > {limit}"
@@ -245,10 +247,12 @@ def validated_after_new_driver(fleet: Fleet, node: str) -> bool:
     return newest is not None and any(v.ready_since >= newest for v in validators)
 
 
-def run(s: Scenario, *, crash_rng: random.Random | None = None) -> tuple[Checker, Plan, bool]:
+def run(
+    s: Scenario, *, crash_rng: random.Random | None = None
+) -> tuple[Checker, UpgradePlan, bool]:
     checker = Checker(s)
 
-    def applied(proposed: Plan) -> int:
+    def applied(proposed: UpgradePlan) -> int:
         # The operator dies part way through a pass now and then; the rest of it is lost.
         if crash_rng is not None and proposed.actions and crash_rng.random() < 0.25:
             return crash_rng.randint(0, len(proposed.actions) - 1)
@@ -263,7 +267,7 @@ def run(s: Scenario, *, crash_rng: random.Random | None = None) -> tuple[Checker
 def check_outcome(s: Scenario, settled: bool) -> None:
     world = s.world
     nodes = world.nodes
-    state = {n: nodes[n].labels.get(STATE_LABEL, "") for n in nodes}
+    state = {n: nodes[n].labels.get(UPGRADE_STATE, "") for n in nodes}
     history = {n: [st for _, st in world.transitions.get(n, [])] for n in nodes}
 
     for name in s.pre_cordoned:
@@ -310,7 +314,7 @@ def test_broken_nodes_do_not_stop_the_others(s: Scenario) -> None:
     _, _, settled = run(s)
     check_outcome(s, settled)
     for name in s.doomed:
-        label = s.world.nodes[name].labels.get(STATE_LABEL, "")
+        label = s.world.nodes[name].labels.get(UPGRADE_STATE, "")
         assert label in (State.FAILED, State.REQUIRED, ""), f"{name} ended {label!r}"
 
 

@@ -1,0 +1,127 @@
+"""The simulated ``libnvidia-ml`` object pynvml calls: a name lookup over the entry points.
+
+pynvml resolves every C function with ``getattr(nvmlLib, name)`` (an ``AttributeError`` is its
+``FUNCTION_NOT_FOUND``), may set ``restype`` on what it gets, and calls it with ctypes
+arguments. Each call here is counted, may return an injected failure, is refused before
+``nvmlInit``, and runs the entry point on the node under one lock: NVML is thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import pynvml
+
+from . import device_calls, event_calls, metric_calls, mig, mig_calls, system_calls
+from .cabi import EntryPoint
+from .devices import NvmlFault, SimGpu
+from .faults import InjectedFailures
+from .node import SimNode
+
+
+def _merge(*tables: Mapping[str, EntryPoint]) -> dict[str, EntryPoint]:
+    merged: dict[str, EntryPoint] = {}
+    for table in tables:
+        twice = merged.keys() & table.keys()
+        assert not twice, f"C functions simulated twice: {sorted(twice)}"
+        merged.update(table)
+    return merged
+
+
+ENTRY_POINTS = _merge(
+    system_calls.ENTRY_POINTS,
+    device_calls.ENTRY_POINTS,
+    metric_calls.ENTRY_POINTS,
+    event_calls.ENTRY_POINTS,
+    mig_calls.ENTRY_POINTS,
+)
+
+
+class _CFunction:
+    """One simulated C entry point; a plain object so pynvml may set ``restype`` on it."""
+
+    def __init__(self, library: SimulatedNvml, name: str, impl: EntryPoint) -> None:
+        self.name = name
+        self._library = library
+        self._impl = impl
+        self.restype: Any = None
+        self.argtypes: Any = None
+
+    def __call__(self, *args: Any) -> Any:
+        return self._library._invoke(self.name, self._impl, args)
+
+
+class SimulatedNvml:
+    """The fake ``libnvidia-ml``: made by :func:`~.install.build_simulated_nvml`.
+
+    Tests use :meth:`fail` to make a named C function return an NVML error code, ``calls`` to
+    count C calls (e.g. no GPU-instance create/destroy on a re-apply), :meth:`inject_xid`.
+    """
+
+    def __init__(self, node: SimNode) -> None:
+        self.node = node
+        self.calls: Counter[str] = Counter()
+        self._failures = InjectedFailures()
+        self._lock = threading.RLock()
+        self._functions: dict[str, _CFunction] = {}
+
+    @property
+    def gpus(self) -> list[SimGpu]:
+        return self.node.gpus
+
+    @property
+    def driver_version(self) -> str:
+        return self.node.driver_version
+
+    @property
+    def cuda_version(self) -> int:
+        return self.node.cuda_version
+
+    # -- the library surface pynvml sees -----------------------------------------------------
+    def __getattr__(self, name: str) -> _CFunction:
+        impl = ENTRY_POINTS.get(name) if name.startswith("nvml") else None
+        if impl is None:
+            raise AttributeError(name)  # pynvml turns this into NVML_ERROR_FUNCTION_NOT_FOUND
+        fn = self._functions.get(name)
+        if fn is None:
+            fn = _CFunction(self, name, impl)
+            self._functions[name] = fn
+        return fn
+
+    def _invoke(self, name: str, impl: EntryPoint, args: tuple[Any, ...]) -> Any:
+        with self._lock:
+            self.calls[name] += 1
+            failure = self._failures.take(name)
+            if failure is not None:
+                return failure
+            if name not in system_calls.NO_INIT_NEEDED and self.node.init_count == 0:
+                return pynvml.NVML_ERROR_UNINITIALIZED
+            try:
+                result = impl(self.node, *args)
+            except NvmlFault as fault:
+                return fault.code
+            return pynvml.NVML_SUCCESS if result is None else result
+
+    # -- test controls -----------------------------------------------------------------------
+    def fail(self, function: str, code: int, *, times: int | None = None) -> None:
+        """Make C function ``function`` (e.g. ``nvmlDeviceGetPowerUsage``) return ``code``."""
+        self._failures.add(function, code, times)
+
+    def clear_failures(self) -> None:
+        self._failures.clear()
+
+    def inject_xid(self, index: int, xid: int) -> None:
+        with self._lock:
+            gpu = self.node.gpus[index]  # IndexError: the node has no such GPU
+            self.node.events.inject_xid(gpu.index, xid)
+
+    def simulated_gpu_reset(self, index: int) -> None:
+        """What ``nvidia-smi --gpu-reset`` does: pending MIG mode applies, instances go."""
+        self.reset_gpu(index)
+
+    def reset_gpu(self, index: int) -> None:
+        with self._lock, self.node.mutate():
+            mig.reset(self.node.gpus[index])

@@ -1,0 +1,120 @@
+"""The simulated node the C entry points act on: GPUs, versions, state file, clock, events.
+
+Entry points resolve their handle arguments here, which also re-reads a shared state file that
+another process may have changed; changes to MIG state go through :meth:`SimNode.mutate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pynvml
+
+from . import telemetry
+from .cabi import Kind, unpack_handle
+from .devices import NvmlFault, SimCi, SimGi, SimGpu
+from .faults import EventSets
+from .persistence import StateFile
+
+
+class SimNode:
+    def __init__(
+        self,
+        gpus: list[SimGpu],
+        *,
+        driver_version: str,
+        cuda_version: int,
+        state: StateFile | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.gpus = gpus
+        self.driver_version = driver_version
+        self.cuda_version = cuda_version
+        self.state = state
+        self.events = EventSets()
+        self.init_count = 0  # nvmlInit calls not yet matched by nvmlShutdown
+        self._clock = clock
+        self._t0 = clock()
+        if state is not None:
+            with self.mutate():
+                pass  # load existing state, or write the initial one
+
+    # -- time --------------------------------------------------------------------------------
+    def load(self, index: int) -> float:
+        """GPU ``index``'s load now, 0.1..0.9."""
+        return telemetry.load_factor(self.elapsed_s(), index)
+
+    def elapsed_s(self) -> float:
+        return self._clock() - self._t0
+
+    # -- shared state ------------------------------------------------------------------------
+    def sync(self) -> None:
+        if self.state is not None:
+            self.state.sync(self.gpus)
+
+    @contextmanager
+    def mutate(self) -> Iterator[None]:
+        """Change MIG state: from the latest shared state, written back unless it raises."""
+        if self.state is None:
+            yield
+            return
+        with self.state.update(self.gpus):
+            yield
+
+    # -- handles -----------------------------------------------------------------------------
+    def gpu(self, handle: Any) -> SimGpu:
+        """A full GPU's handle."""
+        kind, index, _, _ = unpack_handle(handle)
+        if kind != Kind.DEVICE or index >= len(self.gpus):
+            raise NvmlFault(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self.sync()
+        return self.gpus[index]
+
+    def device(self, handle: Any) -> tuple[SimGpu, SimGi | None, SimCi | None]:
+        """A full GPU's or a MIG device's handle: (GPU, None, None) or (GPU, its GI, its CI)."""
+        kind, index, gi_id, ci_id = unpack_handle(handle)
+        if kind not in (Kind.DEVICE, Kind.MIG_DEVICE) or index >= len(self.gpus):
+            raise NvmlFault(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self.sync()
+        gpu = self.gpus[index]
+        if kind == Kind.DEVICE:
+            return gpu, None, None
+        gi, ci = self._instances(gpu, gi_id, ci_id)
+        return gpu, gi, ci
+
+    def full_gpu(self, handle: Any) -> SimGpu:
+        """Metric queries: full GPUs only, NVML does not support them on MIG devices."""
+        gpu, gi, _ = self.device(handle)
+        if gi is not None:
+            raise NvmlFault(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu
+
+    def gpu_instance(self, handle: Any) -> tuple[SimGpu, SimGi]:
+        kind, index, gi_id, _ = unpack_handle(handle)
+        if kind != Kind.GPU_INSTANCE or index >= len(self.gpus):
+            raise NvmlFault(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self.sync()
+        gpu = self.gpus[index]
+        gi = gpu.gi(gi_id)
+        if gi is None:
+            raise NvmlFault(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu, gi
+
+    def compute_instance(self, handle: Any) -> tuple[SimGpu, SimGi, SimCi]:
+        kind, index, gi_id, ci_id = unpack_handle(handle)
+        if kind != Kind.COMPUTE_INSTANCE or index >= len(self.gpus):
+            raise NvmlFault(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self.sync()
+        gpu = self.gpus[index]
+        gi, ci = self._instances(gpu, gi_id, ci_id)
+        return gpu, gi, ci
+
+    @staticmethod
+    def _instances(gpu: SimGpu, gi_id: int, ci_id: int) -> tuple[SimGi, SimCi]:
+        gi = gpu.gi(gi_id)
+        ci = gi.ci(ci_id) if gi else None
+        if gi is None or ci is None:
+            raise NvmlFault(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gi, ci

@@ -1,0 +1,215 @@
+"""The ClusterPolicy loop's imperative shell: observe, decide, execute, remember.
+
+Watch events only mark what changed and wake the loop; each pass takes one snapshot of the
+indexes (plus the few reads decisions need), asks :func:`decide` for the actions, performs
+them, and folds the outcomes into the memory the next pass decides with. All state that must
+outlive the process is in the cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from gpu_operator.controller.actions import Key, Outcome
+from gpu_operator.controller.config import OperatorConfig
+from gpu_operator.controller.decide import APPLIED_KINDS, Decision, Gauges, decide
+from gpu_operator.controller.execute import Executor
+from gpu_operator.controller.loop import Loop
+from gpu_operator.controller.memory import Memory, remember
+from gpu_operator.controller.metrics import PrometheusMetrics
+from gpu_operator.controller.snapshot import Snapshot
+from gpu_operator.controller.watch import Watched, owned_children
+from gpu_operator.events import now_iso
+from gpu_operator.kinds import KINDS
+from gpu_operator.kube import Kube
+from gpu_operator.labels import APPLIED_HASH
+from gpu_operator.upgrade import emptying_nodes
+from gpu_operator.views import NodeView
+
+log = logging.getLogger(__name__)
+
+NODE_RETRY_S = 1.0  # a node whose patch was refused is looked at again this soon
+MAX_DECIDE_ROUNDS = 3  # decide, read what it asks for, decide again
+
+
+def node_fingerprint(node: NodeView) -> tuple[Any, ...]:
+    """What the operator decides on; a heartbeat changes none of it."""
+    return (
+        tuple(sorted(node.labels.items())),
+        tuple(sorted(node.annotations.items())),
+        repr(node.taints),
+        tuple(sorted(node.capacity.items())),
+        node.container_runtime,
+        node.ready,
+        node.unschedulable,
+    )
+
+
+@dataclass
+class Inbox:
+    """What watch events said since the last pass."""
+
+    look_at_all: bool = True
+    changed_nodes: set[str] = field(default_factory=set)
+    fingerprints: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+
+    def node_changed(self, node: NodeView) -> bool:
+        """Record a node event; False when nothing the operator decides on changed."""
+        fingerprint = node_fingerprint(node)
+        if self.fingerprints.get(node.name) == fingerprint:
+            return False
+        self.fingerprints[node.name] = fingerprint
+        self.changed_nodes.add(node.name)
+        return True
+
+    def take(self) -> frozenset[str] | None:
+        """The changed nodes, or None when every node must be looked at; then empty."""
+        changed = None if self.look_at_all else frozenset(self.changed_nodes)
+        self.look_at_all = False
+        self.changed_nodes = set()
+        return changed
+
+
+class ClusterPolicyController:
+    def __init__(self, kube: Kube, config: OperatorConfig, metrics: PrometheusMetrics) -> None:
+        self.kube = kube
+        self.config = config
+        self.metrics = metrics
+        self.indexes: Mapping[str, Any] = {}
+        self.inbox = Inbox()
+        self.memory = Memory()
+        self.executor = Executor(kube, config.write_concurrency, metrics)
+        self.loop = Loop("clusterpolicy", self.run_pass, config, metrics)
+
+    # -- fed by the watches ------------------------------------------------------------------
+
+    def notify(self, watched: Watched, body: Mapping[str, Any], indexes: Mapping[str, Any]) -> None:
+        if not self.indexes:
+            self.indexes = dict(indexes)
+            self.loop.ready.set()
+        if watched.kind.kind == "Node" and not self.inbox.node_changed(NodeView.from_k8s(body)):
+            return  # a heartbeat
+        self.loop.wake.set()
+
+    # -- one pass ----------------------------------------------------------------------------
+
+    async def run_pass(self, resync: bool) -> float | None:
+        if resync:
+            self.inbox.look_at_all = True
+            self.memory = self.memory.forget_unwatched()
+        snapshot = await self.observe()
+        decision = await self.decide(snapshot)
+        outcomes = await self.executor.run(decision.stages)
+        after = remember(decision.memory, outcomes, reconciled=decision.reconciled)
+        self.memory = after.memory
+        self._set_gauges(decision.gauges)
+        if after.look_again:
+            self.loop.wake.set()
+        requeue = decision.requeue_at
+        if after.retry_nodes:
+            self.inbox.changed_nodes |= after.retry_nodes
+            soon = time.time() + NODE_RETRY_S
+            requeue = soon if requeue is None else min(requeue, soon)
+        _log_pass(decision, outcomes)
+        return requeue
+
+    async def observe(self) -> Snapshot:
+        nodes = tuple(self._values("nodes"))
+        changed = self.inbox.take()
+        emptying = emptying_nodes(nodes)
+        listed = await asyncio.gather(
+            *(
+                self.executor.call(
+                    self.kube.list_objects, "Pod", field_selector=f"spec.nodeName={name}"
+                )
+                for name in emptying
+            )
+        )
+        namespace = self.config.namespace
+        return Snapshot(
+            now=time.time(),
+            stamp=now_iso(),
+            policies=tuple(self._values("clusterpolicies")),
+            nodes=nodes,
+            changed_nodes=changed,
+            configmap_hashes={
+                cm["metadata"]["name"]: cm["hash"]
+                for cm in self._values("configmaps")
+                if cm["metadata"].get("namespace") == namespace
+            },
+            managed=tuple(
+                owned_children({k: self._values(KINDS[k].plural) for k in APPLIED_KINDS})
+            ),
+            daemonsets=tuple(self._values("daemonsets")),
+            pods=tuple(self._values("pods")),
+            revisions=tuple(self._values("controllerrevisions")),
+            workload_pods=tuple(p for pods in listed for p in pods),
+        )
+
+    async def decide(self, snapshot: Snapshot) -> Decision:
+        """``decide``, after reading the unwatched objects it asks about."""
+        decision = decide(snapshot, self.memory, self.config)
+        for _ in range(MAX_DECIDE_ROUNDS):
+            if not decision.reads:
+                return decision
+            self.memory = self.memory.learn(await self._read(decision.reads))
+            decision = decide(snapshot, self.memory, self.config)
+        raise RuntimeError(f"decide kept asking to read {decision.reads}")
+
+    async def _read(self, keys: Iterable[Key]) -> dict[Key, str | None]:
+        async def one(key: Key) -> tuple[Key, str | None]:
+            kind, namespace, name = key
+            try:
+                obj = await self.executor.call(self.kube.get, kind, name, namespace or None)
+            except ApiException as exc:
+                if exc.status != 404:  # an unserved kind answers 404 too
+                    raise
+                obj = None
+            if obj is None:
+                return key, None
+            return key, ((obj.get("metadata") or {}).get("annotations") or {}).get(APPLIED_HASH, "")
+
+        return dict(await asyncio.gather(*(one(k) for k in keys)))
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _values(self, index: str) -> list[Any]:
+        idx = self.indexes.get(index) or {}
+        return [value for store in idx.values() for value in store]
+
+    def _set_gauges(self, gauges: Gauges) -> None:
+        m = self.metrics
+        m.gpu_nodes.set(gauges.gpu_nodes)
+        for name, ready in gauges.components_ready.items():
+            m.component_ready.labels(name).set(1 if ready else 0)
+        if gauges.policy_ready is not None:
+            m.policy_ready.set(1 if gauges.policy_ready else 0)
+        if gauges.upgrade is not None:
+            s = gauges.upgrade
+            for state, count in (
+                ("done", s.done),
+                ("in_progress", s.in_progress),
+                ("failed", s.failed),
+                ("pending", s.pending),
+            ):
+                m.upgrade_nodes.labels(state).set(count)
+
+
+def _log_pass(decision: Decision, outcomes: list[Outcome]) -> None:
+    done = [o for o in outcomes if o.ok]
+    if done:
+        kinds: dict[str, int] = {}
+        for o in done:
+            name = type(o.action).__name__.lower()
+            kinds[name] = kinds.get(name, 0) + 1
+        log.info("pass wrote: %s", ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
+    refused = [o for o in outcomes if not o.ok and not o.skipped]
+    if refused:
+        log.info("pass: %d of %d actions refused", len(refused), len(decision.actions))

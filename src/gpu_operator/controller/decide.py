@@ -1,0 +1,371 @@
+"""The ClusterPolicy pass's decisions: one snapshot and the memory in, every write out.
+
+Pure: ``decide(snapshot, memory, config)`` returns stages of API actions (applies, prunes,
+node patches, upgrade steps, status, Events, finalizers), what to read first when it needs to
+know an object it cannot watch, when to look again, and the metric values. The loop executes
+the stages and folds their outcomes into the next memory (:func:`memory.remember`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gpu_operator.api import API_VERSION, KIND, ClusterPolicySpec, PolicyError, parse_spec
+from gpu_operator.controller.actions import (
+    Action,
+    Apply,
+    Create,
+    DeletePod,
+    Evict,
+    Key,
+    Patch,
+    Prune,
+    Stage,
+)
+from gpu_operator.controller.config import OperatorConfig
+from gpu_operator.controller.facts import gather_facts, nfd_present, node_policy
+from gpu_operator.controller.memory import MONITOR_CRD_KEY, Memory
+from gpu_operator.controller.nodes import NodePolicy, is_gpu_node, plan_node
+from gpu_operator.controller.plan import Owner, plan_changes, stamp
+from gpu_operator.controller.readiness import by_owner, component_readiness
+from gpu_operator.controller.snapshot import Snapshot
+from gpu_operator.controller.status import Observation, active_policy, compute_status
+from gpu_operator.events import event_body
+from gpu_operator.labels import APPLIED_HASH
+from gpu_operator.render import render_components
+from gpu_operator.upgrade import (
+    Cordon,
+    Fail,
+    Policy,
+    SetState,
+    Summary,
+    Uncordon,
+    UpgradePlan,
+    fleet_from_objects,
+    plan,
+)
+from gpu_operator.upgrade import DeletePod as UpgradeDeletePod
+from gpu_operator.upgrade import Event as UpgradeEvent
+from gpu_operator.upgrade import Evict as UpgradeEvict
+
+FINALIZER = "nvidia.com/gpu-operator-node-cleanup"
+EVENT_SOURCE = "gpu-operator"
+# Kinds the operator applies and watches (so it can diff and prune them), plus ServiceMonitor,
+# which it applies where the Prometheus operator's CRD exists but cannot watch.
+APPLIED_KINDS = frozenset(
+    {
+        "ConfigMap",
+        "DaemonSet",
+        "Service",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "RuntimeClass",
+    }
+)
+UNWATCHED_KINDS = frozenset({"ServiceMonitor"})
+
+
+@dataclass(frozen=True)
+class Gauges:
+    """Metric values a pass observed (the shell sets them)."""
+
+    gpu_nodes: int = 0
+    components_ready: Mapping[str, bool] = field(default_factory=dict)
+    policy_ready: bool | None = None  # None: no active policy decided this pass
+    upgrade: Summary | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    memory: Memory  # before this pass's outcomes are folded in
+    stages: tuple[Stage, ...] = ()
+    reads: tuple[Key, ...] = ()  # read these unwatched objects, learn them, decide again
+    requeue_at: float | None = None  # look again by then even if nothing changes
+    gauges: Gauges = field(default_factory=Gauges)
+    reconciled: bool = False  # the active policy's objects were decided
+
+    @property
+    def actions(self) -> list[Action]:
+        return [a for s in self.stages for a in s.actions]
+
+
+def decide(snap: Snapshot, memory: Memory, config: OperatorConfig) -> Decision:
+    active_name = active_policy(snap.policies)
+    gpu_nodes = sum(1 for n in snap.nodes if is_gpu_node(n))
+    nfd = nfd_present(snap.nodes)
+    status: list[Action] = []
+    releases: list[Action] = []  # finalizers to remove
+    uninstall = False
+    for policy in snap.policies:
+        meta = policy["metadata"]
+        if meta.get("deletionTimestamp"):
+            if FINALIZER in (meta.get("finalizers") or ()):
+                releases.append(_finalizer_patch(policy, add=False))
+                uninstall = uninstall or active_name is None
+        elif active_name is not None and meta["name"] != active_name:
+            observation = Observation(
+                namespace=config.namespace,
+                generation=int(meta.get("generation") or 0),
+                gpu_nodes=gpu_nodes,
+                nfd_present=nfd,
+                ignored_because=active_name,
+            )
+            status += _status_actions(policy, observation, snap.stamp, config)[0]
+
+    active = next((p for p in snap.policies if p["metadata"]["name"] == active_name), None)
+    if active is None:
+        labels, memory = _node_stage(snap, memory, None, uninstall=uninstall)
+        # Node cleanup must be complete before the finalizer that guards it comes off.
+        stages = [labels, Stage(tuple(status), concurrent=False)]
+        stages.append(Stage(tuple(releases), concurrent=False, after_success=uninstall))
+        return Decision(memory, _nonempty(stages), gauges=Gauges(gpu_nodes=gpu_nodes))
+    if FINALIZER not in (active["metadata"].get("finalizers") or ()):
+        # Everything else waits for the update this causes (it carries the new version).
+        stage = Stage((_finalizer_patch(active, add=True),))
+        return Decision(memory, (stage,), gauges=Gauges(gpu_nodes=gpu_nodes))
+    tail = [Stage(tuple(status), concurrent=False), Stage(tuple(releases), concurrent=False)]
+    return _decide_active(snap, memory, config, active, gpu_nodes, nfd, tail)
+
+
+def _decide_active(
+    snap: Snapshot,
+    memory: Memory,
+    config: OperatorConfig,
+    policy: Mapping[str, Any],
+    gpu_nodes: int,
+    nfd: bool,
+    tail: list[Stage],
+) -> Decision:
+    meta = policy["metadata"]
+    base = Observation(
+        namespace=config.namespace,
+        generation=int(meta.get("generation") or 0),
+        gpu_nodes=gpu_nodes,
+        nfd_present=nfd,
+    )
+    try:
+        spec = parse_spec(policy.get("spec"))
+    except PolicyError as err:  # reported; nothing is applied and no node is touched
+        invalid = replace(base, problems=tuple(err.problems))
+        stages = [Stage(tuple(_status_actions(policy, invalid, snap.stamp, config)[0])), *tail]
+        return Decision(
+            memory, _nonempty(stages), gauges=Gauges(gpu_nodes=gpu_nodes, policy_ready=False)
+        )
+
+    facts = gather_facts(
+        snap.nodes,
+        spec,
+        namespace=config.namespace,
+        configmap_hashes=snap.configmap_hashes,
+        operator_image=config.operator_image,
+        image_env=config.image_env,
+    )
+    parts = render_components(spec, facts)
+    owner = Owner(API_VERSION, KIND, meta["name"], meta["uid"])
+    desired = stamp((o for p in parts for o in p.objects), owner)
+    watched = [o for o in desired if o["kind"] not in UNWATCHED_KINDS]
+    changes = plan_changes(
+        watched, snap.managed, memory.applied_generations, APPLIED_KINDS | UNWATCHED_KINDS
+    )
+    unwatched = [o for o in desired if o["kind"] in UNWATCHED_KINDS]
+    reads, unwatched_applies = _unwatched_changes(unwatched, memory)
+    if reads:
+        return Decision(memory, reads=reads, gauges=Gauges(gpu_nodes=gpu_nodes))
+
+    applies = [*changes.apply, *unwatched_applies]
+    object_stages = [
+        Stage(tuple(Apply(o) for o in applies if o["kind"] != "DaemonSet")),
+        # DaemonSets after what they use (ServiceAccounts, RBAC, ConfigMaps).
+        Stage(tuple(Apply(o) for o in applies if o["kind"] == "DaemonSet")),
+        Stage(tuple(Prune(k) for k in changes.prune)),
+    ]
+    labels, memory = _node_stage(snap, memory, node_policy(spec), uninstall=False)
+    upgrade = _upgrade(spec, snap) if spec.driver.enabled else None
+    upgrade_stage = _upgrade_stage(upgrade, snap, config) if upgrade else Stage(())
+
+    pods_by_owner = by_owner(snap.pods)
+    revisions_by_owner = by_owner(snap.revisions)
+    components = {
+        part.component.name: component_readiness(
+            part.component.name, snap.daemonsets, pods_by_owner, revisions_by_owner
+        )
+        for part in parts
+        if part.enabled
+    }
+    observation = replace(
+        base,
+        components=components,
+        apply_error=memory.apply_error,
+        unimplemented=tuple(spec.unimplemented_enabled()),
+        upgrade=_upgrade_status(upgrade) if upgrade else None,
+    )
+    status_actions, status = _status_actions(policy, observation, snap.stamp, config)
+    stages = [*object_stages, labels, upgrade_stage, Stage(tuple(status_actions)), *tail]
+    gauges = Gauges(
+        gpu_nodes=gpu_nodes,
+        components_ready={name: all(s.ready for s in sets) for name, sets in components.items()},
+        policy_ready=status["state"] == "ready",
+        upgrade=upgrade.summary if upgrade else None,
+    )
+    return Decision(
+        memory,
+        _nonempty(stages),
+        requeue_at=upgrade.next_deadline if upgrade else None,
+        gauges=gauges,
+        reconciled=True,
+    )
+
+
+def _nonempty(stages: Iterable[Stage]) -> tuple[Stage, ...]:
+    return tuple(s for s in stages if s.actions)
+
+
+def _finalizer_patch(policy: Mapping[str, Any], *, add: bool) -> Patch:
+    meta = policy["metadata"]
+    current = list(meta.get("finalizers") or ())
+    finalizers = [*current, FINALIZER] if add else [f for f in current if f != FINALIZER]
+    # The resourceVersion makes a concurrent edit of the list fail instead of being lost.
+    body = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
+    return Patch(KIND, meta["name"], body, "finalizer")
+
+
+def _unwatched_changes(
+    desired: Sequence[Mapping[str, Any]], memory: Memory
+) -> tuple[tuple[Key, ...], list[Mapping[str, Any]]]:
+    """What to read before deciding, else which unwatched objects to apply: only where their
+    CRD exists, and only when the server's copy differs from what is desired."""
+    if not desired:
+        return (), []
+    if not memory.knows(MONITOR_CRD_KEY):
+        return (MONITOR_CRD_KEY,), []
+    if memory.unwatched[MONITOR_CRD_KEY] is None:
+        return (), []  # no Prometheus operator: nothing to apply
+    keys = {_key(o): o for o in desired}
+    unknown = tuple(k for k in keys if not memory.knows(k))
+    if unknown:
+        return unknown, []
+    return (), [
+        o
+        for k, o in keys.items()
+        if memory.unwatched[k] != o["metadata"]["annotations"][APPLIED_HASH]
+    ]
+
+
+def _key(obj: Mapping[str, Any]) -> Key:
+    meta = obj["metadata"]
+    return (obj["kind"], meta.get("namespace") or "", meta["name"])
+
+
+def _node_stage(
+    snap: Snapshot, memory: Memory, policy: NodePolicy | None, *, uninstall: bool
+) -> tuple[Stage, Memory]:
+    """Label and taint patches: for every node when the node policy changed (or on a full
+    look), else only for nodes that changed since the last pass."""
+    same_policy = memory.node_policy_known and memory.node_policy == policy
+    everything = uninstall or not same_policy or snap.changed_nodes is None
+    changed = snap.changed_nodes or frozenset()
+    patches = tuple(
+        Patch("Node", node.name, patch.to_merge_patch(), "labels")
+        for node in snap.nodes
+        if everything or node.name in changed
+        if (patch := plan_node(node, policy, uninstall=uninstall)) is not None
+    )
+    remembered = replace(memory, node_policy=policy, node_policy_known=not uninstall)
+    return Stage(patches), remembered
+
+
+def _upgrade(spec: ClusterPolicySpec, snap: Snapshot) -> UpgradePlan:
+    fleet = fleet_from_objects(
+        snap.nodes, snap.daemonsets, snap.pods, snap.revisions, snap.workload_pods
+    )
+    return plan(fleet, Policy.from_spec(spec.driver.upgrade_policy), snap.now)
+
+
+def _upgrade_stage(upgrade: UpgradePlan, snap: Snapshot, config: OperatorConfig) -> Stage:
+    """The planner's steps as API actions, in order; a node's later steps are skipped once
+    one of its patches fails (a refused eviction skips nothing: the pod is simply still
+    there)."""
+    actions: list[Action] = []
+    groups: list[str] = []
+    for step in upgrade.actions:
+        requests: list[Action] = []
+        if isinstance(step, (SetState, Cordon, Uncordon, Fail)):
+            requests.append(Patch("Node", step.node, step.patch(), "upgrade"))
+            if isinstance(step, Fail):
+                requests.append(
+                    _node_event(step.node, "Warning", "UpgradeFailed", step.reason, snap, config)
+                )
+        elif isinstance(step, UpgradeEvict):
+            requests.append(Evict(step.pod, step.namespace))
+        elif isinstance(step, UpgradeDeletePod):
+            requests.append(DeletePod(step.pod, step.namespace, step.force))
+        elif isinstance(step, UpgradeEvent):
+            requests.append(
+                _node_event(step.node, step.type, step.reason, step.message, snap, config)
+            )
+        actions += requests
+        groups += [step.node] * len(requests)
+    return Stage(tuple(actions), concurrent=False, groups=tuple(groups))
+
+
+def _node_event(
+    node: str, etype: str, reason: str, message: str, snap: Snapshot, config: OperatorConfig
+) -> Create:
+    about = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}
+    return Create(_event(about, etype, reason, message, snap.stamp, config))
+
+
+def _event(
+    about: Mapping[str, Any],
+    etype: str,
+    reason: str,
+    message: str,
+    stamp_: str,
+    config: OperatorConfig,
+) -> dict[str, Any]:
+    return event_body(
+        about,
+        etype,
+        reason,
+        message,
+        component=EVENT_SOURCE,
+        instance=config.identity,
+        stamp=stamp_,
+    )
+
+
+def _upgrade_status(upgrade: UpgradePlan) -> dict[str, Any]:
+    s = upgrade.summary
+    return {
+        "total": s.total,
+        "done": s.done,
+        "inProgress": s.in_progress,
+        "failed": s.failed,
+        "pending": s.pending,
+        "message": upgrade.line,
+    }
+
+
+def _status_actions(
+    policy: Mapping[str, Any], observation: Observation, now: str, config: OperatorConfig
+) -> tuple[list[Action], dict[str, Any]]:
+    """The new status; its patch when it changes, and an Event when the Ready reason does."""
+    current = policy.get("status") or {}
+    new = compute_status(observation, current, now)
+    if new == current:
+        return [], new
+    name = policy["metadata"]["name"]
+    actions: list[Action] = [Patch(KIND, name, {"status": new}, "status", subresource="status")]
+    ready = new["conditions"][0]
+    previous = (current.get("conditions") or [{}])[0].get("reason")
+    if ready["reason"] != previous:
+        etype = "Warning" if ready["reason"] == "ReconcileFailed" else "Normal"
+        about = {"apiVersion": API_VERSION, "kind": KIND, **policy}
+        message = ready["message"] or new["state"]
+        actions.append(Create(_event(about, etype, ready["reason"], message, now, config)))
+    return actions, new

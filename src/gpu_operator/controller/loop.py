@@ -1,0 +1,70 @@
+"""The shape every reconcile loop shares: wait to be woken (or for a requeue time, or the
+safety-net resync), let a burst of events settle, run one pass, and retry a failed pass soon.
+
+A pass is ``observe -> decide -> execute -> remember``; this module only schedules passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from gpu_operator.controller.config import OperatorConfig
+from gpu_operator.controller.metrics import PrometheusMetrics
+
+log = logging.getLogger(__name__)
+
+FAILED_PASS_RETRY_S = 2.0
+MIN_WAIT_S = 1.0
+
+# A pass gets whether it is the safety-net resync; it returns when to look again (unix
+# seconds) even if nothing changes, or None.
+Pass = Callable[[bool], Awaitable[float | None]]
+
+
+class Loop:
+    def __init__(
+        self, name: str, run_pass: Pass, config: OperatorConfig, metrics: PrometheusMetrics
+    ) -> None:
+        self.name = name
+        self.run_pass = run_pass
+        self.config = config
+        self.metrics = metrics
+        self.wake = asyncio.Event()
+        self.ready = asyncio.Event()  # set once what the passes read is filled
+        self.passes = 0
+
+    async def run(self) -> None:
+        await self.ready.wait()
+        next_resync = time.monotonic() + self.config.resync_seconds
+        requeue_at: float | None = None
+        while True:
+            timeout = next_resync - time.monotonic()
+            if requeue_at is not None:
+                timeout = min(timeout, requeue_at - time.time())
+            with contextlib.suppress(TimeoutError):  # woken by an event, or it is time
+                await asyncio.wait_for(self.wake.wait(), timeout=max(MIN_WAIT_S, timeout))
+            resync = time.monotonic() >= next_resync
+            if resync:
+                next_resync = time.monotonic() + self.config.resync_seconds
+            await asyncio.sleep(self.config.debounce_seconds)  # let a burst settle
+            self.wake.clear()
+            started = time.monotonic()
+            self.metrics.reconciles.inc()
+            try:
+                requeue_at = await self.run_pass(resync)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.metrics.reconcile_errors.inc()
+                log.exception("%s pass failed; retrying", self.name)
+                await asyncio.sleep(FAILED_PASS_RETRY_S)
+                self.wake.set()
+            finally:
+                self.passes += 1
+                elapsed = time.monotonic() - started
+                self.metrics.reconcile_seconds.observe(elapsed)
+                log.debug("%s pass %d took %.2fs", self.name, self.passes, elapsed)

@@ -1,0 +1,56 @@
+"""Label, annotation and resource names shared across the project, each defined once.
+
+The ``nvidia.com/`` names are NVIDIA's (reference/gpu-facts.md): users swap images and copy
+manifests between stacks, so their spelling is part of the interface. The operator's own
+bookkeeping keys say ``gpu-operator`` in their name.
+"""
+
+from __future__ import annotations
+
+# -- objects the operator owns
+MANAGED_BY = "app.kubernetes.io/managed-by"
+PART_OF = "app.kubernetes.io/part-of"
+COMPONENT = "app.kubernetes.io/component"
+OPERATOR_NAME = "gpu-operator"
+MANAGED_SELECTOR = f"{MANAGED_BY}={OPERATOR_NAME}"
+OPERATOR_LABELS = {MANAGED_BY: OPERATOR_NAME, PART_OF: OPERATOR_NAME}  # on all it renders
+APPLIED_HASH = "nvidia.com/gpu-operator.applied-hash"  # what the operator last applied
+CONFIG_HASH = "nvidia.com/config-hash"  # on pod templates: the ConfigMaps they mount
+REVISION_HASH = "controller-revision-hash"  # set by the DaemonSet controller
+
+# -- GPU nodes
+GPU_PRESENT = "nvidia.com/gpu.present"
+DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
+DEPLOY_OPERANDS = DEPLOY_PREFIX + "operands"
+MIG_CAPABLE = "nvidia.com/mig.capable"
+MIG_CONFIG = "nvidia.com/mig.config"
+MIG_CONFIG_STATE = "nvidia.com/mig.config.state"
+DEVICE_PLUGIN_CONFIG = "nvidia.com/device-plugin.config"
+OWNED_ANNOTATION = "nvidia.com/gpu-operator.owned"  # what the operator added to the node
+NFD_PREFIX = "feature.node.kubernetes.io/"
+NFD_GPU_LABELS = (
+    "feature.node.kubernetes.io/pci-10de.present",
+    "feature.node.kubernetes.io/pci-0302_10de.present",
+    "feature.node.kubernetes.io/pci-0300_10de.present",
+)
+OS_ID = "feature.node.kubernetes.io/system-os_release.ID"
+OS_VERSION = "feature.node.kubernetes.io/system-os_release.VERSION_ID"
+GKE_ACCELERATOR = "cloud.google.com/gke-accelerator"
+
+# -- extended resources
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+
+# -- driver upgrades (NVIDIA's names, then ours for what must survive a restart)
+UPGRADE_STATE = "nvidia.com/gpu-driver-upgrade-state"
+UPGRADE_SKIP = "nvidia.com/gpu-driver-upgrade.skip"
+UPGRADE_DRAIN_SKIP = "nvidia.com/gpu-driver-upgrade-drain.skip"
+UPGRADE_REQUESTED = "nvidia.com/gpu-driver-upgrade-requested"
+UPGRADE_SINCE = "nvidia.com/gpu-driver-upgrade-state.since"
+UPGRADE_WAS_CORDONED = "nvidia.com/gpu-driver-upgrade.was-cordoned"
+VALIDATOR_APP = "nvidia-operator-validator"
+
+
+def is_true(value: str | None) -> bool:
+    """Label and annotation booleans, as people write them (``true``, ``True``, `` true``)."""
+    return (value or "").strip().lower() == "true"

@@ -1,0 +1,59 @@
+"""From the objects the operator watches to the planner's :class:`Fleet` (pure).
+
+Everything comes from the operator's indexes except the workload pods, which are listed only
+for nodes that are being emptied (see :data:`EMPTYING`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from gpu_operator.labels import COMPONENT, VALIDATOR_APP
+from gpu_operator.upgrade.model import Fleet, Node, Pod, is_emptying
+from gpu_operator.views import NodeView, newest_revision_hash, owner_uids
+
+DRIVER_COMPONENT = "driver"
+
+
+def emptying_nodes(nodes: Iterable[NodeView]) -> list[str]:
+    """Nodes whose workload pods the planner needs to see this pass."""
+    return [n.name for n in nodes if is_emptying(n.labels)]
+
+
+def fleet_from_objects(
+    nodes: Sequence[NodeView],
+    daemonsets: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    revisions: Iterable[Mapping[str, Any]],
+    workload_pods: Iterable[Mapping[str, Any]] = (),
+) -> Fleet:
+    """The fleet as the planner sees it: driver and validator pods, and each driver
+    DaemonSet's newest revision hash (what an up-to-date driver pod carries)."""
+    drivers = {
+        d["metadata"]["uid"]: d["metadata"]["name"]
+        for d in daemonsets
+        if (d["metadata"].get("labels") or {}).get(COMPONENT) == DRIVER_COMPONENT
+    }
+    pods = list(pods)
+    driver_pods = [p for p in pods if any(u in drivers for u in owner_uids(p, "DaemonSet"))]
+    validators = [
+        p for p in pods if (p["metadata"].get("labels") or {}).get("app") == VALIDATOR_APP
+    ]
+    revisions_of: dict[str, list[Mapping[str, Any]]] = {}
+    for rev in revisions:
+        for uid in owner_uids(rev, "DaemonSet"):
+            if uid in drivers:
+                revisions_of.setdefault(uid, []).append(rev)
+    newest = {
+        name: hash_
+        for uid, name in drivers.items()
+        if (hash_ := newest_revision_hash(revisions_of.get(uid, ())))
+    }
+    return Fleet(
+        nodes=tuple(Node(n.name, n.labels, n.annotations, n.unschedulable, n.ready) for n in nodes),
+        driver_pods=tuple(Pod.from_k8s(p) for p in driver_pods),
+        workload_pods=tuple(Pod.from_k8s(p) for p in workload_pods),
+        validator_pods=tuple(Pod.from_k8s(p) for p in validators),
+        newest_hash=newest,
+    )

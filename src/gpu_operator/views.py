@@ -1,0 +1,92 @@
+"""Plain, immutable views of the Kubernetes objects that several layers reason about.
+
+The controller, the upgrade planner and the node agents all decide things from Nodes and pods;
+they share these views (and the few readings of pod and revision status) instead of each
+parsing raw objects its own way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from gpu_operator.labels import REVISION_HASH
+
+
+def string_map(value: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (value or {}).items()}
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What the project reads of a Node."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[dict[str, Any], ...] = ()
+    capacity: Mapping[str, str] = field(default_factory=dict)
+    allocatable: Mapping[str, str] = field(default_factory=dict)
+    resource_version: str = ""
+    container_runtime: str = ""  # status.nodeInfo.containerRuntimeVersion, e.g. containerd://1.7
+    ready: bool = True
+    unschedulable: bool = False
+
+    @classmethod
+    def from_k8s(cls, node: Mapping[str, Any]) -> NodeView:
+        meta = node.get("metadata") or {}
+        spec = node.get("spec") or {}
+        status = node.get("status") or {}
+        return cls(
+            name=meta.get("name", ""),
+            labels=string_map(meta.get("labels")),
+            annotations=string_map(meta.get("annotations")),
+            taints=tuple(spec.get("taints") or ()),
+            capacity=string_map(status.get("capacity")),
+            allocatable=string_map(status.get("allocatable")),
+            resource_version=str(meta.get("resourceVersion") or ""),
+            container_runtime=(status.get("nodeInfo") or {}).get("containerRuntimeVersion", ""),
+            ready=any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in status.get("conditions") or ()
+            ),
+            unschedulable=bool(spec.get("unschedulable")),
+        )
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    """Running, with its Ready condition True."""
+    status = pod.get("status") or {}
+    if status.get("phase") != "Running":
+        return False
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or ()
+    )
+
+
+def newest_revision_hash(revisions: Iterable[Mapping[str, Any]]) -> str | None:
+    """The ``controller-revision-hash`` of the highest ControllerRevision, if any."""
+    newest = max(revisions, key=lambda r: int(r.get("revision", 0)), default=None)
+    if newest is None:
+        return None
+    value = ((newest.get("metadata") or {}).get("labels") or {}).get(REVISION_HASH)
+    return str(value) if value is not None else None
+
+
+def owner_uids(obj: Mapping[str, Any], kind: str | None = None) -> tuple[str, ...]:
+    """The uids in ``obj``'s ownerReferences (only those of ``kind`` when given)."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or ()
+    return tuple(r.get("uid", "") for r in refs if kind is None or r.get("kind") == kind)
+
+
+def parse_time(value: str | None) -> float:
+    """RFC 3339 (``2024-05-01T10:00:00Z``) to unix seconds; 0.0 when absent or unreadable."""
+    if not value:
+        return 0.0
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
