@@ -50,10 +50,12 @@ packages:
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
-## manifests: regenerate crds/, deploy/ and bundle/ after changing the API, RBAC or defaults
+## manifests: regenerate crds/, deploy/ (with the Helm chart and the README's values table) and
+## bundle/ after changing the API, RBAC or defaults
 manifests: $(STAMP)
 	$(BIN)/gpu-operator crd > crds/clusterpolicy.yaml.tmp && mv crds/clusterpolicy.yaml.tmp crds/clusterpolicy.yaml
 	$(BIN)/gpu-operator deploy --output deploy/
+	$(BIN)/gpu-operator chart --output deploy/helm/gpu-operator --readme README.md
 	$(BIN)/gpu-operator bundle --version $$($(BIN)/python -c 'import gpu_operator; print(gpu_operator.__version__)') --output bundle/
 
 clean:

@@ -4,7 +4,9 @@
 # logs what it builds and how long it took (and a line a minute while a long one runs).
 #
 #   all | kubernetes | etcd | kwok   etcd, kube-apiserver, kcm, kube-scheduler, kwok, kubelet and
-#                                    kube-proxy; prints their bin directory on its last line
+#                                    kube-proxy (all: and helm); prints their bin directory on its
+#                                    last line
+#   helm                             helm, for the Helm chart's tests, into the same bin directory
 #   nodes                            what real nodes add: containerd, containerd-shim-runc-v2, ctr
 #                                    (containerd v2, CDI built in), a static pause and the two
 #                                    images (pause, a busybox shell) as OCI archives made with
@@ -14,6 +16,7 @@ set -euo pipefail
 K8S_VERSION=${K8S_VERSION:-v1.34.4}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 KWOK_VERSION=${KWOK_VERSION:-v0.7.0}
+HELM_VERSION=${HELM_VERSION:-v3.22.0}
 CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.4.2}
 # Bump when the pause/probe programs or the image recipes below change.
 NODE_IMAGES_VERSION=${NODE_IMAGES_VERSION:-1}
@@ -137,6 +140,25 @@ build_kwok() {
   [ -x "$BIN/kwok" ] && return
   step "building kwok $KWOK_VERSION" \
     env GOBIN="$BIN" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+}
+
+# helm is not part of the cache key (a new helm must not rebuild the control plane): a cached
+# binary of another version is rebuilt. Its default Kubernetes version (`helm template`, `lint`
+# and a chart's kubeVersion check) is set from the client-go it is built with, as helm's own
+# release build does.
+build_helm() {
+  if [ -x "$BIN/helm" ] && [ "$("$BIN/helm" version --template '{{.Version}}' 2>/dev/null)" = "$HELM_VERSION" ]; then
+    return
+  fi
+  local gomod minor
+  gomod=$(go mod download -json "helm.sh/helm/v3@$HELM_VERSION" | awk -F'"' '/"GoMod"/{print $4}')
+  minor=$(awk '$1 == "k8s.io/client-go" {print $2}' "$gomod" | cut -d. -f2)
+  step "building helm $HELM_VERSION (Kubernetes 1.$minor defaults)" \
+    env GOBIN="$BIN" go install -trimpath -ldflags "-s -w \
+    -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION \
+    -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$minor \
+    -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$minor" \
+    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 }
 
 # containerd v2 (its CRI plugin reads CDI specs from /etc/cdi and /var/run/cdi), the runc shim
@@ -295,14 +317,15 @@ build_images_with_buildah() {
 }
 
 case "${1:-all}" in
-  all) mkdir -p "$BIN" "$WORK"; build_etcd; build_kwok; build_k8s; echo "$BIN" ;;
+  all) mkdir -p "$BIN" "$WORK"; build_etcd; build_kwok; build_helm; build_k8s; echo "$BIN" ;;
   etcd) mkdir -p "$BIN" "$WORK"; build_etcd; echo "$BIN" ;;
   kwok) mkdir -p "$BIN" "$WORK"; build_kwok; echo "$BIN" ;;
   kubernetes) mkdir -p "$BIN" "$WORK"; build_k8s; echo "$BIN" ;;
+  helm) mkdir -p "$BIN" "$WORK"; build_helm; echo "$BIN" ;;
   nodes)
     mkdir -p "$NODE_BIN" "$NODE_WORK"
     build_containerd; build_node_tools; build_node_images
     echo "$NODE_DIR"
     ;;
-  *) echo "usage: $0 [all|etcd|kwok|kubernetes|nodes]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|etcd|kwok|kubernetes|helm|nodes]" >&2; exit 2 ;;
 esac

@@ -11,8 +11,9 @@ from typing import Any
 import yaml
 
 from gpu_operator.agent.cli import add_agent_commands
-from gpu_operator.api import ClusterPolicySpec, PolicyError, parse_document
+from gpu_operator.api import KIND, ClusterPolicySpec, PolicyError, parse_document
 from gpu_operator.api.crd import clusterpolicy_crd
+from gpu_operator.api.legacy import migrate
 from gpu_operator.install.cli import add_install_commands
 from gpu_operator.render import RenderedComponent, default_policy, render_components
 from gpu_operator.render.engine import SAFE_LOADER
@@ -29,7 +30,16 @@ class CliError(Exception):
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
-    sys.stdout.write(dump_yaml([clusterpolicy_crd()]))
+    if not args.apply:
+        sys.stdout.write(dump_yaml([clusterpolicy_crd()]))
+        return 0
+    from gpu_operator.controller.crd_install import ensure_crd
+    from gpu_operator.kube import connect
+
+    applied = ensure_crd(connect(args.kubeconfig))
+    sys.stdout.write(
+        "applied the ClusterPolicy CRD\n" if applied else "the ClusterPolicy CRD is current\n"
+    )
     return 0
 
 
@@ -61,6 +71,48 @@ def policy_from_text(text: str, source: str) -> ClusterPolicySpec:
         raise CliError("\n".join(f"{source}: {problem}" for problem in exc.problems)) from None
 
 
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    """Every ClusterPolicy in the file rewritten for today's schema; other documents as they are."""
+    try:
+        if args.file == "-":
+            text = sys.stdin.read()
+        else:
+            with open(args.file, encoding="utf-8") as handle:
+                text = handle.read()
+        docs = [d for d in yaml.load_all(text, Loader=SAFE_LOADER) if d is not None]
+    except OSError as exc:
+        return _fail(f"{args.file}: cannot read: {exc.strerror or exc}")
+    except yaml.YAMLError as exc:
+        return _fail(f"{args.file}: not valid YAML: {exc}")
+    out, problems = [], []
+    for doc in docs:
+        if not isinstance(doc, dict) or doc.get("kind") != KIND:
+            out.append(doc)
+            continue
+        result = migrate(doc)
+        name = (result.document.get("metadata") or {}).get("name", "?")
+        for note in result.notes:
+            sys.stderr.write(f"{args.file}: {name}: {note}\n")
+        try:
+            parse_document(result.document)
+        except PolicyError as exc:
+            problems += [f"{args.file}: {name}: {p}" for p in exc.problems]
+        out.append(result.document)
+    if args.output == "json":
+        body = out[0] if len(out) == 1 else {"apiVersion": "v1", "kind": "List", "items": out}
+        sys.stdout.write(json.dumps(body, indent=2) + "\n")
+    else:
+        sys.stdout.write(dump_yaml(out))
+    if problems:
+        return _fail("\n".join(["still invalid after migration:", *problems]))
+    return 0
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write("".join(f"error: {line}\n" for line in message.splitlines()))
+    return 1
+
+
 def _node_os(text: str) -> NodeOS:
     try:
         return NodeOS.parse(text)
@@ -86,8 +138,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
     try:
         policy = load_policy(args.file) if args.file else default_policy()
     except CliError as exc:
-        sys.stderr.write("".join(f"error: {line}\n" for line in str(exc).splitlines()))
-        return 1
+        return _fail(str(exc))
     facts = Facts(
         namespace=args.namespace,
         runtime=args.runtime,
@@ -116,7 +167,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu-operator", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     add_agent_commands(sub)
-    crd = sub.add_parser("crd", help="print the ClusterPolicy CustomResourceDefinition")
+    crd = sub.add_parser(
+        "crd",
+        help="print the ClusterPolicy CustomResourceDefinition, or apply it",
+        description="Print the CRD; with --apply, install or upgrade it in the cluster as the "
+        "operator does at start-up (a newer CRD there is left alone).",
+    )
+    crd.add_argument("--apply", action="store_true", help="install or upgrade it in the cluster")
+    crd.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, else KUBECONFIG)")
     crd.set_defaults(func=_cmd_crd)
     add_install_commands(sub)
 
@@ -146,6 +204,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--summary", action="store_true", help="print a per-component table instead"
     )
     render.set_defaults(func=_cmd_render)
+
+    migrate_cmd = sub.add_parser(
+        "migrate",
+        help="rewrite an old ClusterPolicy for today's schema",
+        description="Print the file with every field NVIDIA moved or removed at its place today "
+        "(what changed goes to stderr; exit 1 if something else is still invalid).",
+    )
+    migrate_cmd.add_argument("-f", "--file", required=True, help="YAML file, '-' for stdin")
+    migrate_cmd.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    migrate_cmd.set_defaults(func=_cmd_migrate)
 
     run = sub.add_parser(
         "run",

@@ -3,13 +3,17 @@
 pydantic's JSON Schema is turned into a structural OpenAPI v3 schema: references inlined,
 optional unions collapsed, ``int | str`` made ``x-kubernetes-int-or-string``, and only the
 defaults NVIDIA's schema publishes kept (``x-crd-default``), so the apiserver fills in what
-NVIDIA's would and nothing more.
+NVIDIA's would and nothing more. Fields NVIDIA moved or removed (``legacy.py``) are declared
+too, so the API server keeps them for the operator to say where they went instead of pruning
+what the user meant.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
+from gpu_operator.api.legacy import BY_PATH
 from gpu_operator.api.policy import GROUP, KIND, PLURAL, VERSION
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.api.status import ClusterPolicyStatus
@@ -73,8 +77,21 @@ def openapi_schema(model: type[Any]) -> dict[str, Any]:
     return _structural(raw, raw.get("$defs", {}))
 
 
+def with_legacy_fields(spec_schema: dict[str, Any]) -> dict[str, Any]:
+    """``spec_schema`` plus every legacy field, described by where it lives now."""
+    for path, entry in BY_PATH.items():
+        node = spec_schema
+        for part in path[:-1]:
+            node = node["properties"][part]
+        node["properties"][path[-1]] = {
+            **copy.deepcopy(entry.schema),  # shared dicts would become YAML aliases
+            "description": f"Legacy, refused by the operator: {entry.hint}.",
+        }
+    return spec_schema
+
+
 def clusterpolicy_crd() -> dict[str, Any]:
-    spec_schema = openapi_schema(ClusterPolicySpec)
+    spec_schema = with_legacy_fields(openapi_schema(ClusterPolicySpec))
     spec_schema["description"] = "Desired state of the GPU stack on every GPU node."
     status_schema = openapi_schema(ClusterPolicyStatus)
     status_schema["description"] = "Observed state, written by the operator."

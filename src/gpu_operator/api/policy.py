@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpu_operator.api.base import drop_nulls
+from gpu_operator.api.legacy import MIGRATE, hint
 from gpu_operator.api.spec import ClusterPolicySpec
 
 GROUP = "nvidia.com"
@@ -45,12 +46,19 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
 
 
 def describe_validation_error(exc: ValidationError) -> list[str]:
-    """One line per problem: the field path, what was wrong, and the input."""
+    """One line per problem: the field path, what was wrong, and the input.
+
+    A field NVIDIA moved or removed says where it lives now, and a last line names the command
+    that rewrites the document.
+    """
     seen: dict[str, list[str]] = {}
+    moved = False
     for err in exc.errors(include_url=False):
         path = _field_path(tuple(err["loc"]))
         if err["type"] == "extra_forbidden":
-            msg = "unknown field (check its spelling against the ClusterPolicy schema)"
+            legacy = hint(tuple(err["loc"]))
+            moved = moved or legacy is not None
+            msg = legacy or "unknown field (check its spelling against the ClusterPolicy schema)"
         else:
             msg = err["msg"].removeprefix("Value error, ")
             if "input" in err and not isinstance(err["input"], (dict, list)):
@@ -58,7 +66,8 @@ def describe_validation_error(exc: ValidationError) -> list[str]:
         seen.setdefault(path, [])
         if msg not in seen[path]:
             seen[path].append(msg)
-    return [f"{path}: {' or '.join(msgs)}" for path, msgs in seen.items()]
+    lines = [f"{path}: {' or '.join(msgs)}" for path, msgs in seen.items()]
+    return [*lines, MIGRATE] if moved else lines
 
 
 def parse_spec(spec: Mapping[str, Any] | None) -> ClusterPolicySpec:

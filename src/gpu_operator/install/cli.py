@@ -1,4 +1,5 @@
-"""``gpu-operator deploy`` and ``gpu-operator bundle``: the only code here that writes files."""
+"""``gpu-operator deploy | bundle | uninstall``: install commands, the only code here that writes
+files or deletes policies."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Any
 
 import yaml
 
+from gpu_operator import __version__
 from gpu_operator.api import PolicyError, parse_document
-from gpu_operator.install import bundle, manifests
+from gpu_operator.install import bundle, helm, manifests
+from gpu_operator.install.helm_values import key_table_markdown
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
 
 DEFAULT_EXAMPLE = "examples/clusterpolicy.yaml"
@@ -75,8 +78,52 @@ def _cmd_bundle(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_chart(args: argparse.Namespace) -> int:
+    for path in write_files(Path(args.output), helm.chart_files(args.version)):
+        sys.stdout.write(f"wrote {path}\n")
+    if args.readme:
+        try:
+            replace_section(Path(args.readme), VALUES_TABLE, key_table_markdown())
+        except ValueError as exc:
+            return _error(str(exc))
+        sys.stdout.write(f"updated the values table in {args.readme}\n")
+    return 0
+
+
+VALUES_TABLE = "helm-values-table"
+
+
+def replace_section(path: Path, name: str, body: str) -> None:
+    """Replace what lies between ``<!-- name:start -->`` and ``<!-- name:end -->`` in ``path``."""
+    start, end = f"<!-- {name}:start -->\n", f"<!-- {name}:end -->"
+    text = path.read_text(encoding="utf-8")
+    if start not in text or end not in text:
+        raise ValueError(f"{path}: no {start.strip()} ... {end} section to replace")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(head + start + body + end + tail, encoding="utf-8")
+
+
+def _cmd_uninstall(args: argparse.Namespace) -> int:
+    from gpu_operator.install.uninstall import UninstallError, uninstall
+    from gpu_operator.kube import connect
+
+    try:
+        uninstall(
+            connect(args.kubeconfig),
+            sys.stdout,
+            wait=args.wait,
+            timeout=args.timeout,
+            delete_crd=args.delete_crd,
+            namespace=args.namespace,
+        )
+    except UninstallError as exc:
+        return _error(str(exc))
+    return 0
+
+
 def add_install_commands(sub: Any) -> None:
-    """Register ``deploy`` and ``bundle`` on the top-level subparsers."""
+    """Register ``deploy``, ``bundle`` and ``uninstall`` on the top-level subparsers."""
     deploy = sub.add_parser(
         "deploy",
         help="print or write the kubectl install (namespace, CRD, RBAC, Deployment)",
@@ -99,3 +146,44 @@ def add_install_commands(sub: Any) -> None:
         "--example", default=DEFAULT_EXAMPLE, help=f"alm-examples ClusterPolicy ({DEFAULT_EXAMPLE})"
     )
     olm.set_defaults(func=_cmd_bundle)
+
+    chart = sub.add_parser(
+        "chart",
+        help="write the Helm chart (NVIDIA's chart values keys) into a directory",
+        description="The chart in deploy/helm/gpu-operator: same CRD, RBAC and Deployment as "
+        "deploy/, and a ClusterPolicy made from the values.",
+    )
+    chart.add_argument("-o", "--output", required=True, metavar="DIR", help="chart directory")
+    chart.add_argument("--version", default=__version__, help="chart version (default: ours)")
+    chart.add_argument(
+        "--readme", metavar="FILE", help=f"also update the {VALUES_TABLE} section of FILE"
+    )
+    chart.set_defaults(func=_cmd_chart)
+
+    remove = sub.add_parser(
+        "uninstall",
+        help="delete every ClusterPolicy (the operator cleans the nodes), then the CRD if asked",
+        description="Run while the operator still runs: its finalizer removes the node labels "
+        "and taint it added. The Helm chart runs this as its pre-delete hook.",
+    )
+    remove.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: in-cluster, else KUBECONFIG)"
+    )
+    remove.add_argument(
+        "--wait", action="store_true", help="wait until every policy (and the CRD) is gone"
+    )
+    remove.add_argument(
+        "--timeout", type=float, default=300, help="seconds --wait waits (default 300)"
+    )
+    remove.add_argument(
+        "--delete-crd",
+        action="store_true",
+        help="then, once garbage collection has removed what the policies owned, the CRD too",
+    )
+    remove.add_argument(
+        "-n",
+        "--namespace",
+        default=manifests.NAMESPACE,
+        help="the operator's (operand) namespace, where --delete-crd waits for garbage collection",
+    )
+    remove.set_defaults(func=_cmd_uninstall)

@@ -7,6 +7,7 @@ Everything is a pure function returning plain dicts; the CLI writes the files.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import yaml
@@ -66,17 +67,20 @@ def service_account(namespace: str = NAMESPACE) -> dict[str, Any]:
     }
 
 
-def _binding(kind: str, namespace: str) -> dict[str, Any]:
+def binding(
+    kind: str, namespace: str, name: str = NAME, labels: dict[str, str] = LABELS
+) -> dict[str, Any]:
+    """A (Cluster)RoleBinding of the ServiceAccount ``name`` to the (Cluster)Role ``name``."""
     role_kind = kind.removesuffix("Binding")
-    metadata: dict[str, Any] = {"name": NAME, "labels": dict(LABELS)}
+    metadata: dict[str, Any] = {"name": name, "labels": dict(labels)}
     if kind == "RoleBinding":
         metadata["namespace"] = namespace
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": kind,
         "metadata": metadata,
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": NAME},
-        "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": namespace}],
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
     }
 
 
@@ -85,10 +89,23 @@ def rbac_objects(namespace: str = NAMESPACE) -> list[dict[str, Any]]:
     return [
         service_account(namespace),
         rbac.cluster_role(NAME),
-        _binding("ClusterRoleBinding", namespace),
+        binding("ClusterRoleBinding", namespace),
         rbac.role(namespace, NAME),
-        _binding("RoleBinding", namespace),
+        binding("RoleBinding", namespace),
     ]
+
+
+# The operator's pod and container run like this; so do the Helm chart's hook pods.
+POD_SECURITY: dict[str, Any] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "runAsUser": 65532,
+    "runAsGroup": 65532,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 
 def _probe(failure_threshold: int, period: int) -> dict[str, Any]:
@@ -132,15 +149,7 @@ def deployment_spec(image: str = DEFAULT_OPERATOR_IMAGE) -> dict[str, Any]:
             "requests": {"cpu": "100m", "memory": "192Mi"},
             "limits": {"cpu": "1", "memory": "512Mi"},
         },
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "runAsUser": 65532,
-            "runAsGroup": 65532,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY),
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
     return {
@@ -171,10 +180,7 @@ def deployment_spec(image: str = DEFAULT_OPERATOR_IMAGE) -> dict[str, Any]:
                         ]
                     }
                 },
-                "securityContext": {
-                    "runAsNonRoot": True,
-                    "seccompProfile": {"type": "RuntimeDefault"},
-                },
+                "securityContext": copy.deepcopy(POD_SECURITY),
                 "containers": [container],
                 "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
             },

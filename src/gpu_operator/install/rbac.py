@@ -34,14 +34,10 @@ class Rule:
         return rule
 
 
-CLUSTER_RULES: tuple[Rule, ...] = (
-    Rule(
-        "nvidia.com",
-        ("clusterpolicies",),
-        ("get", "list", "watch", "patch"),
-        "watch policies; add and remove the node-cleanup finalizer",
-    ),
-    Rule("nvidia.com", ("clusterpolicies/status",), ("patch",), "write status"),
+CRD = "clusterpolicies.nvidia.com"
+
+# Shared by the operator (it installs its CRD at start-up) and the Helm chart's CRD hook.
+CRD_RULES: tuple[Rule, ...] = (
     Rule(
         "apiextensions.k8s.io",
         ("customresourcedefinitions",),
@@ -53,8 +49,19 @@ CLUSTER_RULES: tuple[Rule, ...] = (
         ("customresourcedefinitions",),
         ("create", "patch"),
         "install or upgrade its own CRD at start-up",
-        ("clusterpolicies.nvidia.com",),
+        (CRD,),
     ),
+)
+
+CLUSTER_RULES: tuple[Rule, ...] = (
+    Rule(
+        "nvidia.com",
+        ("clusterpolicies",),
+        ("get", "list", "watch", "patch"),
+        "watch policies; add and remove the node-cleanup finalizer",
+    ),
+    Rule("nvidia.com", ("clusterpolicies/status",), ("patch",), "write status"),
+    *CRD_RULES,
     Rule(
         "",
         ("nodes",),
@@ -129,3 +136,36 @@ def role(
         },
         "rules": [r.to_k8s() for r in rules],
     }
+
+
+# The Helm chart's pre-delete hook (`gpu-operator uninstall --wait`): delete every policy while
+# the operator still runs, so its finalizer cleans the nodes, and wait until they are gone.
+UNINSTALL_RULES: tuple[Rule, ...] = (
+    Rule(
+        "nvidia.com",
+        ("clusterpolicies",),
+        ("list", "delete"),
+        "delete every ClusterPolicy and wait for the operator's finalizer",
+    ),
+)
+
+
+def listing(rules: tuple[Rule, ...]) -> tuple[Rule, ...]:
+    """Read-only ``list`` of every resource the operator creates and deletes in ``rules``."""
+    return tuple(
+        Rule(r.api_group, r.resources, ("list",), f"wait until GC has removed: {r.why}")
+        for r in rules
+        if {"create", "delete"} <= set(r.verbs) and not r.resource_names
+    )
+
+
+# ... and, with operator.cleanupCRD, the CRD itself once no policy is left and garbage
+# collection has removed what the policies owned (with the CRD gone it cannot resolve the owner
+# references, and would leave those objects forever): it lists what the operator makes.
+CRD_DELETE_RULE = Rule(
+    "apiextensions.k8s.io",
+    ("customresourcedefinitions",),
+    ("get", "delete"),
+    "remove the ClusterPolicy CRD on uninstall (operator.cleanupCRD)",
+    (CRD,),
+)

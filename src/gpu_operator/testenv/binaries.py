@@ -16,7 +16,8 @@ from typing import IO
 
 # The control plane's processes; the same bin dir also holds the real nodes' kubelet/kube-proxy.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
-BUILT = (*COMPONENTS, "kubelet", "kube-proxy")
+# helm is built there too, for the chart's tests; no cluster runs it.
+BUILT = (*COMPONENTS, "kubelet", "kube-proxy", "helm")
 # What `build-components.sh nodes` puts in the node dir: bin/ and images/<kind>.oci.tar.
 NODE_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "pause", "incluster-get")
 NODE_IMAGES = ("pause", "shell")

@@ -1,4 +1,4 @@
-"""`gpu-operator deploy` and `gpu-operator bundle`: what they print and what they write."""
+"""`gpu-operator deploy`, `bundle` and `chart`: what they print and what they write."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import yaml
 
 import gpu_operator
 from gpu_operator.cli import main
-from gpu_operator.install import bundle, manifests
+from gpu_operator.controller.decide import FINALIZER
+from gpu_operator.install import bundle, helm, manifests
+from gpu_operator.install.uninstall import waiting_on
 from tests.paths import REPO
 
 EXAMPLE = REPO / "examples" / "clusterpolicy.yaml"
@@ -89,3 +91,38 @@ def test_bundle_refuses_an_invalid_example(
     missing = tmp_path / "missing.yaml"
     assert main(["bundle", "--version", "0.1.0", "--example", str(missing)]) == 1
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_chart_writes_the_chart_and_the_readme_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "# x\n<!-- helm-values-table:start -->\nold\n<!-- helm-values-table:end -->\nz\n"
+    )
+    out = tmp_path / "chart"
+    assert main(["chart", "--output", str(out), "--readme", str(readme)]) == 0
+    written = {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.is_file()}
+    assert written == helm.chart_files()
+    text = readme.read_text()
+    assert text.startswith("# x\n<!-- helm-values-table:start -->\n| values key |")
+    assert text.endswith("<!-- helm-values-table:end -->\nz\n") and "old" not in text
+
+
+def test_chart_says_when_the_readme_has_no_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# no markers\n")
+    assert main(["chart", "--output", str(tmp_path / "c"), "--readme", str(readme)]) == 1
+    assert "no <!-- helm-values-table:start -->" in capsys.readouterr().err
+    assert readme.read_text() == "# no markers\n"
+
+
+def test_a_stuck_uninstall_says_what_holds_each_policy() -> None:
+    policy = {"metadata": {"name": "cluster-policy", "finalizers": [FINALIZER]}}
+    message = waiting_on([policy, {"metadata": {"name": "other"}}])
+    assert message.startswith(
+        f"ClusterPolicy cluster-policy ({FINALIZER}); ClusterPolicy other (no finalizer): "
+        "the operator removes its node labels and taint"
+    )

@@ -1,4 +1,5 @@
-"""deploy/ and bundle/ are generated: a test fails as soon as they drift from the generator."""
+"""deploy/ (with the Helm chart) and bundle/ are generated: a test fails as soon as they drift
+from the generator."""
 
 from __future__ import annotations
 
@@ -10,23 +11,22 @@ import pytest
 import yaml
 
 import gpu_operator
-from gpu_operator.install import bundle, manifests
+from gpu_operator.install import bundle, helm, manifests
 from tests.paths import REPO
 
 DEPLOY = REPO / "deploy"
+CHART = REPO / helm.CHART_DIR
 BUNDLE = REPO / "bundle"
 EXAMPLE = REPO / "examples" / "clusterpolicy.yaml"
-REGENERATE = (
-    "run `gpu-operator deploy --output deploy/` and "
-    f"`gpu-operator bundle --version {gpu_operator.__version__} --output bundle/`"
-)
+REGENERATE = "run `make manifests`"
 
 
 def committed(root: Path) -> dict[str, str]:
+    """The files under ``root``; deploy/'s own, without the chart below it."""
     return {
         str(p.relative_to(root)): p.read_text(encoding="utf-8")
         for p in sorted(root.rglob("*"))
-        if p.is_file()
+        if p.is_file() and (root != DEPLOY or CHART not in p.parents)
     }
 
 
@@ -37,8 +37,8 @@ def expected_bundle() -> dict[str, str]:
 
 @pytest.mark.parametrize(
     ("root", "generate"),
-    [(DEPLOY, manifests.deploy_files), (BUNDLE, expected_bundle)],
-    ids=["deploy", "bundle"],
+    [(DEPLOY, manifests.deploy_files), (BUNDLE, expected_bundle), (CHART, helm.chart_files)],
+    ids=["deploy", "bundle", "chart"],
 )
 def test_committed_files_match_the_generator(
     root: Path, generate: Callable[[], dict[str, str]]
