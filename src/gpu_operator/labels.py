@@ -50,6 +50,16 @@ UPGRADE_SINCE = "nvidia.com/gpu-driver-upgrade-state.since"
 UPGRADE_WAS_CORDONED = "nvidia.com/gpu-driver-upgrade.was-cordoned"
 VALIDATOR_APP = "nvidia-operator-validator"
 
+# -- the MIG manager's bookkeeping on the node
+MIG_PAUSED_LABELS = "nvidia.com/mig-manager.paused-labels"
+MIG_FAILED_CONFIG = "nvidia.com/mig-manager.failed-config"
+MIG_STATE_REASON = "nvidia.com/mig.config.state.reason"
+
+# Annotations other parts of the GPU stack write on nodes: meaningless once it is uninstalled.
+STACK_ANNOTATIONS = frozenset(
+    {UPGRADE_SINCE, UPGRADE_WAS_CORDONED, MIG_PAUSED_LABELS, MIG_FAILED_CONFIG, MIG_STATE_REASON}
+)
+
 
 def is_true(value: str | None) -> bool:
     """Label and annotation booleans, as people write them (``true``, ``True``, `` true``)."""

@@ -48,7 +48,6 @@ from gpu_operator.controller.runner import IMAGE_ENV_NAMES, OperatorThread, RunO
 from gpu_operator.install import helm
 from gpu_operator.install.helm_values import MOVES, handled
 from gpu_operator.kube import Kube
-from gpu_operator.labels import UPGRADE_SINCE
 from tests.e2e.support import (
     policy_api_served,
     policy_status,
@@ -354,10 +353,6 @@ def assert_nodes_as_before(kube: Kube, before: dict[str, Any]) -> None:
         name: sorted(set(after[name]["annotations"]) - set(was["annotations"]))
         for name, was in before.items()
     }
-    if any(left.values()) and {k for keys in left.values() for k in keys} == {UPGRADE_SINCE}:
-        # The operator's finalizer removes the upgrade-state label but not this annotation the
-        # upgrade writes beside it (controller/nodes.py plan_node); reported, not the chart's.
-        pytest.xfail(f"the operator's node cleanup leaves {UPGRADE_SINCE}: {left}")
     assert not any(left.values()), left
 
 

@@ -193,3 +193,22 @@ def test_mangled_ownership_annotation_owns_nothing() -> None:
     view = node({**NFD, "nvidia.com/gpu.present": "true"}, {OWNED_ANNOTATION: "{not json"})
     gone = apply(view, None)
     assert gone.labels["nvidia.com/gpu.present"] == "true"
+
+
+def test_uninstall_removes_what_the_upgrade_and_mig_manager_left_on_the_node() -> None:
+    labelled = apply(node(NFD), POLICY)
+    worked_on = NodeView(
+        "n1",
+        labels={**labelled.labels, "nvidia.com/gpu-driver-upgrade-state": "upgrade-done"},
+        annotations={
+            **labelled.annotations,
+            "nvidia.com/gpu-driver-upgrade-state.since": "1700000000",
+            "nvidia.com/mig.config.state.reason": "",
+            "team.example.com/owner": "ml",
+        },
+        taints=labelled.taints,
+        resource_version="9",
+    )
+    gone = apply(worked_on, None, uninstall=True)
+    assert "nvidia.com/gpu-driver-upgrade-state" not in gone.labels
+    assert dict(gone.annotations) == {"team.example.com/owner": "ml"}

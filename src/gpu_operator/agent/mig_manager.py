@@ -39,7 +39,14 @@ from gpu_operator.agent.migparted import (
     apply_plan,
     plan,
 )
-from gpu_operator.labels import DEPLOY_PREFIX, MIG_CONFIG, MIG_CONFIG_STATE
+from gpu_operator.labels import (
+    DEPLOY_PREFIX,
+    MIG_CONFIG,
+    MIG_CONFIG_STATE,
+    MIG_FAILED_CONFIG,
+    MIG_PAUSED_LABELS,
+    MIG_STATE_REASON,
+)
 
 if TYPE_CHECKING:
     from gpu_operator.kube import Kube
@@ -59,9 +66,6 @@ OPERAND_APPS = frozenset(
         "nvidia-dcgm",
     }
 )
-PAUSE_ANNOTATION = "nvidia.com/mig-manager.paused-labels"
-REASON_ANNOTATION = "nvidia.com/mig.config.state.reason"
-FAILED_ANNOTATION = "nvidia.com/mig-manager.failed-config"
 DEFAULT_WAIT_TIMEOUT_S = 600.0
 EVENT_COMPONENT = "nvidia-mig-manager"  # the source of its Events
 DEFAULT_NAMESPACE = "gpu-operator"  # where the operands to pause run
@@ -143,7 +147,7 @@ class Paused:
             labels = {str(k): (None if v is None else str(v)) for k, v in doc["labels"].items()}
             return Paused(str(doc["config"]), float(doc["since"]), labels)
         except (ValueError, KeyError, TypeError, AttributeError):
-            log.warning("ignoring unreadable %s annotation: %r", PAUSE_ANNOTATION, text)
+            log.warning("ignoring unreadable %s annotation: %r", MIG_PAUSED_LABELS, text)
             return None
 
 
@@ -157,16 +161,16 @@ def _finish(obs: MigObservation, paused: Paused | None, state: str | None, reaso
             current = obs.labels.get(key)
             if current == PAUSED and current != original:
                 labels[key] = original
-        annotations[PAUSE_ANNOTATION] = None
+        annotations[MIG_PAUSED_LABELS] = None
     if state is not None and obs.labels.get(MIG_CONFIG_STATE) != state:
         labels[MIG_CONFIG_STATE] = state
     if state == "failed":
-        if obs.annotations.get(REASON_ANNOTATION) != reason:
-            annotations[REASON_ANNOTATION] = reason
-        if obs.annotations.get(FAILED_ANNOTATION) != obs.labels.get(MIG_CONFIG):
-            annotations[FAILED_ANNOTATION] = obs.labels.get(MIG_CONFIG)
+        if obs.annotations.get(MIG_STATE_REASON) != reason:
+            annotations[MIG_STATE_REASON] = reason
+        if obs.annotations.get(MIG_FAILED_CONFIG) != obs.labels.get(MIG_CONFIG):
+            annotations[MIG_FAILED_CONFIG] = obs.labels.get(MIG_CONFIG)
     else:
-        for key in (REASON_ANNOTATION, FAILED_ANNOTATION):
+        for key in (MIG_STATE_REASON, MIG_FAILED_CONFIG):
             if key in obs.annotations:
                 annotations[key] = None
     actions: tuple[Action, ...] = ()
@@ -200,16 +204,16 @@ def blocking_pods(pods: Sequence[PodView]) -> list[PodView]:
 def step(obs: MigObservation, *, wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S) -> Step:
     """One decision of the MIG manager from what it observes now."""
     desired = obs.labels.get(MIG_CONFIG)
-    paused = Paused.decode(obs.annotations.get(PAUSE_ANNOTATION))
+    paused = Paused.decode(obs.annotations.get(MIG_PAUSED_LABELS))
     if not desired:
         return _finish(obs, paused, None, "") if paused else Step("idle")
     if (
         not obs.first_pass
         and obs.labels.get(MIG_CONFIG_STATE) == "failed"
-        and obs.annotations.get(FAILED_ANNOTATION) == desired
+        and obs.annotations.get(MIG_FAILED_CONFIG) == desired
         and paused is None
     ):
-        return Step("failed", reason=obs.annotations.get(REASON_ANNOTATION, ""))
+        return Step("failed", reason=obs.annotations.get(MIG_STATE_REASON, ""))
     if obs.config is None:
         return _finish(obs, paused, "failed", obs.config_error or "no MIG config file")
     try:
@@ -224,8 +228,8 @@ def step(obs: MigObservation, *, wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S)
         original = {k: obs.labels.get(k) for k in DEPLOY_LABELS}
         record = Paused(config=desired, since=obs.now, labels=original)
         labels: dict[str, str | None] = {MIG_CONFIG_STATE: "pending", **_pause_labels(obs.labels)}
-        annotations: dict[str, str | None] = {PAUSE_ANNOTATION: record.encode()}
-        for key in (REASON_ANNOTATION, FAILED_ANNOTATION):
+        annotations: dict[str, str | None] = {MIG_PAUSED_LABELS: record.encode()}
+        for key in (MIG_STATE_REASON, MIG_FAILED_CONFIG):
             if key in obs.annotations:
                 annotations[key] = None
         pausing = RecordEvent(
@@ -283,7 +287,7 @@ def reconcile(
     apply_error = ""
     for _ in range(max_steps):
         node = kube.read_node(api, node_name)
-        paused = PAUSE_ANNOTATION in node.annotations
+        paused = MIG_PAUSED_LABELS in node.annotations
         pods = kube.pods_on_node(api, node_name, namespace) if paused else []
         cfg, cfg_error = _read_config(config)
         result = step(

@@ -24,6 +24,7 @@ from gpu_operator.labels import (
     MIG_CONFIG,
     NFD_GPU_LABELS,
     OWNED_ANNOTATION,
+    STACK_ANNOTATIONS,
     is_true,
 )
 from gpu_operator.views import NodeView
@@ -159,7 +160,8 @@ def plan_node(
     """The one patch that brings a node to what ``policy`` asks, or None when it already is.
 
     ``policy`` None means no active ClusterPolicy: the node gets back what it had before the
-    operator. ``uninstall`` also removes the labels the rest of the GPU stack wrote.
+    operator. ``uninstall`` also removes the labels and annotations the rest of the GPU stack
+    wrote.
     """
     owned = Owned.parse(node.annotations)
     labels: dict[str, str | None] = {}
@@ -193,6 +195,8 @@ def plan_node(
     annotations: dict[str, str | None] = {}
     if new_owned != owned:
         annotations[OWNED_ANNOTATION] = new_owned.dump()
+    if uninstall:
+        annotations.update({k: None for k in node.annotations if k in STACK_ANNOTATIONS})
     if not labels and not annotations and taints is None:
         return None
     return NodePatch(labels, annotations, taints, node.resource_version)

@@ -12,10 +12,7 @@ from gpu_operator.agent import mig_manager as mm
 from gpu_operator.agent.inventory import Inventory
 from gpu_operator.agent.kube import PodView
 from gpu_operator.agent.mig_manager import (
-    FAILED_ANNOTATION,
-    PAUSE_ANNOTATION,
     PAUSED,
-    REASON_ANNOTATION,
     ApplyMig,
     MigObservation,
     PatchNode,
@@ -26,7 +23,13 @@ from gpu_operator.agent.mig_manager import (
 )
 from gpu_operator.agent.migparted import MigPartedConfig, load_mig_config
 from gpu_operator.agent.nvml import Nvml
-from gpu_operator.labels import MIG_CONFIG, MIG_CONFIG_STATE
+from gpu_operator.labels import (
+    MIG_CONFIG,
+    MIG_CONFIG_STATE,
+    MIG_FAILED_CONFIG,
+    MIG_PAUSED_LABELS,
+    MIG_STATE_REASON,
+)
 
 from .conftest import MIG_CONFIGMAP, Simulate, inventory_with
 
@@ -63,7 +66,7 @@ def observe(
 
 def paused_annotation(config: str = "all-1g.5gb", since: float = 1000.0) -> dict[str, str]:
     original = {DP: "true", GFD: "true", EXP: "false", DCGM: None}
-    return {PAUSE_ANNOTATION: Paused(config, since, original).encode()}
+    return {MIG_PAUSED_LABELS: Paused(config, since, original).encode()}
 
 
 PAUSED_LABELS = {DP: PAUSED, GFD: PAUSED, EXP: "false", DCGM: PAUSED, MIG_CONFIG_STATE: "pending"}
@@ -107,7 +110,7 @@ def test_new_config_pauses_operands_false_stays_false(
     )
     assert isinstance(patch, PatchNode)
     assert patch.labels == {MIG_CONFIG_STATE: "pending", DP: PAUSED, GFD: PAUSED, DCGM: PAUSED}
-    saved = Paused.decode(patch.annotations[PAUSE_ANNOTATION])
+    saved = Paused.decode(patch.annotations[MIG_PAUSED_LABELS])
     assert saved == Paused(
         "all-1g.5gb", 1000.0, {DP: "true", GFD: "true", EXP: "false", DCGM: None}
     )
@@ -172,15 +175,15 @@ def test_success_restores_labels_exactly(simulate: Simulate, config: MigPartedCo
     labels = {**PAUSED_LABELS, MIG_CONFIG: "all-1g.5gb"}
     annotations = {
         **paused_annotation(),
-        FAILED_ANNOTATION: "all-7g.40gb",
-        REASON_ANNOTATION: "old",
+        MIG_FAILED_CONFIG: "all-7g.40gb",
+        MIG_STATE_REASON: "old",
     }
     result = step(observe(inv, config, labels, annotations))
     assert result.phase == "success"
     assert result.actions == (
         PatchNode(
             labels={DP: "true", GFD: "true", DCGM: None, MIG_CONFIG_STATE: "success"},
-            annotations={PAUSE_ANNOTATION: None, REASON_ANNOTATION: None, FAILED_ANNOTATION: None},
+            annotations={MIG_PAUSED_LABELS: None, MIG_STATE_REASON: None, MIG_FAILED_CONFIG: None},
         ),
         RecordEvent("Normal", "MIGConfigApplied", "MIG config all-1g.5gb applied"),
     )
@@ -207,9 +210,9 @@ def test_apply_failure_restores_and_fails_with_reason(
         PatchNode(
             labels={DP: "true", GFD: "true", DCGM: None, MIG_CONFIG_STATE: "failed"},
             annotations={
-                PAUSE_ANNOTATION: None,
-                REASON_ANNOTATION: "GPU 1: in use",
-                FAILED_ANNOTATION: "all-1g.5gb",
+                MIG_PAUSED_LABELS: None,
+                MIG_STATE_REASON: "GPU 1: in use",
+                MIG_FAILED_CONFIG: "all-1g.5gb",
             },
         ),
         RecordEvent("Warning", "MIGConfigFailed", "MIG config all-1g.5gb: GPU 1: in use"),
@@ -224,7 +227,7 @@ def test_non_mig_gpu_fails_without_pausing(simulate: Simulate, config: MigParted
     (patch, event) = result.actions
     assert isinstance(patch, PatchNode)
     assert patch.labels == {MIG_CONFIG_STATE: "failed"}
-    assert patch.annotations[REASON_ANNOTATION] == result.reason
+    assert patch.annotations[MIG_STATE_REASON] == result.reason
     assert event == RecordEvent(
         "Warning", "MIGConfigFailed", f"MIG config all-1g.5gb: {result.reason}"
     )
@@ -248,7 +251,7 @@ def test_a_failed_config_is_retried_only_on_restart(
 ) -> None:
     inv = inventory_with(simulate, "a100-40gb:1")
     labels = {**DEPLOY, MIG_CONFIG: "all-1g.5gb", MIG_CONFIG_STATE: "failed"}
-    annotations = {FAILED_ANNOTATION: "all-1g.5gb", REASON_ANNOTATION: "boom"}
+    annotations = {MIG_FAILED_CONFIG: "all-1g.5gb", MIG_STATE_REASON: "boom"}
     assert step(observe(inv, config, labels, annotations)).actions == ()
     assert step(observe(inv, config, labels, annotations, first_pass=True)).phase == "pausing"
     other = {**labels, MIG_CONFIG: "all-7g.40gb"}
@@ -286,7 +289,7 @@ def test_label_removed_while_paused_restores(simulate: Simulate, config: MigPart
     labels = {k: v for k, v in PAUSED_LABELS.items()}
     (patch,) = step(observe(inv, config, labels, paused_annotation())).actions
     assert patch == PatchNode(
-        labels={DP: "true", GFD: "true", DCGM: None}, annotations={PAUSE_ANNOTATION: None}
+        labels={DP: "true", GFD: "true", DCGM: None}, annotations={MIG_PAUSED_LABELS: None}
     )
 
 
@@ -387,7 +390,7 @@ def test_reconcile_applies_restores_and_then_writes_nothing(simulate: Simulate) 
         )
         # pending and the pause went out in one patch, the restore in another
         assert api.patches[0]["metadata"]["labels"][MIG_CONFIG_STATE] == "pending"
-        assert PAUSE_ANNOTATION in api.patches[0]["metadata"]["annotations"]
+        assert MIG_PAUSED_LABELS in api.patches[0]["metadata"]["annotations"]
         # and the story is told on the Node, where `kubectl describe node` finds it
         assert [e["reason"] for e in api.events] == ["MIGConfigPending", "MIGConfigApplied"]
         assert api.events[0]["involvedObject"] == {
@@ -418,9 +421,9 @@ def test_reconcile_reports_an_nvml_failure_and_restores(simulate: Simulate) -> N
         )
     assert result.phase == "failed"
     assert api.labels == {**DEPLOY, MIG_CONFIG: "all-7g.80gb", MIG_CONFIG_STATE: "failed"}
-    assert "GPU 0" in api.annotations[REASON_ANNOTATION]
-    assert "insufficient resources" in api.annotations[REASON_ANNOTATION]
-    assert PAUSE_ANNOTATION not in api.annotations
+    assert "GPU 0" in api.annotations[MIG_STATE_REASON]
+    assert "insufficient resources" in api.annotations[MIG_STATE_REASON]
+    assert MIG_PAUSED_LABELS not in api.annotations
     assert [(e["type"], e["reason"]) for e in api.events] == [
         ("Normal", "MIGConfigPending"),
         ("Warning", "MIGConfigFailed"),
