@@ -331,11 +331,19 @@ def operator_from_deployment(cluster: testenv.Cluster, kube: Kube) -> OperatorTh
 
 
 def node_state(kube: Kube) -> dict[str, Any]:
-    """Every node's labels, taints and nvidia.com annotations, to compare before and after."""
+    """Every node's labels, taints and nvidia.com annotations, to compare before and after.
+
+    The node lifecycle controller's own taints (``node.kubernetes.io/not-ready`` while a fresh
+    node comes up) are left out: they follow readiness, not anything Helm or the operator did.
+    """
     return {
         n["metadata"]["name"]: {
             "labels": n["metadata"].get("labels") or {},
-            "taints": n["spec"].get("taints") or [],
+            "taints": [
+                t
+                for t in n["spec"].get("taints") or []
+                if not t.get("key", "").startswith("node.kubernetes.io/")
+            ],
             "annotations": {
                 k: v for k, v in (n["metadata"].get("annotations") or {}).items() if "nvidia" in k
             },
