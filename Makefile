@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 
 ## demo: a simulated GPU cluster running the whole stack, left up (hack/testenv down stops it)
 demo: $(STAMP) testenv
-	$(BIN)/python -m gpu_operator.testenv.demo
+	$(BIN)/python -m gpu_operator.testenv.demo $(DEMO_ARGS)
 
 ## test: every check and test, e2e against a real local control plane
 test: lint typecheck testenv

@@ -3,10 +3,12 @@
 Starts testenv with GPU nodes of different simulated models, the operator and one discovery
 agent per GPU node as background processes tied to the cluster (`hack/testenv down` ends them
 too), applies examples/clusterpolicy.yaml, waits for `ready` and prints what each node has.
+`--short` (what `make test` runs) does the same and then takes the cluster down again.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -61,6 +63,14 @@ def _wait(what: str, probe: Any, timeout: float = 180.0) -> Any:
     raise SystemExit(f"demo: timed out waiting for {what}")
 
 
+def _established(kube: Kube) -> bool:
+    crd = kube.get("CustomResourceDefinition", "clusterpolicies.nvidia.com") or {}
+    return any(
+        c.get("type") == "Established" and c.get("status") == "True"
+        for c in (crd.get("status") or {}).get("conditions") or []
+    )
+
+
 def node_table(kube: Kube) -> str:
     pods = kube.list_objects("Pod", NAMESPACE)
     rows = [("NODE", "PRODUCT", "GPUS", "MEMORY", "DRIVER", "CUDA", "MIG", "TAINT", "READY")]
@@ -96,23 +106,13 @@ def node_table(kube: Kube) -> str:
     )
 
 
-def main() -> int:
-    state_dir = default_state_dir()
-    _say("demo: building or finding the control-plane binaries (first time: many minutes)")
-    bin_dir = binaries.ensure_binaries()
-    t0 = time.monotonic()
-    cluster = start(state_dir, cpu_nodes=1, bin_dir=bin_dir, detach=True)
-    cluster.create_nodes(
-        [nodes.node_manifest(n, gpu=True, os_id=os_id, os_version=ver)
-         for n, (_, os_id, ver) in GPU_NODES.items()]
-    )  # fmt: skip
-    _say(f"demo: control plane with {len(GPU_NODES)} GPU nodes + 1 CPU node up in "
-         f"{time.monotonic() - t0:.1f}s")  # fmt: skip
-
+def _run_stack(cluster: Cluster, t0: float) -> None:
+    """The operator and the node agents in the background, the policy, and the wait for ready."""
     python = sys.executable
     kubeconfig = str(cluster.kubeconfig)
     with cluster.api_client() as api:
-        Kube(api).create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        kube = Kube(api)
+        kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     _run_in_background(
         cluster, "gpu-operator",
         [python, "-m", "gpu_operator", "run", "--kubeconfig", kubeconfig,
@@ -121,8 +121,9 @@ def main() -> int:
     )  # fmt: skip
     with cluster.api_client() as api:
         kube = Kube(api)
-        _wait("the ClusterPolicy CRD", lambda: kube.get(
-            "CustomResourceDefinition", "clusterpolicies.nvidia.com"))  # fmt: skip
+        # The operator installs the CRD; a policy created before the CRD is Established gets a
+        # 404, so wait for the condition, not for the object.
+        _wait("the ClusterPolicy CRD Established", lambda: _established(kube))
         kube.create(yaml.safe_load((REPO / "examples" / "clusterpolicy.yaml").read_text()))
         for name, (gpus, _, _) in GPU_NODES.items():
             _run_in_background(
@@ -165,6 +166,35 @@ def main() -> int:
         _wait("ClusterPolicy ready and every GPU node discovered", ready)
         _say(f"demo: ClusterPolicy ready {time.monotonic() - t0:.1f}s after start\n")
         _say(node_table(kube))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make demo", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--short", action="store_true", help="take the cluster down after the table (for tests)"
+    )
+    args = parser.parse_args(argv)
+    state_dir = default_state_dir()
+    _say("demo: building or finding the control-plane binaries (first time: many minutes)")
+    bin_dir = binaries.ensure_binaries()
+    t0 = time.monotonic()
+    cluster = start(state_dir, cpu_nodes=1, bin_dir=bin_dir, detach=True)
+    cluster.create_nodes(
+        [nodes.node_manifest(n, gpu=True, os_id=os_id, os_version=ver)
+         for n, (_, os_id, ver) in GPU_NODES.items()]
+    )  # fmt: skip
+    _say(f"demo: control plane with {len(GPU_NODES)} GPU nodes + 1 CPU node up in "
+         f"{time.monotonic() - t0:.1f}s")  # fmt: skip
+
+    try:
+        _run_stack(cluster, t0)
+    finally:
+        if args.short:
+            cluster.stop(remove_state=True)
+    if args.short:
+        _say("\ndemo: done; the cluster is down again (--short)")
+        return 0
+    kubeconfig = cluster.kubeconfig
     _say(
         f"\nThe cluster stays up. Reach it with:\n  export KUBECONFIG={kubeconfig}\n"
         "  kubectl get clusterpolicy,nodes; kubectl -n gpu-operator get daemonsets\n"

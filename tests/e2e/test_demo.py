@@ -1,0 +1,46 @@
+"""`make demo`, one of the README's two commands, run as written in its short form: the whole
+simulated stack comes up, every GPU node is discovered, the policy is ready, and the cluster goes
+down again leaving no process behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from gpu_operator.testenv.demo import GPU_NODES
+from gpu_operator.testenv.processes import cmdline
+from tests.paths import REPO
+
+
+def _processes_naming(path: Path) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            args = " ".join(cmdline(int(entry.name)))
+            if str(path) in args:
+                found.append(args)
+    return found
+
+
+def test_make_demo_short_reaches_ready_and_goes_down(testenv_bin_dir: Path, tmp_path: Path) -> None:
+    state_dir = tmp_path / "demo"
+    done = subprocess.run(
+        ["make", "--no-print-directory", "demo", "DEMO_ARGS=--short"],
+        cwd=REPO,
+        env={**os.environ, "TESTENV_STATE_DIR": str(state_dir)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    out = done.stdout
+    assert "ClusterPolicy ready" in out
+    table = out[out.index("NODE") :]
+    rows = {line.split()[0]: line for line in table.splitlines()[1:] if line.strip()}
+    for name in GPU_NODES:
+        assert name in rows, table
+        assert "NVIDIA" in rows[name], rows[name]  # the product label discovery set
+    assert "the cluster is down again" in out
+    assert not state_dir.exists()
+    assert _processes_naming(state_dir) == []
