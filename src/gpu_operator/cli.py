@@ -145,6 +145,8 @@ def _cmd_render(args: argparse.Namespace) -> int:
         node_oses=tuple(args.node_os or Facts.node_oses),
         openshift=args.openshift,
         operator_image=args.operator_image,
+        mps_configs=frozenset(args.mps_config or ()),
+        simulate_gpus=args.simulate_gpus,
     )
     parts = render_components(policy, facts)
     if args.summary:
@@ -198,6 +200,17 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--openshift", action="store_true", help="add OpenShift SCC access")
     render.add_argument(
         "--operator-image", default=DEFAULT_OPERATOR_IMAGE, help="the project's image"
+    )
+    render.add_argument(
+        "--mps-config",
+        action="append",
+        metavar="CONFIGMAP",
+        help="the device-plugin ConfigMap configures MPS sharing: render the MPS control daemon",
+    )
+    render.add_argument(
+        "--simulate-gpus",
+        metavar="PROFILE:COUNT",
+        help="the project's agents use simulated GPUs (GPU_OPERATOR_SIMULATE), e.g. a100-40gb:8",
     )
     render.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
     render.add_argument(

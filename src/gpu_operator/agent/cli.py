@@ -230,6 +230,75 @@ def _cmd_device_plugin(args: argparse.Namespace) -> int:
     )
 
 
+# -- mps-control-daemon -------------------------------------------------------------------------
+def _cmd_mps_control_daemon(args: argparse.Namespace) -> int:
+    import signal
+
+    from gpu_operator.agent.deviceplugin import agent as plugin
+    from gpu_operator.agent.deviceplugin import mps
+    from gpu_operator.agent.deviceplugin.configs import ConfigSelectionError, parse_fallbacks
+    from gpu_operator.agent.deviceplugin.resources import device_map
+    from gpu_operator.agent.deviceplugin.settings import plugin_settings
+
+    _setup(args)
+    if not args.simulated:
+        log.error(
+            "this image has no CUDA MPS control daemon: run it with --simulated for simulated "
+            "GPUs, or use NVIDIA's device-plugin image (devicePlugin.repository/image) for MPS "
+            "on real GPUs"
+        )
+        return 2
+    if not args.simulate:
+        log.error("--simulated needs simulated GPUs: --simulate or GPU_OPERATOR_SIMULATE")
+        return 2
+    node = _node_name(args)
+    api = kube.connect() if args.config_dir and node else None
+    try:
+        fallbacks = parse_fallbacks(args.fallback_strategies)
+    except ConfigSelectionError as exc:
+        log.error("%s", exc)
+        return 2
+    configs = (
+        plugin.ConfigDir(Path(args.config_dir), args.default_config or None, fallbacks)
+        if args.config_dir
+        else None
+    )
+    nvml = Nvml()
+    nvml.open()
+    seen = {"version": ""}
+
+    def resources() -> list[str]:
+        if configs is not None:
+            label = None
+            if api is not None and node:
+                view = kube.read_node(api, node)
+                seen["version"] = view.resource_version
+                label = view.labels.get(configs.label_key) or None
+            _, config = configs.choose(label)
+        else:
+            config = load_device_plugin_config(args.config_file)
+        settings = plugin_settings(config, {"MIG_STRATEGY": args.mig_strategy})
+        devices = device_map(nvml.inventory(), config, settings.mig_strategy)
+        return mps.mps_resources(devices, config.sharing.strategy)
+
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+
+    def changed() -> None:
+        if (
+            api is None
+            or not node
+            or not kube.wait_for_node_change(api, node, seen["version"], 300)
+        ):
+            stop.wait(10)
+
+    try:
+        return mps.run_simulated(Path(args.mps_root), resources, stop, changed=changed)
+    finally:
+        nvml.close()
+
+
 # -- validate -----------------------------------------------------------------------------------
 def _cmd_validate(args: argparse.Namespace) -> int:
     _setup(args)
@@ -443,6 +512,28 @@ def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--health-poll-ms", type=int, default=500)
     p.set_defaults(func=_cmd_device_plugin)
+
+    p = sub.add_parser(
+        "mps-control-daemon",
+        help="SIMULATED MPS control daemon: the pipe and .started files the plugin's MPS "
+        "resources need, for simulated GPUs only",
+    )
+    _add_common(p)
+    p.add_argument(
+        "--simulated",
+        action="store_true",
+        help="required: no CUDA MPS server runs, only its files are laid out",
+    )
+    p.add_argument("--mps-root", default="/mps", help="the host's MPS root, as mounted here")
+    p.add_argument("--config-file", default=os.environ.get("CONFIG_FILE") or None)
+    p.add_argument("--config-dir", default=os.environ.get("CONFIG_FILE_SRCDIR") or None)
+    p.add_argument("--default-config", default=os.environ.get("DEFAULT_CONFIG") or None)
+    p.add_argument(
+        "--fallback-strategies", default=os.environ.get("FALLBACK_STRATEGIES") or "named,single"
+    )
+    p.add_argument("--mig-strategy", default=os.environ.get("MIG_STRATEGY") or None)
+    p.add_argument("--node-name", default=None, help="default: env NODE_NAME")
+    p.set_defaults(func=_cmd_mps_control_daemon)
 
     p = sub.add_parser("validate", help="validate driver, toolkit, CUDA and device plugin")
     _add_common(p)

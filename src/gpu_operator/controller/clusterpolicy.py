@@ -144,6 +144,11 @@ class ClusterPolicyController:
                 for cm in self._values("configmaps")
                 if cm["metadata"].get("namespace") == namespace
             },
+            mps_configmaps=frozenset(
+                cm["metadata"]["name"]
+                for cm in self._values("configmaps")
+                if cm["metadata"].get("namespace") == namespace and cm.get("mps")
+            ),
             managed=tuple(
                 owned_children({k: self._values(KINDS[k].plural) for k in APPLIED_KINDS})
             ),

@@ -162,8 +162,10 @@ def _decide_active(
         spec,
         namespace=config.namespace,
         configmap_hashes=snap.configmap_hashes,
+        mps_configmaps=snap.mps_configmaps,
         operator_image=config.operator_image,
         image_env=config.image_env,
+        simulate_gpus=config.simulate_gpus,
     )
     parts = render_components(spec, facts)
     owner = Owner(API_VERSION, KIND, meta["name"], meta["uid"])

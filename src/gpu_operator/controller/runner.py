@@ -232,6 +232,7 @@ def main_run(
         namespace=namespace or os.environ.get("OPERATOR_NAMESPACE", "gpu-operator"),
         operator_image=os.environ.get("OPERATOR_IMAGE", OperatorConfig().operator_image),
         image_env={k: os.environ[k] for k in IMAGE_ENV_NAMES if os.environ.get(k)},
+        simulate_gpus=os.environ.get("GPU_OPERATOR_SIMULATE") or None,
     )
     options = RunOptions(
         config=config,
