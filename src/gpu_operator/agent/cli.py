@@ -208,6 +208,8 @@ def _cmd_device_plugin(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    if args.kwok_capacity:
+        return _kwok_capacity(args, node, configs, stop)
     return plugin.run_device_plugin(
         stop=stop,
         paths=plugin.Paths(
@@ -228,6 +230,46 @@ def _cmd_device_plugin(args: argparse.Namespace) -> int:
         node=node,
         api=kube.connect() if configs is not None and node else None,
     )
+
+
+def _kwok_capacity(
+    args: argparse.Namespace, node: str | None, configs: Any, stop: threading.Event
+) -> int:
+    """``device-plugin --kwok-capacity``: the simulated node's capacity instead of a kubelet."""
+    from gpu_operator.agent.deviceplugin import advertised_resources
+    from gpu_operator.agent.deviceplugin.capacity import follow
+    from gpu_operator.agent.deviceplugin.settings import plugin_settings
+
+    if not args.simulate or not node:
+        log.error(
+            "--kwok-capacity is for simulated kwok nodes: it needs --simulate (or "
+            "GPU_OPERATOR_SIMULATE) and the node's name (--node-name or NODE_NAME)"
+        )
+        return 2
+    overrides = {env: getattr(args, env.lower()) for env in PLUGIN_ENV}
+    nvml = Nvml()
+    nvml.open()
+
+    def advertised(view: kube.NodeView) -> dict[str, int]:
+        if configs is not None:
+            _, config = configs.choose(view.labels.get(configs.label_key) or None)
+        else:
+            config = load_device_plugin_config(args.config_file)
+        settings = plugin_settings(config, overrides)
+        return advertised_resources(nvml.inventory(), config, settings.mig_strategy)
+
+    api = kube.connect()
+    code: list[int] = []
+
+    def run() -> None:
+        code.append(follow(api, node, advertised, stop))
+        stop.set()
+
+    # The watch may block for its whole timeout: a daemon thread, so a signal ends it at once.
+    threading.Thread(target=run, name="kwok capacity", daemon=True).start()
+    stop.wait()
+    nvml.close()
+    return code[0] if code else 0
 
 
 # -- mps-control-daemon -------------------------------------------------------------------------
@@ -511,6 +553,12 @@ def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
         "(env DP_XID_RECOVERY_SECONDS)",
     )
     p.add_argument("--health-poll-ms", type=int, default=500)
+    p.add_argument(
+        "--kwok-capacity",
+        action="store_true",
+        help="simulated kwok nodes only: write the node's nvidia.com/* capacity and allocatable "
+        "(what a kubelet would report from this plugin) instead of serving a kubelet",
+    )
     p.set_defaults(func=_cmd_device_plugin)
 
     p = sub.add_parser(
