@@ -1,6 +1,7 @@
 """`make demo`, one of the README's two commands, run as written in its short form: the whole
-simulated stack comes up, every GPU node is discovered, the policy is ready, and the cluster goes
-down again leaving no process behind."""
+simulated stack comes up, every GPU node is discovered and advertises its GPUs, the policy is
+ready, one GPU pod runs on each GPU node, and the cluster goes down again leaving no process
+behind."""
 
 from __future__ import annotations
 
@@ -38,9 +39,13 @@ def test_make_demo_short_reaches_ready_and_goes_down(testenv_bin_dir: Path, tmp_
     assert "ClusterPolicy ready" in out
     table = out[out.index("NODE") :]
     rows = {line.split()[0]: line for line in table.splitlines()[1:] if line.strip()}
-    for name in GPU_NODES:
+    assert "a GPU pod runs on each GPU node" in out
+    for name, (gpus, _, _) in GPU_NODES.items():
         assert name in rows, table
         assert "NVIDIA" in rows[name], rows[name]  # the product label discovery set
+        *_, allocatable, gpu_pod = rows[name].split()
+        assert allocatable == gpus.split(":")[1], rows[name]  # the simulated capacity
+        assert gpu_pod == "Running", rows[name]  # its 1-GPU pod, placed by the scheduler
     assert "the cluster is down again" in out
     assert not state_dir.exists()
     assert _processes_naming(state_dir) == []
