@@ -216,6 +216,7 @@ def _cmd_device_plugin(args: argparse.Namespace) -> int:
             kubelet_socket=Path(args.kubelet_socket),
             cdi_root=Path(args.cdi_root),
             sysfs=Path(args.sysfs_root),
+            mps_dir=Path(args.mps_dir) if args.mps_dir else None,
         ),
         overrides={env: getattr(args, env.lower()) for env in PLUGIN_ENV},
         health_options=plugin.HealthOptions(
@@ -545,6 +546,12 @@ def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--cdi-root", default=os.environ.get("CDI_ROOT") or "/var/run/cdi")
     p.add_argument("--sysfs-root", default="/sys", help="for NUMA nodes and PCIe roots")
+    p.add_argument(
+        "--mps-dir",
+        default=os.environ.get("MPS_DIR") or None,
+        help="the MPS root as mounted here (/mps in the DaemonSet): MPS replicas wait for the "
+        "control daemon's .started file there (env MPS_DIR; default: no wait)",
+    )
     p.add_argument(
         "--xid-recovery-seconds",
         type=float,

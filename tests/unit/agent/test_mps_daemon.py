@@ -4,15 +4,20 @@ the plugin's Allocate points pods (``<root>/<resource>/pipe``, ``.started``, ``<
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from gpu_operator.agent.deviceplugin import device_map, mps
+from gpu_operator.agent.deviceplugin.agent import DevicePluginAgent, HealthOptions, Paths
+from gpu_operator.agent.deviceplugin.kubelet import LocalKubelet
 from gpu_operator.agent.deviceplugin_config import parse_device_plugin_config
+from gpu_operator.agent.nvml import Nvml
 
 from .conftest import Simulate, inventory_with
 
@@ -93,3 +98,34 @@ def test_simulated_daemon_lays_out_the_files_and_removes_started_on_sigterm(
             proc.kill()
             proc.wait()
     assert not started.exists()
+
+
+def test_mps_replicas_are_unhealthy_until_the_daemon_is_ready(simulate: Simulate) -> None:
+    """The plugin waits for the daemon as NVIDIA's does: over the kubelet socket, every replica
+    is Unhealthy until ``<root>/<resource>/.started`` exists, then Healthy on the same stream."""
+    simulate("a100-40gb:2")
+    root = Path(tempfile.mkdtemp(prefix="gpuop-mps-", dir="/tmp"))  # short socket paths
+    try:
+        with Nvml() as nvml, LocalKubelet(root / "device-plugins") as kubelet:
+            agent = DevicePluginAgent(
+                nvml,
+                paths=Paths(kubelet.socket_path, root / "cdi", root / "sys", mps_dir=root / "mps"),
+                health_options=HealthOptions(poll_s=0.02),
+                kubelet_poll_s=0.05,
+            )
+            agent.apply(parse_device_plugin_config(MPS % ""))
+            agent.start()
+            try:
+                kubelet.wait_for_registration("nvidia.com/gpu")
+                with kubelet.client("nvidia.com/gpu") as client:
+                    stream = client.list_and_watch(20.0)
+                    first = next(stream).devices
+                    assert len(first) == 8
+                    assert {d.health for d in first} == {"Unhealthy"}
+                    mps.lay_out(root / "mps", ["nvidia.com/gpu"])
+                    assert {d.health for d in next(stream).devices} == {"Healthy"}
+                    stream.cancel()  # type: ignore[attr-defined]
+            finally:
+                agent.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from gpu_operator.agent import kube
-from gpu_operator.agent.deviceplugin import cdi, health
+from gpu_operator.agent.deviceplugin import cdi, health, mps
 from gpu_operator.agent.deviceplugin.configs import (
     CONFIG_LABEL,
     DEFAULT_FALLBACKS,
@@ -63,6 +63,9 @@ class Paths:
     kubelet_socket: Path = KUBELET_SOCKET
     cdi_root: Path = CDI_ROOT
     sysfs: Path = Path("/sys")
+    # The MPS root as mounted here: MPS replicas stay Unhealthy until the control daemon's
+    # ``<resource>/.started`` is there, as NVIDIA's plugin waits for it. None: do not wait.
+    mps_dir: Path | None = None
 
     @property
     def socket_dir(self) -> Path:
@@ -146,6 +149,7 @@ class DevicePluginAgent:
         self._lock = threading.RLock()
         self._servers: dict[str, PluginServer] = {}
         self._faults: dict[health.FaultKey, health.Fault] = {}
+        self._mps_waiting: set[str] = set()
         self._inventory = Inventory(driver_version="", cuda_driver_version=0)
         self._kubelet = _socket_identity(paths.kubelet_socket)
         self._label: str | None = None
@@ -188,7 +192,7 @@ class DevicePluginAgent:
         return {name: len(found) for name, found in devices.items()}
 
     def _serve(self, advertised: Advertised) -> PluginServer:
-        unhealthy = health.unhealthy_ids(advertised.devices, self._faults)
+        unhealthy = self._unhealthy(advertised, self._faults)
         minors = [g.minor_number for g in self._inventory.gpus]
         server = PluginServer(
             ResourceState(advertised, unhealthy),
@@ -263,11 +267,31 @@ class DevicePluginAgent:
                         options.recovery_s,
                     )
                     del faults[key]
-            if faults != self._faults:
-                self._faults = faults
-                for server in self._servers.values():
-                    devices = server.state.advertised.devices
-                    server.state.set_unhealthy(health.unhealthy_ids(devices, faults))
+            self._faults = faults
+            for server in self._servers.values():  # a no-op unless something changed
+                server.state.set_unhealthy(self._unhealthy(server.state.advertised, faults))
+
+    def _unhealthy(
+        self, advertised: Advertised, faults: Mapping[health.FaultKey, health.Fault]
+    ) -> frozenset[str]:
+        """The ids faults cover, or every id while the resource's MPS daemon is not ready."""
+        ids = health.unhealthy_ids(advertised.devices, faults)
+        if self.paths.mps_dir is None or advertised.sharing.strategy != "mps":
+            return ids
+        if not any(d.replica is not None for d in advertised.devices):
+            return ids
+        started = mps.ResourceDirs(self.paths.mps_dir, advertised.resource).started
+        if started.exists():
+            self._mps_waiting.discard(advertised.resource)
+            return ids
+        if advertised.resource not in self._mps_waiting:
+            self._mps_waiting.add(advertised.resource)
+            log.warning(
+                "%s: its replicas are Unhealthy until the MPS control daemon is ready (%s)",
+                advertised.resource,
+                started,
+            )
+        return frozenset(d.id for d in advertised.devices)
 
     def _answers(self, gpu_uuid: str, gpus: Mapping[int, str]) -> bool:
         index = next((i for i, u in gpus.items() if u == gpu_uuid), None)
