@@ -42,9 +42,10 @@ def test_make_demo_short_reaches_ready_and_goes_down(testenv_bin_dir: Path, tmp_
     assert "a GPU pod runs on each GPU node" in out
     for name, (gpus, _, _) in GPU_NODES.items():
         assert name in rows, table
-        assert "NVIDIA" in rows[name], rows[name]  # the product label discovery set
-        *_, allocatable, gpu_pod = rows[name].split()
-        assert allocatable == gpus.split(":")[1], rows[name]  # the simulated capacity
+        _, product, count, *_, allocatable, gpu_pod = rows[name].split()
+        assert product not in ("?", "-"), rows[name]  # discovery labelled the product ...
+        assert count == gpus.split(":")[1], rows[name]  # ... and the simulated GPU count
+        assert allocatable == count, rows[name]  # the simulated capacity, as the plugin counts
         assert gpu_pod == "Running", rows[name]  # its 1-GPU pod, placed by the scheduler
     assert "the cluster is down again" in out
     assert not state_dir.exists()
