@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -126,6 +127,7 @@ def main() -> int:
         for proc in procs:
             proc.wait(30)
         cluster.stop(remove_state=True)
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
