@@ -1,0 +1,164 @@
+"""GPUs that pods get on a real node: ``gpu-operator agent device-plugin`` on simulated A100 x8
+registers with the node's real kubelet, the real scheduler places GPU pods by the allocatable
+it reports, and the container sees its two GPUs through NVIDIA_VISIBLE_DEVICES and through the
+CDI spec containerd v2 injects. The agent runs as a process beside the node (in the node's
+plugin directory) until the project's image can run it as the rendered DaemonSet there."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpu_operator import testenv
+from gpu_operator.agent.deviceplugin import cdi
+from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simulated_nvml
+
+from .support import wait_for
+
+pytestmark = pytest.mark.real_nodes
+
+SHELL = testenv.binaries.node_image_name("shell")
+GPU = "nvidia.com/gpu"
+
+
+def _gpu_pod(name: str, node: str, count: int) -> dict[str, Any]:
+    """Placed by the scheduler (nodeSelector, not nodeName), so too large a request waits."""
+    script = (
+        'echo "visible=$NVIDIA_VISIBLE_DEVICES"; env | grep ^NVIDIA_GPU_ | sort; echo end; '
+        "sleep 3600"
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "cuda",
+                    "image": SHELL,
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", script],
+                    "resources": {"limits": {GPU: str(count)}},
+                }
+            ],
+        },
+    }
+
+
+@pytest.fixture
+def rkube(real_cluster: testenv.Cluster) -> Iterator[testenv.Clients]:
+    """Clients for the real-node cluster, bound to a fresh namespace (deleted afterwards)."""
+    with real_cluster.api_client() as api:
+        kube = testenv.Clients.for_api(api, f"gpus-{uuid.uuid4().hex[:8]}")
+        kube.core.create_namespace({"metadata": {"name": kube.namespace}})
+        try:
+            yield kube
+        finally:
+            kube.core.delete_namespace(kube.namespace)
+
+
+@pytest.fixture(params=["envvar", "cdi-cri"])
+def plugin_on_node(
+    real_cluster: testenv.Cluster, request: pytest.FixtureRequest
+) -> Iterator[tuple[str, list[str], str]]:
+    """The agent serving the first real node's kubelet with one device list strategy; yields
+    the node, its GPU UUIDs and the strategy."""
+    planned = real_cluster.real.nodes[0]  # type: ignore[union-attr]
+    node_dir = real_cluster.real_node_dir(planned.name)
+    sim = install_simulated_nvml(planned.gpus, seed=planned.name)  # the UUIDs the agent will see
+    uuids = [g.uuid for g in sim.gpus]
+    uninstall_simulated_nvml()
+    with tempfile.TemporaryDirectory(prefix="rn", dir="/tmp") as tmp:
+        plugins = Path(tmp) / "dp"  # unix socket paths must stay short
+        os.symlink(node_dir / "kubelet" / "device-plugins", plugins)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_OPERATOR_SIMULATE")}
+        env |= {
+            "NODE_NAME": planned.name,
+            "GPU_OPERATOR_SIMULATE": planned.gpus,
+            "KUBELET_SOCKET": str(plugins / "kubelet.sock"),
+            "CDI_ROOT": str(node_dir / "cdi"),
+            "DEVICE_LIST_STRATEGY": request.param,
+        }
+        for key in ("CONFIG_FILE", "CONFIG_FILE_SRCDIR", "MIG_STRATEGY", "KUBECONFIG"):
+            env.pop(key, None)
+        log = Path(tmp) / "agent.log"
+        with log.open("w") as out:
+            agent = subprocess.Popen(
+                [sys.executable, "-m", "gpu_operator", "agent", "device-plugin"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            yield planned.name, uuids, request.param
+            assert agent.poll() is None, log.read_text()  # it served the whole test
+        finally:
+            agent.terminate()
+            agent.wait(30)
+            (node_dir / "cdi" / cdi.SPEC_FILE).unlink(missing_ok=True)
+            # The kubelet has seen the plugin go (no GPU allocatable): the next plugin's "8"
+            # is then its own, not this one's, still in the node status.
+            with real_cluster.api_client() as api:
+                core = testenv.Clients.for_api(api, "default").core
+
+                def released() -> bool:
+                    status = core.read_node(planned.name).status
+                    return (status.allocatable or {}).get(GPU) in (None, "0")
+
+                wait_for(f"{planned.name} to stop advertising {GPU}", released, timeout=90)
+
+
+def test_pods_get_exactly_their_gpus_on_a_real_node(
+    plugin_on_node: tuple[str, list[str], str], rkube: testenv.Clients
+) -> None:
+    node, uuids, strategy = plugin_on_node
+
+    def allocatable() -> str | None:
+        status = rkube.core.read_node(node).status
+        return (status.allocatable or {}).get(GPU)
+
+    assert wait_for(f"{node} to advertise {GPU}", lambda: allocatable() == "8" and "8")
+
+    rkube.core.create_namespaced_pod(rkube.namespace, _gpu_pod("two", node, 2))
+    rkube.core.create_namespaced_pod(rkube.namespace, _gpu_pod("nine", node, 9))
+
+    def logs() -> str | None:
+        pod = rkube.core.read_namespaced_pod("two", rkube.namespace)
+        if (pod.status.phase if pod.status else None) != "Running":
+            return None
+        text = str(rkube.core.read_namespaced_pod_log("two", rkube.namespace))
+        return text if "end" in text.splitlines() else None
+
+    visible, *cdi_env, _ = wait_for("the 2-GPU pod's output", logs, timeout=120).splitlines()
+    if strategy == "envvar":  # the Allocate response's env
+        gpus = visible.removeprefix("visible=").split(",")
+        assert cdi_env == [], cdi_env
+    else:  # through the CDI spec the agent wrote, injected by containerd (the CRI's CDI field)
+        assert (
+            visible == "visible=void"
+        )  # NVIDIA's legacy hook is told to stay out, as nvidia-ctk does
+        gpus = [line.split("=", 1)[1] for line in cdi_env]
+    assert len(gpus) == 2 and len(set(gpus)) == 2, (visible, cdi_env)
+    assert set(gpus) <= set(uuids), (gpus, uuids)
+
+    def refused() -> str | None:
+        pod = rkube.core.read_namespaced_pod("nine", rkube.namespace)
+        for condition in (pod.status.conditions if pod.status else None) or []:
+            if condition.type == "PodScheduled" and condition.status == "False":
+                return str(condition.message)
+        return None
+
+    message = wait_for("the 9-GPU pod unschedulable", refused)
+    assert f"Insufficient {GPU}" in message
+    assert rkube.core.read_namespaced_pod("nine", rkube.namespace).spec.node_name is None
