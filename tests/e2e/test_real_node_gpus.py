@@ -1,15 +1,20 @@
 """GPUs that pods get on a real node: ``gpu-operator agent device-plugin`` on simulated A100 x8
 registers with the node's real kubelet, the real scheduler places GPU pods by the allocatable
 it reports, and the container sees its two GPUs through NVIDIA_VISIBLE_DEVICES and through the
-CDI spec containerd v2 injects. The agent runs as a process beside the node (in the node's
-plugin directory) until the project's image can run it as the rendered DaemonSet there."""
+CDI spec containerd v2 injects; the exporter on the node labels those GPUs' metrics with the
+pod, from the kubelet's PodResources API. The agents run as a process beside the node (in the node's
+plugin and pod-resources directories) until the project's image can run them as the rendered
+DaemonSets there."""
 
 from __future__ import annotations
 
 import os
+import re
+import socket
 import subprocess
 import sys
 import tempfile
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -119,8 +124,49 @@ def plugin_on_node(
                 wait_for(f"{planned.name} to stop advertising {GPU}", released, timeout=90)
 
 
+def _exporter_holders(url: str, kube: testenv.Clients) -> set[tuple[str, str, str, str]]:
+    """(UUID, pod, namespace, container) of the GPU samples labelled with this test's pods."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return set()
+    found = set()
+    for line in text.splitlines():
+        if line.startswith("DCGM_FI_DEV_GPU_TEMP{") and f'namespace="{kube.namespace}"' in line:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+            found.add((labels["UUID"], labels["pod"], labels["namespace"], labels["container"]))
+    return found
+
+
+@pytest.fixture
+def exporter_url(real_cluster: testenv.Cluster) -> Iterator[str]:
+    """``gpu-operator agent exporter`` for the first real node, reading its kubelet's
+    PodResources socket, on a free local port."""
+    planned = real_cluster.real.nodes[0]  # type: ignore[union-attr]
+    socket_path = real_cluster.real_node_dir(planned.name) / "kubelet" / "pod-resources"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="rx", dir="/tmp") as tmp:
+        os.symlink(socket_path / "kubelet.sock", f"{tmp}/pr.sock")  # short socket path
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_OPERATOR_SIMULATE")}
+        env |= {"NODE_NAME": planned.name, "GPU_OPERATOR_SIMULATE": planned.gpus}
+        exporter = subprocess.Popen(
+            [sys.executable, "-m", "gpu_operator", "agent", "exporter",
+             "--address", f"127.0.0.1:{port}", "--interval-ms", "500",
+             "--pod-resources-socket", f"{tmp}/pr.sock"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            yield f"http://127.0.0.1:{port}/metrics"
+        finally:
+            exporter.terminate()
+            exporter.wait(30)
+
+
 def test_pods_get_exactly_their_gpus_on_a_real_node(
-    plugin_on_node: tuple[str, list[str], str], rkube: testenv.Clients
+    plugin_on_node: tuple[str, list[str], str], exporter_url: str, rkube: testenv.Clients
 ) -> None:
     node, uuids, strategy = plugin_on_node
 
@@ -151,6 +197,10 @@ def test_pods_get_exactly_their_gpus_on_a_real_node(
         gpus = [line.split("=", 1)[1] for line in cdi_env]
     assert len(gpus) == 2 and len(set(gpus)) == 2, (visible, cdi_env)
     assert set(gpus) <= set(uuids), (gpus, uuids)
+
+    # the exporter on that node attributes those two GPUs to the pod, from the real PodResources
+    held = wait_for("the exporter's pod labels", lambda: _exporter_holders(exporter_url, rkube))
+    assert held == {(uuid_, "two", rkube.namespace, "cuda") for uuid_ in gpus}
 
     def refused() -> str | None:
         pod = rkube.core.read_namespaced_pod("nine", rkube.namespace)
