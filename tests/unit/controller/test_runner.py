@@ -1,0 +1,276 @@
+"""Starting and stopping the operator: CRD, leadership, watches and loop, all on a fake API.
+
+kopf itself is replaced by a stand-in at ``runner.kopf.operator`` (it would open watches);
+everything else (the elector, the controller, the health server) is the real thing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import urllib.request
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from gpu_operator.controller import runner
+from gpu_operator.controller.clusterpolicy import ClusterPolicyController
+from gpu_operator.controller.crd_install import desired_crd
+from gpu_operator.controller.leader import _fmt
+from gpu_operator.controller.metrics import PrometheusMetrics
+from gpu_operator.controller.runner import OperatorThread, RunOptions, _run, main_run, run_operator
+from tests.unit.controller.builders import CONFIG, NAMESPACE
+from tests.unit.controller.fakes import FakeKube
+
+LEASE = "gpu-operator-leader"
+KopfOperator = Callable[..., Awaitable[None]]
+
+
+def options(**kw: Any) -> RunOptions:
+    base: dict[str, Any] = {
+        "config": CONFIG,
+        "apply_crd": False,
+        "identity": "me",
+        "health_endpoint": None,
+        "metrics_port": None,
+        "renew_seconds": 0.01,
+    }
+    return RunOptions(**(base | kw))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def run(
+    kube: FakeKube,
+    opts: RunOptions,
+    *,
+    stop: asyncio.Event | None = None,
+    metrics: PrometheusMetrics | None = None,
+) -> ClusterPolicyController | None:
+    async def main() -> ClusterPolicyController | None:
+        return await _run(
+            opts, k8s.Configuration(), kube, stop or asyncio.Event(), None,
+            metrics or PrometheusMetrics(),
+        )  # fmt: skip
+
+    return asyncio.run(asyncio.wait_for(main(), timeout=60))
+
+
+@pytest.fixture
+def kopf_fails(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """kopf stops at once with an error (a watch that cannot start); its calls are kept."""
+    calls: list[dict[str, Any]] = []
+
+    async def operator(**kwargs: Any) -> None:
+        calls.append(kwargs)
+        raise RuntimeError("watch failed")
+
+    monkeypatch.setattr(runner.kopf, "operator", operator)
+    return calls
+
+
+# -- the Lease comes first -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("verb", "status", "error"),
+    [("get", 500, ApiException), ("get", 403, ApiException), ("create", 404, RuntimeError)],
+)
+def test_an_error_acquiring_the_lease_ends_the_run(
+    kopf_fails: list[dict[str, Any]], verb: str, status: int, error: type[Exception]
+) -> None:
+    """Bug fixed: the error was ignored and the operator went on to act without the Lease."""
+    kube = FakeKube().refuse(verb, "Lease", status=status)
+    metrics = PrometheusMetrics()
+    with pytest.raises(error):
+        run(kube, options(), metrics=metrics)
+    assert kopf_fails == []  # no watch was started
+    assert not metrics.leading
+
+
+def test_stopping_while_waiting_for_the_lease_starts_nothing(
+    kopf_fails: list[dict[str, Any]],
+) -> None:
+    held = {"holderIdentity": "other", "renewTime": _fmt(datetime.now(UTC)),
+            "leaseDurationSeconds": 3600}  # fmt: skip
+    kube = FakeKube().add(
+        {"kind": "Lease", "metadata": {"name": LEASE, "namespace": NAMESPACE}, "spec": held}
+    )
+    stop = asyncio.Event()
+    stop.set()
+    assert run(kube, options(), stop=stop) is None
+    assert kopf_fails == []
+    assert kube.writes == []
+
+
+def test_a_failed_watch_ends_the_run_and_hands_the_lease_over(
+    kopf_fails: list[dict[str, Any]],
+) -> None:
+    kube = FakeKube()
+    metrics = PrometheusMetrics()
+    controller = run(kube, options(), metrics=metrics)
+    assert isinstance(controller, ClusterPolicyController)
+    assert len(kopf_fails) == 1 and kopf_fails[0]["namespaces"] == [NAMESPACE]
+    lease = kube.obj("Lease", LEASE, NAMESPACE)
+    assert lease is not None and lease["spec"].get("holderIdentity") is None  # released
+    assert metrics.leading  # run_operator (not _run) clears it
+
+
+def test_without_leader_election_no_lease_is_touched(kopf_fails: list[dict[str, Any]]) -> None:
+    kube = FakeKube()
+    assert run(kube, options(leader_election=False)) is not None
+    assert kube.obj("Lease", LEASE, NAMESPACE) is None
+
+
+def test_the_crd_is_installed_before_anything_else(kopf_fails: list[dict[str, Any]]) -> None:
+    kube = FakeKube()
+    run(kube, options(apply_crd=True, leader_election=False))
+    assert kube.writes[0] == (
+        "apply",
+        "CustomResourceDefinition",
+        desired_crd()["metadata"]["name"],
+    )
+
+
+def test_a_stop_ends_a_running_operator_gracefully(monkeypatch: pytest.MonkeyPatch) -> None:
+    stopped_kopf: list[bool] = []
+
+    async def operator(stop_flag: asyncio.Future[Any], registry: Any, **_: Any) -> None:
+        await stop_flag  # runs until told to stop
+        stopped_kopf.append(True)
+
+    monkeypatch.setattr(runner.kopf, "operator", operator)
+    kube = FakeKube()
+    stop = asyncio.Event()
+
+    async def main() -> ClusterPolicyController | None:
+        task = asyncio.create_task(
+            _run(options(), k8s.Configuration(), kube, stop, None, PrometheusMetrics())
+        )
+        while kube.obj("Lease", LEASE, NAMESPACE) is None:  # until it leads
+            await asyncio.sleep(0.001)
+        stop.set()
+        return await task
+
+    controller = asyncio.run(asyncio.wait_for(main(), timeout=60))
+    assert controller is not None
+    assert stopped_kopf == [True]
+    lease = kube.obj("Lease", LEASE, NAMESPACE)
+    assert lease is not None and lease["spec"].get("holderIdentity") is None
+
+
+# -- run_operator: health and metrics servers around the run ---------------------------------
+
+
+def test_run_operator_serves_health_and_metrics_and_stops_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kube = FakeKube()
+    monkeypatch.setattr(runner, "Kube", lambda _api: kube)
+    health_port, metrics_port = free_port(), free_port()
+    seen: dict[str, Any] = {}
+
+    async def operator(stop_flag: asyncio.Future[Any], **_: Any) -> None:
+        def get(url: str) -> str:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                return str(resp.read().decode())
+
+        seen["health"] = await asyncio.to_thread(get, f"http://127.0.0.1:{health_port}/healthz")
+        seen["metrics"] = await asyncio.to_thread(get, f"http://127.0.0.1:{metrics_port}/metrics")
+
+    monkeypatch.setattr(runner.kopf, "operator", operator)
+    metrics = PrometheusMetrics()
+    opts = options(
+        health_endpoint=f"http://127.0.0.1:{health_port}/healthz", metrics_port=metrics_port
+    )
+    result = asyncio.run(
+        asyncio.wait_for(run_operator(opts, k8s.Configuration(), metrics=metrics), timeout=60)
+    )
+    assert result is not None
+    assert '"role": "leader"' in seen["health"]
+    assert "gpu_operator_leader 1.0" in seen["metrics"]
+    assert not metrics.leading  # a stopped operator is no longer the leader
+    for port in (health_port, metrics_port):  # both servers are gone
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", port))
+
+
+# -- OperatorThread and main_run -----------------------------------------------------------
+
+
+def test_operator_thread_starts_and_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def fake_run(
+        options: RunOptions, api_config: Any, *, stop: asyncio.Event, started: Any, metrics: Any
+    ) -> None:
+        started.set()
+        await stop.wait()
+
+    monkeypatch.setattr(runner, "run_operator", fake_run)
+    thread = OperatorThread(options(), k8s.Configuration()).start(timeout=30)
+    assert thread.error is None
+    thread.stop()
+    assert not thread._thread.is_alive()
+
+
+def test_operator_thread_reports_a_failed_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def fake_run(*_: Any, **__: Any) -> None:
+        raise ValueError("no cluster")
+
+    monkeypatch.setattr(runner, "run_operator", fake_run)
+    thread = OperatorThread(options(), k8s.Configuration())
+    with pytest.raises(RuntimeError, match="failed to start") as err:
+        thread.start(timeout=30)
+    assert isinstance(err.value.__cause__, ValueError)
+    thread.stop()
+
+
+def test_operator_thread_can_start_without_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def fake_run(*_: Any, stop: asyncio.Event, **__: Any) -> None:
+        await stop.wait()
+
+    monkeypatch.setattr(runner, "run_operator", fake_run)
+    thread = OperatorThread(options(), k8s.Configuration()).start(wait=False)
+    while thread._stop is None or thread._loop is None or not thread._loop.is_running():
+        thread._thread.join(0.001)  # until its loop runs
+    thread.stop()
+    assert not thread._thread.is_alive()
+
+
+@pytest.mark.parametrize(("failure", "code"), [(None, 0), (RuntimeError("lost"), 1)])
+def test_main_run_configures_from_flags_and_env(
+    monkeypatch: pytest.MonkeyPatch, failure: Exception | None, code: int
+) -> None:
+    got: list[RunOptions] = []
+
+    async def fake_run(options: RunOptions, api_config: Any, *, stop: asyncio.Event) -> None:
+        got.append(options)
+        if failure is not None:
+            raise failure
+
+    monkeypatch.setattr(runner, "run_operator", fake_run)
+    monkeypatch.setattr(runner, "api_configuration", lambda _path: k8s.Configuration())
+    monkeypatch.setenv("OPERATOR_IMAGE", "example.com/op:1")
+    monkeypatch.setenv("DRIVER_IMAGE", "example.com/driver:2")
+    monkeypatch.delenv("DEVICE_PLUGIN_IMAGE", raising=False)
+    result = main_run(
+        kubeconfig=None, namespace="gpus", apply_crd=False, leader_election=True,
+        health_port=0, metrics_port=9999, lease_seconds=15,
+    )  # fmt: skip
+    assert result == code
+    (opts,) = got
+    assert opts.config.namespace == "gpus"
+    assert opts.config.operator_image == "example.com/op:1"
+    assert opts.config.image_env == {"DRIVER_IMAGE": "example.com/driver:2"}
+    assert opts.health_endpoint is None and opts.metrics_port == 9999
+    assert (opts.lease_seconds, opts.renew_seconds) == (15, 5.0)
+    assert not opts.apply_crd
