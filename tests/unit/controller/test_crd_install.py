@@ -82,3 +82,22 @@ def test_ensure_crd_fails_when_the_crd_is_never_established() -> None:
     kube = FakeKube(establish_crds=False)
     with pytest.raises(TimeoutError, match="not Established"):
         ensure_crd(kube, timeout=0)
+
+
+class SlowToEstablish(FakeKube):
+    """A CRD that the API server reports Established only on the second look after it."""
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        found = super().get(kind, name, namespace)
+        if found is not None and kind == "CustomResourceDefinition":
+            self.establish_crds = True
+            stored = self.obj(kind, name)
+            assert stored is not None
+            stored["status"] = {"conditions": [{"type": "Established", "status": "True"}]}
+        return found
+
+
+def test_ensure_crd_waits_for_the_crd_to_be_established() -> None:
+    kube = SlowToEstablish(establish_crds=False)
+    assert ensure_crd(kube) is True
+    assert len(kube.writes) == 1

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import urllib.request
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import kopf
 import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -168,6 +170,36 @@ def test_a_stop_ends_a_running_operator_gracefully(monkeypatch: pytest.MonkeyPat
     assert lease is not None and lease["spec"].get("holderIdentity") is None
 
 
+def test_kopf_is_configured_and_readiness_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kopf gets the quiet settings and the client's credentials; ``started`` is set once the
+    indexes have filled (the first watch event)."""
+    seen: dict[str, Any] = {}
+
+    async def operator(registry: Any, **_: Any) -> None:
+        for handler in registry._activities.get_all_handlers():
+            seen[handler.id] = await handler.fn(settings=kopf.OperatorSettings(), logger=None)
+        wake = next(h for h in registry._watching.get_all_handlers() if "configmaps" in h.id)
+        await wake.fn(body={}, configmaps={})  # the first event: indexes are filled
+        for _ in range(100):  # a few turns of the loop for the readiness callback
+            if started.is_set():
+                break
+            await asyncio.sleep(0)
+        seen["started"] = started.is_set()
+
+    monkeypatch.setattr(runner.kopf, "operator", operator)
+    started = threading.Event()
+    api_config = k8s.Configuration(host="https://api:6443", api_key={"authorization": "Bearer t"})
+
+    async def main() -> None:
+        opts = options(leader_election=False)
+        await _run(opts, api_config, FakeKube(), asyncio.Event(), started, PrometheusMetrics())
+
+    asyncio.run(asyncio.wait_for(main(), timeout=60))
+    login = next(v for k, v in seen.items() if k.endswith("_login"))
+    assert (login.server, login.token) == ("https://api:6443", "t")
+    assert seen["started"] is True
+
+
 # -- run_operator: health and metrics servers around the run ---------------------------------
 
 
@@ -232,6 +264,18 @@ def test_operator_thread_reports_a_failed_start(monkeypatch: pytest.MonkeyPatch)
         thread.start(timeout=30)
     assert isinstance(err.value.__cause__, ValueError)
     thread.stop()
+
+
+def test_operator_thread_that_never_leads_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def fake_run(*_: Any, stop: asyncio.Event, **__: Any) -> None:
+        await stop.wait()  # waiting for a Lease someone else holds
+
+    monkeypatch.setattr(runner, "run_operator", fake_run)
+    thread = OperatorThread(options(), k8s.Configuration())
+    with pytest.raises(TimeoutError, match="did not start"):
+        thread.start(timeout=0.01)
+    thread.stop()
+    assert not thread._thread.is_alive()
 
 
 def test_operator_thread_can_start_without_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
