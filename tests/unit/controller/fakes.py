@@ -9,16 +9,32 @@ requests with a chosen status so tests can exercise the failure paths.
 from __future__ import annotations
 
 import copy
+import functools
 import json
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes.client.exceptions import ApiException
 
 from gpu_operator.kinds import KINDS, kind_of
 
 Key = tuple[str, str, str]
+F = TypeVar("F", bound=Callable[..., Any])
+
+# The executor calls the wrapper from worker threads: one request at a time, as a server would
+# serialise writes to one object.
+_LOCK = threading.RLock()
+
+
+def _serialised(fn: F) -> F:
+    @functools.wraps(fn)
+    def locked(*args: Any, **kwargs: Any) -> Any:
+        with _LOCK:
+            return fn(*args, **kwargs)
+
+    return locked  # type: ignore[return-value]
 
 
 def api_error(status: int, message: str = "") -> ApiException:
@@ -80,11 +96,13 @@ class FakeKube:
 
     # -- the wrapper's verbs -----------------------------------------------------------------
 
+    @_serialised
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         self._check("get", kind, name)
         found = self.obj(kind, name, namespace)
         return copy.deepcopy(found) if found is not None else None
 
+    @_serialised
     def list_objects(
         self,
         kind: str,
@@ -106,6 +124,7 @@ class FakeKube:
                     items = [o for o in items if read(o, path) == value]
         return items
 
+    @_serialised
     def apply(self, obj: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
         kind = kind_of(obj).kind
         meta = obj["metadata"]
@@ -127,6 +146,7 @@ class FakeKube:
         self.writes.append(("apply", kind, meta["name"]))
         return copy.deepcopy(self._store(body))
 
+    @_serialised
     def delete(
         self,
         kind: str,
@@ -139,6 +159,7 @@ class FakeKube:
         self.writes.append(("delete", kind, name))
         return self.objects.pop((kind, namespace or "", name), None) is not None
 
+    @_serialised
     def merge_patch(
         self,
         kind: str,
@@ -161,6 +182,7 @@ class FakeKube:
         self.writes.append(("patch", kind if not subresource else f"{kind}/{subresource}", name))
         return copy.deepcopy(self._store(merge(current, patch)))
 
+    @_serialised
     def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         kind = kind_of(obj).kind
         body = copy.deepcopy(dict(obj))
@@ -177,6 +199,7 @@ class FakeKube:
         self.writes.append(("create", kind, meta["name"]))
         return copy.deepcopy(self._store(body))
 
+    @_serialised
     def evict(self, name: str, namespace: str) -> None:
         self._check("evict", "Pod", name)
         if (("Pod", namespace, name)) not in self.objects:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from collections.abc import Coroutine, Iterator
+from typing import Any, ClassVar, TypeVar
 
 import pytest
 
@@ -46,6 +47,7 @@ from tests.unit.controller.builders import (
 )
 from tests.unit.controller.fakes import FakeKube
 
+T = TypeVar("T")
 Indexes = dict[str, dict[tuple[str, str], list[Any]]]
 
 
@@ -64,7 +66,13 @@ def refresh(kube: FakeKube, indexes: Indexes) -> Indexes:
 
 
 class Harness:
+    """The controller on a fake API, its passes on one event loop as in the operator."""
+
+    opened: ClassVar[list[asyncio.Runner]] = []
+
     def __init__(self, kube: FakeKube) -> None:
+        self.runner = asyncio.Runner()
+        Harness.opened.append(self.runner)
         self.kube = kube
         self.metrics = PrometheusMetrics()
         self.controller = ClusterPolicyController(kube, CONFIG, self.metrics)
@@ -74,12 +82,15 @@ class Harness:
     def run_pass(self, resync: bool = False) -> float | None:
         """One pass; afterwards the watches report what it changed (nodes included)."""
         before = {n.name: n for n in self._nodes()}
-        requeue = asyncio.run(asyncio.wait_for(self.controller.run_pass(resync), timeout=60))
+        requeue = self.run(self.controller.run_pass(resync))
         refresh(self.kube, self.indexes)
         for node in self._nodes():
             if before.get(node.name) != node:
                 self.controller.inbox.node_changed(node)
         return requeue
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.runner.run(asyncio.wait_for(coro, timeout=60))
 
     def converge(self, passes: int = 6) -> int:
         """Passes until one writes nothing; how many wrote."""
@@ -95,6 +106,13 @@ class Harness:
 
     def _nodes(self) -> list[NodeView]:
         return [v for store in self.indexes["nodes"].values() for v in store]
+
+
+@pytest.fixture(autouse=True)
+def _close_event_loops() -> Iterator[None]:
+    yield
+    while Harness.opened:
+        Harness.opened.pop().close()
 
 
 def cluster(spec: dict[str, Any] | None = None, *extra: dict[str, Any]) -> FakeKube:
@@ -254,11 +272,11 @@ def test_observe_lists_workload_pods_only_on_nodes_being_emptied() -> None:
     h.indexes["configmaps"][("team", "theirs")] = [
         index_value("configmaps", kube.of_kind("ConfigMap")[1])
     ]
-    snap = asyncio.run(h.controller.observe())
+    snap = h.run(h.controller.observe())
     assert [p["metadata"]["name"] for p in snap.workload_pods] == ["train-1"]
     assert set(snap.configmap_hashes) == {"mine"}
     assert snap.changed_nodes is None  # the first pass looks at every node
-    assert asyncio.run(h.controller.observe()).changed_nodes == frozenset()
+    assert h.run(h.controller.observe()).changed_nodes == frozenset()
 
 
 def test_node_events_wake_the_loop_only_when_something_decided_on_changed() -> None:

@@ -8,19 +8,30 @@ from typing import Any
 
 import pytest
 
-from gpu_operator.api import KIND
+from gpu_operator.api import KIND, parse_spec
 from gpu_operator.controller.actions import Apply, Create, DeletePod, Evict, Patch, Prune, Stage
-from gpu_operator.controller.decide import FINALIZER, Decision, decide
+from gpu_operator.controller.decide import (
+    APPLIED_KINDS,
+    FINALIZER,
+    UNWATCHED_KINDS,
+    Decision,
+    decide,
+)
+from gpu_operator.controller.facts import gather_facts
 from gpu_operator.controller.memory import MONITOR_CRD_KEY, Memory
 from gpu_operator.controller.plan import Observed
+from gpu_operator.controller.watch import WATCHED
 from gpu_operator.labels import (
     APPLIED_HASH,
     DEPLOY_PREFIX,
     GPU_PRESENT,
+    MIG_CAPABLE,
     OWNED_ANNOTATION,
     UPGRADE_SINCE,
     UPGRADE_STATE,
 )
+from gpu_operator.render import render_components
+from gpu_operator.render.components import REGISTRY
 from gpu_operator.views import NodeView
 from tests.unit.controller.builders import (
     CONFIG,
@@ -444,3 +455,18 @@ def test_decision_actions_flatten_the_stages_in_order() -> None:
     a, b, c = Prune(("X", "", "a")), Prune(("X", "", "b")), Prune(("X", "", "c"))
     decision = Decision(Memory(), (Stage((a, b)), Stage((c,))))
     assert decision.actions == [a, b, c]
+
+
+def test_every_kind_the_renderer_produces_is_one_the_operator_applies() -> None:
+    """A rendered kind outside APPLIED_KINDS | UNWATCHED_KINDS would be skipped without a word
+    (plan_changes' ``skipped`` is not reported), so a template adding a kind must add it here."""
+    everything: dict[str, Any] = {c.spec_field: {"enabled": True} for c in REGISTRY}
+    everything["dcgmExporter"]["serviceMonitor"] = {"enabled": True}
+    nodes = [gpu_node("a"), gpu_node("b", os=("rhel", "9.4"), labels={MIG_CAPABLE: "true"})]
+    spec = parse_spec(everything)
+    facts = gather_facts(nodes, spec, namespace=CONFIG.namespace, configmap_hashes={})
+    rendered = {o["kind"] for part in render_components(spec, facts) for o in part.objects}
+    assert "DaemonSet" in rendered and "ServiceMonitor" in rendered
+    assert rendered <= APPLIED_KINDS | UNWATCHED_KINDS
+    # and everything applied is watched (so it can be diffed and pruned)
+    assert {w.kind.kind for w in WATCHED} >= APPLIED_KINDS

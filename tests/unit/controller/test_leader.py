@@ -129,7 +129,7 @@ def test_acquire_waits_until_the_holder_lets_go(caplog: pytest.LogCaptureFixture
     async def scenario() -> None:
         waiting = asyncio.create_task(candidate.acquire())
         while not any("waiting for leadership" in r.message for r in caplog.records):
-            await asyncio.sleep(0)  # yield to the candidate until it has tried once
+            await asyncio.sleep(0.001)  # until the candidate has tried once
         elector(kube, "other").release()
         await asyncio.wait_for(waiting, timeout=30)
 
