@@ -24,7 +24,7 @@ from gpu_operator.controller.clusterpolicy import ClusterPolicyController
 from gpu_operator.controller.crd_install import desired_crd
 from gpu_operator.controller.leader import _fmt
 from gpu_operator.controller.metrics import PrometheusMetrics
-from gpu_operator.controller.runner import OperatorThread, RunOptions, _run, main_run, run_operator
+from gpu_operator.controller.runner import OperatorThread, RunOptions, main_run, run_operator
 from tests.unit.controller.builders import CONFIG, NAMESPACE
 from tests.unit.controller.fakes import FakeKube
 
@@ -51,20 +51,27 @@ def free_port() -> int:
         return port
 
 
+@pytest.fixture
+def kube(monkeypatch: pytest.MonkeyPatch) -> FakeKube:
+    """The fake API the operator talks to (in place of the client ``run_operator`` makes)."""
+    fake = FakeKube()
+    monkeypatch.setattr(runner, "Kube", lambda _api: fake)
+    return fake
+
+
 def run(
-    kube: FakeKube,
     opts: RunOptions,
     *,
     stop: asyncio.Event | None = None,
+    started: threading.Event | None = None,
     metrics: PrometheusMetrics | None = None,
+    api_config: k8s.Configuration | None = None,
 ) -> ClusterPolicyController | None:
-    async def main() -> ClusterPolicyController | None:
-        return await _run(
-            opts, k8s.Configuration(), kube, stop or asyncio.Event(), None,
-            metrics or PrometheusMetrics(),
-        )  # fmt: skip
-
-    return asyncio.run(asyncio.wait_for(main(), timeout=60))
+    """``run_operator`` to its end, on the fake API."""
+    main = run_operator(
+        opts, api_config or k8s.Configuration(), stop=stop, started=started, metrics=metrics
+    )
+    return asyncio.run(asyncio.wait_for(main, timeout=60))
 
 
 @pytest.fixture
@@ -88,54 +95,57 @@ def kopf_fails(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     [("get", 500, ApiException), ("get", 403, ApiException), ("create", 404, RuntimeError)],
 )
 def test_an_error_acquiring_the_lease_ends_the_run(
-    kopf_fails: list[dict[str, Any]], verb: str, status: int, error: type[Exception]
+    kube: FakeKube,
+    kopf_fails: list[dict[str, Any]],
+    verb: str,
+    status: int,
+    error: type[Exception],
 ) -> None:
     """Bug fixed: the error was ignored and the operator went on to act without the Lease."""
-    kube = FakeKube().refuse(verb, "Lease", status=status)
+    kube.refuse(verb, "Lease", status=status)
     metrics = PrometheusMetrics()
     with pytest.raises(error):
-        run(kube, options(), metrics=metrics)
+        run(options(), metrics=metrics)
     assert kopf_fails == []  # no watch was started
     assert not metrics.leading
 
 
 def test_stopping_while_waiting_for_the_lease_starts_nothing(
-    kopf_fails: list[dict[str, Any]],
+    kube: FakeKube, kopf_fails: list[dict[str, Any]]
 ) -> None:
     held = {"holderIdentity": "other", "renewTime": _fmt(datetime.now(UTC)),
             "leaseDurationSeconds": 3600}  # fmt: skip
-    kube = FakeKube().add(
-        {"kind": "Lease", "metadata": {"name": LEASE, "namespace": NAMESPACE}, "spec": held}
-    )
+    kube.add({"kind": "Lease", "metadata": {"name": LEASE, "namespace": NAMESPACE}, "spec": held})
     stop = asyncio.Event()
     stop.set()
-    assert run(kube, options(), stop=stop) is None
+    assert run(options(), stop=stop) is None
     assert kopf_fails == []
     assert kube.writes == []
 
 
 def test_a_failed_watch_ends_the_run_and_hands_the_lease_over(
-    kopf_fails: list[dict[str, Any]],
+    kube: FakeKube, kopf_fails: list[dict[str, Any]]
 ) -> None:
-    kube = FakeKube()
     metrics = PrometheusMetrics()
-    controller = run(kube, options(), metrics=metrics)
+    controller = run(options(), metrics=metrics)
     assert isinstance(controller, ClusterPolicyController)
     assert len(kopf_fails) == 1 and kopf_fails[0]["namespaces"] == [NAMESPACE]
     lease = kube.obj("Lease", LEASE, NAMESPACE)
     assert lease is not None and lease["spec"].get("holderIdentity") is None  # released
-    assert metrics.leading  # run_operator (not _run) clears it
+    assert not metrics.leading
 
 
-def test_without_leader_election_no_lease_is_touched(kopf_fails: list[dict[str, Any]]) -> None:
-    kube = FakeKube()
-    assert run(kube, options(leader_election=False)) is not None
+def test_without_leader_election_no_lease_is_touched(
+    kube: FakeKube, kopf_fails: list[dict[str, Any]]
+) -> None:
+    assert run(options(leader_election=False)) is not None
     assert kube.obj("Lease", LEASE, NAMESPACE) is None
 
 
-def test_the_crd_is_installed_before_anything_else(kopf_fails: list[dict[str, Any]]) -> None:
-    kube = FakeKube()
-    run(kube, options(apply_crd=True, leader_election=False))
+def test_the_crd_is_installed_before_anything_else(
+    kube: FakeKube, kopf_fails: list[dict[str, Any]]
+) -> None:
+    run(options(apply_crd=True, leader_election=False))
     assert kube.writes[0] == (
         "apply",
         "CustomResourceDefinition",
@@ -143,7 +153,9 @@ def test_the_crd_is_installed_before_anything_else(kopf_fails: list[dict[str, An
     )
 
 
-def test_a_stop_ends_a_running_operator_gracefully(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_stop_ends_a_running_operator_gracefully(
+    kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
     stopped_kopf: list[bool] = []
 
     async def operator(stop_flag: asyncio.Future[Any], registry: Any, **_: Any) -> None:
@@ -151,13 +163,10 @@ def test_a_stop_ends_a_running_operator_gracefully(monkeypatch: pytest.MonkeyPat
         stopped_kopf.append(True)
 
     monkeypatch.setattr(runner.kopf, "operator", operator)
-    kube = FakeKube()
     stop = asyncio.Event()
 
     async def main() -> ClusterPolicyController | None:
-        task = asyncio.create_task(
-            _run(options(), k8s.Configuration(), kube, stop, None, PrometheusMetrics())
-        )
+        task = asyncio.create_task(run_operator(options(), k8s.Configuration(), stop=stop))
         while kube.obj("Lease", LEASE, NAMESPACE) is None:  # until it leads
             await asyncio.sleep(0.001)
         stop.set()
@@ -170,7 +179,9 @@ def test_a_stop_ends_a_running_operator_gracefully(monkeypatch: pytest.MonkeyPat
     assert lease is not None and lease["spec"].get("holderIdentity") is None
 
 
-def test_kopf_is_configured_and_readiness_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kopf_is_configured_and_readiness_reported(
+    kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """kopf gets the quiet settings and the client's credentials; ``started`` is set once the
     indexes have filled (the first watch event)."""
     seen: dict[str, Any] = {}
@@ -190,11 +201,7 @@ def test_kopf_is_configured_and_readiness_reported(monkeypatch: pytest.MonkeyPat
     started = threading.Event()
     api_config = k8s.Configuration(host="https://api:6443", api_key={"authorization": "Bearer t"})
 
-    async def main() -> None:
-        opts = options(leader_election=False)
-        await _run(opts, api_config, FakeKube(), asyncio.Event(), started, PrometheusMetrics())
-
-    asyncio.run(asyncio.wait_for(main(), timeout=60))
+    run(options(leader_election=False), started=started, api_config=api_config)
     login = next(v for k, v in seen.items() if k.endswith("_login"))
     assert (login.server, login.token) == ("https://api:6443", "t")
     assert seen["started"] is True
@@ -204,10 +211,8 @@ def test_kopf_is_configured_and_readiness_reported(monkeypatch: pytest.MonkeyPat
 
 
 def test_run_operator_serves_health_and_metrics_and_stops_them(
-    monkeypatch: pytest.MonkeyPatch,
+    kube: FakeKube, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    kube = FakeKube()
-    monkeypatch.setattr(runner, "Kube", lambda _api: kube)
     health_port, metrics_port = free_port(), free_port()
     seen: dict[str, Any] = {}
 
@@ -224,10 +229,7 @@ def test_run_operator_serves_health_and_metrics_and_stops_them(
     opts = options(
         health_endpoint=f"http://127.0.0.1:{health_port}/healthz", metrics_port=metrics_port
     )
-    result = asyncio.run(
-        asyncio.wait_for(run_operator(opts, k8s.Configuration(), metrics=metrics), timeout=60)
-    )
-    assert result is not None
+    assert run(opts, metrics=metrics) is not None
     assert '"role": "leader"' in seen["health"]
     assert "gpu_operator_leader 1.0" in seen["metrics"]
     assert not metrics.leading  # a stopped operator is no longer the leader
