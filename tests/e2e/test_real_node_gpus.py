@@ -24,6 +24,9 @@ import pytest
 
 from gpu_operator import testenv
 from gpu_operator.agent.deviceplugin import cdi
+from gpu_operator.agent.deviceplugin.agent import DevicePluginAgent, HealthOptions, Paths
+from gpu_operator.agent.deviceplugin_config import parse_device_plugin_config
+from gpu_operator.agent.nvml import Nvml
 from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simulated_nvml
 
 from .support import wait_for
@@ -73,6 +76,33 @@ def rkube(real_cluster: testenv.Cluster) -> Iterator[testenv.Clients]:
             kube.core.delete_namespace(kube.namespace)
 
 
+def _wait_released(cluster: testenv.Cluster, node: str) -> None:
+    """The kubelet has seen the plugin go (no GPU allocatable): a later plugin's "8" is then
+    its own, not this one's, still in the node status."""
+    with cluster.api_client() as api:
+        core = testenv.Clients.for_api(api, "default").core
+
+        def released() -> bool:
+            status = core.read_node(node).status
+            return (status.allocatable or {}).get(GPU) in (None, "0")
+
+        wait_for(f"{node} to stop advertising {GPU}", released, timeout=90)
+
+
+def _allocatable(kube: testenv.Clients, node: str) -> str | None:
+    status = kube.core.read_node(node).status
+    return (status.allocatable or {}).get(GPU)
+
+
+def _output(kube: testenv.Clients, pod_name: str) -> list[str] | None:
+    """The lines the pod printed up to ``end`` once it runs; None before."""
+    pod = kube.core.read_namespaced_pod(pod_name, kube.namespace)
+    if (pod.status.phase if pod.status else None) != "Running":
+        return None
+    lines = str(kube.core.read_namespaced_pod_log(pod_name, kube.namespace)).splitlines()
+    return lines if "end" in lines else None
+
+
 @pytest.fixture(params=["envvar", "cdi-cri"])
 def plugin_on_node(
     real_cluster: testenv.Cluster, request: pytest.FixtureRequest
@@ -112,16 +142,7 @@ def plugin_on_node(
             agent.terminate()
             agent.wait(30)
             (node_dir / "cdi" / cdi.SPEC_FILE).unlink(missing_ok=True)
-            # The kubelet has seen the plugin go (no GPU allocatable): the next plugin's "8"
-            # is then its own, not this one's, still in the node status.
-            with real_cluster.api_client() as api:
-                core = testenv.Clients.for_api(api, "default").core
-
-                def released() -> bool:
-                    status = core.read_node(planned.name).status
-                    return (status.allocatable or {}).get(GPU) in (None, "0")
-
-                wait_for(f"{planned.name} to stop advertising {GPU}", released, timeout=90)
+            _wait_released(real_cluster, planned.name)
 
 
 def _exporter_holders(url: str, kube: testenv.Clients) -> set[tuple[str, str, str, str]]:
@@ -170,23 +191,13 @@ def test_pods_get_exactly_their_gpus_on_a_real_node(
 ) -> None:
     node, uuids, strategy = plugin_on_node
 
-    def allocatable() -> str | None:
-        status = rkube.core.read_node(node).status
-        return (status.allocatable or {}).get(GPU)
-
-    assert wait_for(f"{node} to advertise {GPU}", lambda: allocatable() == "8" and "8")
+    assert wait_for(f"{node} to advertise {GPU}", lambda: _allocatable(rkube, node) == "8")
 
     rkube.core.create_namespaced_pod(rkube.namespace, _gpu_pod("two", node, 2))
     rkube.core.create_namespaced_pod(rkube.namespace, _gpu_pod("nine", node, 9))
 
-    def logs() -> str | None:
-        pod = rkube.core.read_namespaced_pod("two", rkube.namespace)
-        if (pod.status.phase if pod.status else None) != "Running":
-            return None
-        text = str(rkube.core.read_namespaced_pod_log("two", rkube.namespace))
-        return text if "end" in text.splitlines() else None
-
-    visible, *cdi_env, _ = wait_for("the 2-GPU pod's output", logs, timeout=120).splitlines()
+    output = wait_for("the 2-GPU pod's output", lambda: _output(rkube, "two"), timeout=120)
+    visible, *cdi_env, _ = output
     if strategy == "envvar":  # the Allocate response's env
         gpus = visible.removeprefix("visible=").split(",")
         assert cdi_env == [], cdi_env
@@ -212,3 +223,51 @@ def test_pods_get_exactly_their_gpus_on_a_real_node(
     message = wait_for("the 9-GPU pod unschedulable", refused)
     assert f"Insufficient {GPU}" in message
     assert rkube.core.read_namespaced_pod("nine", rkube.namespace).spec.node_name is None
+
+
+def test_an_xid_drops_allocatable_by_one_and_names_the_pod_holding_that_gpu(
+    real_cluster: testenv.Cluster, rkube: testenv.Clients
+) -> None:
+    """The agent in this process (so NVML can be told of an XID) serving the real kubelet: the
+    GPU turns Unhealthy, the kubelet's allocatable drops from 8 to 7, and the agent names the
+    pod that holds it, from the kubelet's PodResources API."""
+    planned = real_cluster.real.nodes[0]  # type: ignore[union-attr]
+    node, node_dir = planned.name, real_cluster.real_node_dir(planned.name)
+    reports: list[tuple[str, str, str]] = []
+    sim = install_simulated_nvml(planned.gpus, seed=planned.name)
+    try:
+        with tempfile.TemporaryDirectory(prefix="rx", dir="/tmp") as tmp, Nvml() as nvml:
+            os.symlink(node_dir / "kubelet" / "device-plugins", f"{tmp}/dp")
+            os.symlink(node_dir / "kubelet" / "pod-resources" / "kubelet.sock", f"{tmp}/pr.sock")
+            paths = Paths(
+                Path(tmp) / "dp" / "kubelet.sock",
+                node_dir / "cdi",
+                Path(tmp) / "sys",
+                pod_resources_socket=Path(tmp) / "pr.sock",
+            )
+            agent = DevicePluginAgent(
+                nvml,
+                paths=paths,
+                health_options=HealthOptions(poll_s=0.1),
+                report=lambda *event: reports.append(event),
+            )
+            agent.apply(parse_device_plugin_config("version: v1\n"))
+            agent.start()
+            try:
+                wait_for(f"{node} to advertise {GPU}", lambda: _allocatable(rkube, node) == "8")
+                rkube.core.create_namespaced_pod(rkube.namespace, _gpu_pod("one", node, 1))
+                output = wait_for("the pod's GPU", lambda: _output(rkube, "one"), timeout=120)
+                held = output[0].removeprefix("visible=")
+                index = next(g.index for g in sim.gpus if g.uuid == held)
+
+                sim.inject_xid(index, 79)  # fallen off the bus
+                wait_for(f"{node} allocatable 7", lambda: _allocatable(rkube, node) == "7")
+                (etype, reason, message), *_ = wait_for("the report", lambda: list(reports))
+                assert (etype, reason) == ("Warning", "GPUUnhealthyInUse")
+                assert f"XID 79 on GPU {index} ({held})" in message
+                assert f"pod {rkube.namespace}/one container cuda" in message
+            finally:
+                agent.stop()
+    finally:
+        uninstall_simulated_nvml()
+        _wait_released(real_cluster, node)

@@ -52,6 +52,7 @@ def test_the_projects_image_runs_its_agent_without_a_config_manager() -> None:
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts == {
         "device-plugin": "/var/lib/kubelet/device-plugins",
+        "pod-resources": "/var/lib/kubelet/pod-resources",
         "cdi-root": "/var/run/cdi",
         "mps-root": "/mps",
         "available-configs": "/available-configs",

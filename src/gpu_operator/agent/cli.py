@@ -217,6 +217,9 @@ def _cmd_device_plugin(args: argparse.Namespace) -> int:
             cdi_root=Path(args.cdi_root),
             sysfs=Path(args.sysfs_root),
             mps_dir=Path(args.mps_dir) if args.mps_dir else None,
+            pod_resources_socket=(
+                Path(args.pod_resources_socket) if args.pod_resources_socket else None
+            ),
         ),
         overrides={env: getattr(args, env.lower()) for env in PLUGIN_ENV},
         health_options=plugin.HealthOptions(
@@ -551,6 +554,12 @@ def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
         default=os.environ.get("MPS_DIR") or None,
         help="the MPS root as mounted here (/mps in the DaemonSet): MPS replicas wait for the "
         "control daemon's .started file there (env MPS_DIR; default: no wait)",
+    )
+    p.add_argument(
+        "--pod-resources-socket",
+        default=os.environ.get("POD_RESOURCES_SOCKET") or None,
+        help="the kubelet's PodResources socket: the containers holding a GPU that turns "
+        "Unhealthy are reported (env POD_RESOURCES_SOCKET; default: not looked up)",
     )
     p.add_argument(
         "--xid-recovery-seconds",
