@@ -35,6 +35,7 @@ class Rule:
 
 
 CRD = "clusterpolicies.nvidia.com"
+GPUCLUSTER_CRD = "gpuclusters.nvidia.com"
 
 # Shared by the operator (it installs its CRD at start-up) and the Helm chart's CRD hook.
 CRD_RULES: tuple[Rule, ...] = (
@@ -48,8 +49,8 @@ CRD_RULES: tuple[Rule, ...] = (
         "apiextensions.k8s.io",
         ("customresourcedefinitions",),
         ("create", "patch"),
-        "install or upgrade its own CRD at start-up",
-        (CRD,),
+        "install or upgrade its own CRDs at start-up",
+        (CRD, GPUCLUSTER_CRD),
     ),
 )
 
