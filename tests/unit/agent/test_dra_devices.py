@@ -93,7 +93,9 @@ def test_a_mig_device_field_by_field(simulate: Simulate) -> None:
 def test_a_gpu_in_mig_mode_publishes_only_its_mig_devices(simulate: Simulate) -> None:
     inv = inventory(simulate, "a100-40gb:1", "mixed")
     assert not [d for d in dra.devices(inv) if d["attributes"]["type"]["string"] == "gpu"]
-    assert set(dra.uuids_by_name(inv).values()) == {m.uuid for m in inv.gpus[0].mig_devices}
+    refs = dra.refs_by_name(inv).values()
+    assert {r.uuid for r in refs} == {m.uuid for m in inv.gpus[0].mig_devices}
+    assert {r.minor for r in refs} == {0}
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ canonical form, so a slice read back compares equal to the one computed.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from gpu_operator.agent.inventory import Gpu, Inventory, MigDevice
@@ -153,12 +154,21 @@ def devices(inventory: Inventory) -> list[dict[str, Any]]:
     return out
 
 
-def uuids_by_name(inventory: Inventory) -> dict[str, str]:
-    """Device name -> UUID (what a CDI spec and the container need)."""
-    names: dict[str, str] = {}
+@dataclass(frozen=True)
+class DeviceRef:
+    """What a CDI spec needs of a published device: its UUID and its GPU's /dev minor."""
+
+    uuid: str
+    minor: int
+
+
+def refs_by_name(inventory: Inventory) -> dict[str, DeviceRef]:
+    names: dict[str, DeviceRef] = {}
     for gpu in inventory.gpus:
         if gpu.mig_current:
-            names.update({mig_name(gpu, m): m.uuid for m in gpu.mig_devices})
+            names.update(
+                {mig_name(gpu, m): DeviceRef(m.uuid, gpu.minor_number) for m in gpu.mig_devices}
+            )
         else:
-            names[gpu_name(gpu)] = gpu.uuid
+            names[gpu_name(gpu)] = DeviceRef(gpu.uuid, gpu.minor_number)
     return names
