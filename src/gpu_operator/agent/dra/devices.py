@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_operator.agent.inventory import Gpu, Inventory, MigDevice
+from gpu_operator.api.gpucluster import DRIVER_NAME
 
-DRIVER = "gpu.nvidia.com"
+DRIVER = DRIVER_NAME
 STANDARD = "resource.kubernetes.io"
 PCIE_ROOT = f"{STANDARD}/pcieRoot"
 PCI_BUS_ID = f"{STANDARD}/pciBusID"
