@@ -55,7 +55,7 @@ class PluginPaths:
     plugin_dir: Path  # /var/lib/kubelet/plugins/gpu.nvidia.com
     registry_dir: Path  # /var/lib/kubelet/plugins_registry
     cdi_dir: Path  # /var/run/cdi
-    dev_root: str = "/"
+    dev_root: str = "/"  # where the host's /dev is mounted, to see which nodes exist
 
     @property
     def plugin_socket(self) -> Path:
@@ -126,7 +126,8 @@ class DraPlugin:
         if len(known) != len(prepared):
             missing = sorted({p.device for p in prepared} - set(known))
             raise PrepareError(f"prepared devices {missing} are not on this node any more")
-        spec = cdi_spec(uid, prepared, known, self.present(), self.paths.dev_root)
+        # dev_root is where this container sees the host's /dev; the spec names host paths.
+        spec = cdi_spec(uid, prepared, known, self.present())
         directory = self.paths.cdi_dir
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / spec_file_name(uid)
