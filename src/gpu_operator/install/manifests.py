@@ -48,10 +48,13 @@ def image_env(image: str = DEFAULT_OPERATOR_IMAGE) -> dict[str, str]:
 
 
 def namespace_object(namespace: str = NAMESPACE) -> dict[str, Any]:
-    """The operand DaemonSets are privileged with hostPath mounts; Pod Security must allow it."""
+    """The operand DaemonSets are privileged with hostPath mounts; Pod Security must allow it.
+    The DRA exporter and validator claim their node's GPUs with admin access, which the API
+    server allows only in namespaces labelled for it."""
     security = {
         f"pod-security.kubernetes.io/{mode}": "privileged" for mode in ("enforce", "audit", "warn")
     }
+    security["resource.kubernetes.io/admin-access"] = "true"
     return {
         "apiVersion": "v1",
         "kind": "Namespace",

@@ -76,8 +76,12 @@ def test_namespace_allows_privileged_operands() -> None:
 
 def test_rbac_is_rbac_py_bound_to_the_service_account() -> None:
     objects = by_kind(manifests.deploy_objects("gpu-ops"))
-    assert objects["ClusterRole"]["rules"] == [r.to_k8s() for r in rbac.CLUSTER_RULES]
-    assert objects["Role"]["rules"] == [r.to_k8s() for r in rbac.NAMESPACE_RULES]
+    assert objects["ClusterRole"]["rules"] == [
+        r.to_k8s() for r in (*rbac.CLUSTER_RULES, *rbac.DRA_CLUSTER_RULES)
+    ]
+    assert objects["Role"]["rules"] == [
+        r.to_k8s() for r in (*rbac.NAMESPACE_RULES, *rbac.DRA_NAMESPACE_RULES)
+    ]
     assert objects["Role"]["metadata"]["namespace"] == "gpu-ops"
     account = objects["ServiceAccount"]["metadata"]
     pod = objects["Deployment"]["spec"]["template"]["spec"]
