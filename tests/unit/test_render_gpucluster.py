@@ -201,3 +201,12 @@ def test_a_disabled_exporter_is_not_rendered() -> None:
     names = {o["metadata"]["name"] for o in render_gpucluster(parse_gpucluster(doc), FACTS)}
     assert "nvidia-dcgm-exporter-dra" not in names
     assert "nvidia-dra-driver-kubelet-plugin" in names
+
+
+def test_a_count_max_unavailable_is_an_integer() -> None:
+    """NVIDIA's sample says maxUnavailable "1"; the API server refuses the string."""
+    doc = example_document()
+    doc["spec"]["daemonsets"] = {"rollingUpdate": {"maxUnavailable": "1"}}
+    objs = render_gpucluster(parse_gpucluster(doc), FACTS)
+    for ds in (o for o in objs if o["kind"] == "DaemonSet"):
+        assert ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] == 1

@@ -96,9 +96,9 @@ def _daemonset(
     strategy: dict[str, Any] = {"type": daemonsets.update_strategy or "RollingUpdate"}
     if strategy["type"] == "RollingUpdate":
         rolling = daemonsets.rolling_update
-        strategy["rollingUpdate"] = {
-            "maxUnavailable": (rolling.max_unavailable if rolling else None) or "100%"
-        }
+        limit = (rolling.max_unavailable if rolling else None) or "100%"
+        # "1" is a count: the API server takes a string only as a percent.
+        strategy["rollingUpdate"] = {"maxUnavailable": int(limit) if limit.isdigit() else limit}
         if max_surge_zero:
             # Two plugin pods on one node would fight over the registration socket.
             strategy["rollingUpdate"]["maxSurge"] = 0
