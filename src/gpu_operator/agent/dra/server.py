@@ -56,10 +56,17 @@ class PluginPaths:
     registry_dir: Path  # /var/lib/kubelet/plugins_registry
     cdi_dir: Path  # /var/run/cdi
     dev_root: str = "/"  # where the host's /dev is mounted, to see which nodes exist
+    # The plugin socket as the kubelet names it, when the kubelet sees the directories under
+    # other paths than this process (a node in its own mount namespace); default: the same.
+    kubelet_plugin_dir: Path | None = None
 
     @property
     def plugin_socket(self) -> Path:
         return self.plugin_dir / PLUGIN_SOCKET
+
+    @property
+    def kubelet_endpoint(self) -> Path:
+        return (self.kubelet_plugin_dir or self.plugin_dir) / PLUGIN_SOCKET
 
     @property
     def registration_socket(self) -> Path:
@@ -224,7 +231,7 @@ class _Registration(reg_grpc.RegistrationServicer):
         return reg.PluginInfo(
             type=PLUGIN_TYPE,
             name=DRIVER,
-            endpoint=str(self.plugin.paths.plugin_socket),
+            endpoint=str(self.plugin.paths.kubelet_endpoint),
             supported_versions=list(SUPPORTED_VERSIONS),
         )
 
