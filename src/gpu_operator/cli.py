@@ -34,11 +34,11 @@ def _cmd_crd(args: argparse.Namespace) -> int:
         crd = gpucluster_crd() if args.kind == "GPUCluster" else clusterpolicy_crd()
         sys.stdout.write(dump_yaml([crd]))
         return 0
-    from gpu_operator.controller.crd_install import ensure_crd
+    from gpu_operator.controller.crd_install import ensure_crds
     from gpu_operator.kube import connect
 
-    applied = ensure_crd(connect(args.kubeconfig))
-    sys.stdout.write("applied the CRDs\n" if applied else "the CRDs are current\n")
+    for kind, applied in ensure_crds(connect(args.kubeconfig)).items():
+        sys.stdout.write(f"applied the {kind} CRD\n" if applied else f"the {kind} CRD is current\n")
     return 0
 
 

@@ -64,10 +64,17 @@ def desired_crd(crd: dict[str, Any] | None = None) -> dict[str, Any]:
     return crd
 
 
+def ensure_crds(kube: Kube, timeout: float = 60.0) -> dict[str, bool]:
+    """Apply every CRD that needs it and wait until Established: kind -> whether applied."""
+    return {
+        crd["spec"]["names"]["kind"]: _ensure_one(kube, desired_crd(crd), timeout)
+        for crd in all_crds()
+    }
+
+
 def ensure_crd(kube: Kube, timeout: float = 60.0) -> bool:
-    """Apply every CRD that needs it and wait until Established; True when one was applied."""
-    applied = [_ensure_one(kube, desired_crd(crd), timeout) for crd in all_crds()]
-    return any(applied)
+    """``ensure_crds``; True when one was applied."""
+    return any(ensure_crds(kube, timeout).values())
 
 
 def _ensure_one(kube: Kube, crd: dict[str, Any], timeout: float) -> bool:

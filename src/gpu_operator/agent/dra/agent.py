@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,13 @@ def publish(
     return plan
 
 
+def same_devices(published: list[dict[str, Any]], devices: list[dict[str, Any]]) -> bool:
+    """Whether ``published`` slices already carry exactly ``devices``."""
+    return slices.published_devices(published) == slices.published_devices(
+        slices.desired_slices("", devices, 0)
+    )
+
+
 def simulated_inventory(spec: str, node: str, state_file: str | Path | None = None) -> Inventory:
     """The inventory a simulated node's NVML reports (its MIG state from ``state_file``)."""
     from gpu_operator.agent.nvml import Nvml
@@ -94,6 +102,7 @@ class PluginOptions:
     paths: PluginPaths
     interval_s: float = 2.0
     serve_kubelet: bool = True
+    resync_s: float = 300.0  # re-read the node's slices this often even when nothing changed
 
 
 def present_dev_paths(dev_root: str, minors: list[int]) -> frozenset[str]:
@@ -125,12 +134,25 @@ def run(
     if options.serve_kubelet:
         plugin.start()
     owner = node_owner(kube, options.node)
+    published: list[dict[str, Any]] | None = None  # what the last pass left on the server
+    resync_at = 0.0
     try:
         while True:
-            try:
-                publish(kube, options.node, latest["inventory"], owner)
-            except Exception:  # the API server restarts; next pass retries
-                log.exception("publishing the ResourceSlices of %s", options.node)
+            devices = dra_devices.devices(latest["inventory"])
+            now = time.monotonic()
+            if published is None or now >= resync_at or not same_devices(published, devices):
+                try:
+                    # Read the slices only when the devices changed (or to resync): at 1,000
+                    # nodes a list every pass would be hundreds of requests a second.
+                    existing = None if published is None or now >= resync_at else published
+                    plan = publish(kube, options.node, latest["inventory"], owner, existing)
+                    published = list(plan.apply) if plan.apply else published
+                    if published is None or now >= resync_at:
+                        published = existing_slices(kube, options.node)
+                        resync_at = now + options.resync_s
+                except Exception:  # the API server restarts; next pass reads again
+                    log.exception("publishing the ResourceSlices of %s", options.node)
+                    published = None
             if stop.wait(options.interval_s):
                 return 0
             try:
