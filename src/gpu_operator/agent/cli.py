@@ -345,6 +345,44 @@ def _cmd_mps_control_daemon(args: argparse.Namespace) -> int:
         nvml.close()
 
 
+# -- dra-plugin -----------------------------------------------------------------------------------
+def _cmd_dra_plugin(args: argparse.Namespace) -> int:
+    import signal
+
+    from gpu_operator.agent.dra import agent as dra
+    from gpu_operator.agent.dra.devices import DRIVER
+    from gpu_operator.agent.dra.server import PluginPaths
+
+    _setup(args)
+    node = _node_name(args)
+    if not node:
+        log.error("dra-plugin needs the node's name: --node-name or env NODE_NAME")
+        return 2
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    nvml = Nvml().open()
+    try:
+        return dra.run(
+            kube.connect(),
+            nvml.inventory,
+            dra.PluginOptions(
+                node=node,
+                paths=PluginPaths(
+                    plugin_dir=Path(args.kubelet_plugins_directory_path) / DRIVER,
+                    registry_dir=Path(args.kubelet_registrar_directory_path),
+                    cdi_dir=Path(args.cdi_root),
+                    dev_root=args.dev_root,
+                ),
+                interval_s=args.interval,
+                serve_kubelet=not args.publish_only,
+            ),
+            stop,
+        )
+    finally:
+        nvml.close()
+
+
 # -- validate -----------------------------------------------------------------------------------
 def _cmd_validate(args: argparse.Namespace) -> int:
     _setup(args)
@@ -509,6 +547,33 @@ def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
         default=os.environ.get("POD_RESOURCES_SOCKET", KUBELET_SOCKET),
     )
     p.set_defaults(func=_cmd_exporter)
+
+    p = sub.add_parser(
+        "dra-plugin",
+        help="DRA kubelet plugin: publish GPUs as ResourceSlices, prepare claims with CDI",
+    )
+    _add_common(p)
+    p.add_argument("--node-name", default=None, help="default: env NODE_NAME")
+    p.add_argument(
+        "--kubelet-registrar-directory-path",
+        default=os.environ.get("KUBELET_REGISTRAR_DIRECTORY_PATH")
+        or "/var/lib/kubelet/plugins_registry",
+    )
+    p.add_argument(
+        "--kubelet-plugins-directory-path",
+        default=os.environ.get("KUBELET_PLUGINS_DIRECTORY_PATH") or "/var/lib/kubelet/plugins",
+    )
+    p.add_argument("--cdi-root", default=os.environ.get("CDI_ROOT") or "/var/run/cdi")
+    p.add_argument(
+        "--dev-root", default=os.environ.get("DEV_ROOT") or "/", help="host root holding /dev"
+    )
+    p.add_argument(
+        "--interval", type=float, default=2.0, help="seconds between inventory reads (2)"
+    )
+    p.add_argument(
+        "--publish-only", action="store_true", help="publish slices, serve no kubelet (kwok)"
+    )
+    p.set_defaults(func=_cmd_dra_plugin)
 
     p = sub.add_parser(
         "device-plugin",

@@ -85,6 +85,13 @@ class ClusterPolicyController:
         self.memory = Memory()
         self.executor = Executor(kube, config.write_concurrency, metrics)
         self.loop = Loop("clusterpolicy", self.run_pass, config, metrics)
+        self.dra_conflicts: frozenset[str] = frozenset()
+        self.also_wake: list[Loop] = []  # other loops that decide from these indexes
+
+    def set_dra_conflicts(self, nodes: frozenset[str]) -> None:
+        """From the GPUCluster loop: nodes both stacks target (reported in status)."""
+        self.dra_conflicts = nodes
+        self.loop.wake.set()
 
     # -- fed by the watches ------------------------------------------------------------------
 
@@ -92,9 +99,13 @@ class ClusterPolicyController:
         if not self.indexes:
             self.indexes = dict(indexes)
             self.loop.ready.set()
+            for other in self.also_wake:
+                other.ready.set()
         if watched.kind.kind == "Node" and not self.inbox.node_changed(NodeView.from_k8s(body)):
             return  # a heartbeat
         self.loop.wake.set()
+        for other in self.also_wake:
+            other.wake.set()
 
     # -- one pass ----------------------------------------------------------------------------
 
@@ -154,6 +165,7 @@ class ClusterPolicyController:
             pods=tuple(self._values("pods")),
             revisions=tuple(self._values("controllerrevisions")),
             workload_pods=tuple(p for pods in listed for p in pods),
+            dra_conflicts=self.dra_conflicts,
         )
 
     async def decide(self, snapshot: Snapshot) -> Decision:
@@ -178,6 +190,10 @@ class ClusterPolicyController:
         return dict(await asyncio.gather(*(one(k) for k in keys)))
 
     # -- helpers -------------------------------------------------------------------------------
+
+    def values(self, index: str) -> list[Any]:
+        """What an index holds (for the loops that share these indexes)."""
+        return self._values(index)
 
     def _values(self, index: str) -> list[Any]:
         idx = self.indexes.get(index) or {}

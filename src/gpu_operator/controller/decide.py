@@ -205,6 +205,7 @@ def _decide_active(
         apply_error=memory.apply_error,
         unimplemented=tuple(spec.unimplemented_enabled()),
         upgrade=_upgrade_status(upgrade) if upgrade else None,
+        dra_conflicts=tuple(sorted(snap.dra_conflicts)) if spec.device_plugin.enabled else (),
     )
     status_actions, status = _status_actions(policy, observation, snap.stamp, config)
     stages = [*object_stages, labels, upgrade_stage, Stage(tuple(status_actions)), *tail]

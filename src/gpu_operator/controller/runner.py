@@ -18,6 +18,7 @@ from prometheus_client import start_http_server
 from gpu_operator.controller.clusterpolicy import ClusterPolicyController
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.crd_install import ensure_crd
+from gpu_operator.controller.gpucluster import GPUClusterController
 from gpu_operator.controller.health import HealthServer
 from gpu_operator.controller.leader import LeaderElector
 from gpu_operator.controller.metrics import PrometheusMetrics
@@ -101,6 +102,10 @@ async def _run(
     metrics.set_leading(True)
 
     controller = ClusterPolicyController(kube, config, metrics)
+    gpuclusters = GPUClusterController(
+        kube, config, metrics, controller.values, controller.set_dra_conflicts
+    )
+    controller.also_wake.append(gpuclusters.loop)
     registry = build_registry(controller.notify)
 
     @kopf.on.startup(registry=registry)
@@ -123,6 +128,7 @@ async def _run(
             name="kopf",
         ),
         asyncio.create_task(controller.loop.run(), name="reconcile"),
+        asyncio.create_task(gpuclusters.loop.run(), name="gpucluster"),
         asyncio.create_task(stop.wait(), name="stop"),
     }
     if elector is not None:

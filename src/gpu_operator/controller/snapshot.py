@@ -30,3 +30,5 @@ class Snapshot:
     pods: tuple[Mapping[str, Any], ...] = ()  # operand pods (the operator's namespace)
     revisions: tuple[Mapping[str, Any], ...] = ()
     workload_pods: tuple[Mapping[str, Any], ...] = ()  # on nodes being emptied for an upgrade
+    # GPU nodes a GPUCluster's DRA stack also targets (the GPUCluster loop finds them).
+    dra_conflicts: frozenset[str] = frozenset()

@@ -147,6 +147,23 @@ def node_table(kube: Kube) -> str:
     )
 
 
+def slice_table(kube: Kube) -> str:
+    """What each node publishes for DRA: its pool generation and its devices by kind."""
+    rows = [("NODE", "DRIVER", "GENERATION", "DEVICES")]
+    for s in sorted(kube.list_objects("ResourceSlice"), key=lambda s: s["spec"]["nodeName"]):
+        kinds: dict[str, int] = {}
+        for d in s["spec"].get("devices") or []:
+            attrs = d.get("attributes") or {}
+            what = (attrs.get("profile") or attrs.get("productName") or {}).get("string", "?")
+            kinds[what] = kinds.get(what, 0) + 1
+        rows.append((
+            s["spec"]["nodeName"], s["spec"]["driver"], str(s["spec"]["pool"]["generation"]),
+            ", ".join(f"{n} x {k}" for k, n in sorted(kinds.items())) or "-",
+        ))  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+
+
 def _run_stack(cluster: Cluster, t0: float) -> None:
     """The operator and the node agents in the background, the policy, and the wait for ready."""
     python = sys.executable
@@ -230,6 +247,25 @@ def _run_stack(cluster: Cluster, t0: float) -> None:
         _say(f"demo: a GPU pod runs on each GPU node {time.monotonic() - t0:.1f}s after start\n")
         _say(node_table(kube))
 
+        # DRA: each GPU node's pool published by the DRA plugin's own process (publish-only:
+        # kwok has no kubelet to serve), following the node's simulated NVML and MIG state.
+        for name, (gpus, _, _) in GPU_NODES.items():
+            _run_in_background(
+                cluster, f"dra-plugin-{name}",
+                [python, "-m", "gpu_operator", "agent", "dra-plugin", "--publish-only",
+                 "--interval", "5",
+                 "--simulate-state", str(cluster.state_dir / f"{name}.nvml.json")],
+                {"KUBECONFIG": kubeconfig, "NODE_NAME": name, "GPU_OPERATOR_SIMULATE": gpus},
+            )  # fmt: skip
+        _wait(
+            "every GPU node's ResourceSlices",
+            lambda: (
+                {s["spec"]["nodeName"] for s in kube.list_objects("ResourceSlice")}
+                >= set(GPU_NODES)
+            ),
+        )
+        _say("\n" + slice_table(kube))
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make demo", description=__doc__.splitlines()[0])
@@ -261,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     _say(
         f"\nThe cluster stays up. Reach it with:\n  export KUBECONFIG={kubeconfig}\n"
         "  kubectl get clusterpolicy,nodes; kubectl -n gpu-operator get daemonsets\n"
+        "  kubectl get resourceslices -o yaml   # the GPUs as DRA devices\n"
         f"Logs: {cluster.state_dir / 'logs'}\nStop everything with:\n  hack/testenv down"
     )
     return 0

@@ -1,4 +1,5 @@
-"""Installing the ClusterPolicy CRD at start-up: when to apply it, and waiting for it."""
+"""Installing the ClusterPolicy and GPUCluster CRDs at start-up: when to apply each, and waiting
+for it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 import pytest
 
 from gpu_operator import __version__
+from gpu_operator.api.crd import gpucluster_crd
 from gpu_operator.controller.crd_install import (
     SCHEMA_ANNOTATION,
     VERSION_ANNOTATION,
@@ -64,16 +66,20 @@ def test_ensure_crd_applies_a_missing_crd_and_waits_until_established() -> None:
     kube = FakeKube()
     assert ensure_crd(kube) is True
     name = desired_crd()["metadata"]["name"]
-    assert kube.writes == [("apply", "CustomResourceDefinition", name)]
+    assert kube.writes == [
+        ("apply", "CustomResourceDefinition", name),
+        ("apply", "CustomResourceDefinition", "gpuclusters.nvidia.com"),
+    ]
     # already there and current: nothing written
     assert ensure_crd(kube) is False
-    assert len(kube.writes) == 1
+    assert len(kube.writes) == 2
 
 
 def test_ensure_crd_leaves_a_newer_crd_alone() -> None:
-    newer = desired_crd()
-    newer["metadata"]["annotations"][VERSION_ANNOTATION] = "99.0.0"
-    kube = FakeKube().add(newer)
+    kube = FakeKube()
+    for crd_ in (desired_crd(), desired_crd(gpucluster_crd())):
+        crd_["metadata"]["annotations"][VERSION_ANNOTATION] = "99.0.0"
+        kube.add(crd_)
     assert ensure_crd(kube) is False
     assert kube.writes == []
 
@@ -100,4 +106,4 @@ class SlowToEstablish(FakeKube):
 def test_ensure_crd_waits_for_the_crd_to_be_established() -> None:
     kube = SlowToEstablish(establish_crds=False)
     assert ensure_crd(kube) is True
-    assert len(kube.writes) == 1
+    assert len(kube.writes) == 2  # each CRD once
