@@ -19,6 +19,7 @@ from kubernetes import watch
 from gpu_operator import testenv
 from gpu_operator.controller.runner import OperatorThread
 from gpu_operator.kube import Kube
+from tests import prerequisites
 from tests.e2e.support import (
     node_events,
     policy_status,
@@ -28,7 +29,6 @@ from tests.e2e.support import (
     token_kubeconfig,
     wait_for,
 )
-from tests.paths import NVIDIA_REFERENCE
 
 NS = "gpu-operator"
 A100 = "gpu-node-0"
@@ -139,7 +139,7 @@ class LabelHistory:
 
 
 def test_discovery_labels_both_nodes(env: Env) -> None:
-    policy = yaml.safe_load((NVIDIA_REFERENCE / "clusterpolicy-helm-default.yaml").read_text())
+    policy = yaml.safe_load(prerequisites.nvidia("clusterpolicy-helm-default.yaml").read_text())
     env.kube.create(policy)
     wait_for(
         "policy ready", lambda: policy_status(env.kube, "cluster-policy").get("state") == "ready"
@@ -170,7 +170,9 @@ def test_discovery_labels_both_nodes(env: Env) -> None:
 
 
 def mig_config_file(env: Env) -> Path:
-    configmap = yaml.safe_load((NVIDIA_REFERENCE / "mig-parted-default-configmap.yaml").read_text())
+    configmap = yaml.safe_load(
+        prerequisites.nvidia("mig-parted-default-configmap.yaml").read_text()
+    )
     path = env.tmp / "config.yaml"
     path.write_text(configmap["data"]["config.yaml"])
     return path

@@ -16,6 +16,7 @@ from gpu_operator import testenv
 from gpu_operator.controller.runner import OperatorThread
 from gpu_operator.kube import Kube
 from gpu_operator.labels import OWNED_ANNOTATION
+from tests import prerequisites
 from tests.e2e.support import (
     audit_writes,
     now,
@@ -25,7 +26,6 @@ from tests.e2e.support import (
     start_operator,
     wait_for,
 )
-from tests.paths import NVIDIA_REFERENCE
 
 NS = "gpu-operator"
 SA_USER = f"system:serviceaccount:{NS}:gpu-operator"
@@ -90,7 +90,7 @@ def env(testenv_bin_dir: Path) -> Iterator[Env]:
 
 def helm_default() -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load(
-        (NVIDIA_REFERENCE / "clusterpolicy-helm-default.yaml").read_text()
+        prerequisites.nvidia("clusterpolicy-helm-default.yaml").read_text()
     )
     return doc
 

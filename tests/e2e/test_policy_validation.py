@@ -13,6 +13,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpu_operator import testenv
 from gpu_operator.kube import Kube
+from tests import prerequisites
 from tests.e2e.support import (
     policy_status,
     private_cluster,
@@ -20,7 +21,6 @@ from tests.e2e.support import (
     start_operator,
     wait_for,
 )
-from tests.paths import NVIDIA_REFERENCE
 
 NS = "gpu-operator"
 
@@ -67,7 +67,7 @@ def strict_dry_run(kube: Kube, obj: dict[str, Any]) -> Any:
 
 @pytest.mark.parametrize("name", ["clusterpolicy-helm-default.yaml", "clusterpolicy-sample.yaml"])
 def test_nvidia_documents_pass_our_crd_unchanged(operator: None, kube: Kube, name: str) -> None:
-    doc = yaml.safe_load((NVIDIA_REFERENCE / name).read_text())
+    doc = yaml.safe_load(prerequisites.nvidia(name).read_text())
     created = strict_dry_run(kube, doc)
     assert created["spec"]["driver"]["enabled"] is True
 
