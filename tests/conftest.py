@@ -18,4 +18,4 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         if reason in REASONS:
             counts[reason] += 1
     for reason, count in counts.items():
-        terminalreporter.write_line(f"skipped {count} tests that {reason}", yellow=True)
+        terminalreporter.write_line(f"{count} skipped: {reason}", yellow=True)
