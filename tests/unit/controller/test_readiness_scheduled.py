@@ -7,7 +7,12 @@ from typing import Any
 
 import pytest
 
+from gpu_operator.controller.actions import Apply, Patch
+from gpu_operator.controller.config import OperatorConfig
+from gpu_operator.controller.decide import FINALIZER, decide
+from gpu_operator.controller.memory import Memory
 from gpu_operator.controller.readiness import component_readiness, should_run
+from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.labels import COMPONENT
 from gpu_operator.views import NodeView
 
@@ -139,3 +144,68 @@ TOLERATES_GPU = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
 )
 def test_should_run(pod_spec: dict[str, Any], node: NodeView, runs: bool) -> None:
     assert should_run(pod_spec, node) is runs
+
+
+# -- decide: the nodes it labels in the same pass count ------------------------------------------
+
+NFD_GPU = "feature.node.kubernetes.io/pci-10de.present"
+OS = {
+    "feature.node.kubernetes.io/system-os_release.ID": "ubuntu",
+    "feature.node.kubernetes.io/system-os_release.VERSION_ID": "22.04",
+}
+
+
+def policy() -> dict[str, Any]:
+    return {
+        "apiVersion": "nvidia.com/v1",
+        "kind": "ClusterPolicy",
+        "metadata": {
+            "name": "cluster-policy",
+            "uid": "policy-uid",
+            "generation": 1,
+            "resourceVersion": "1",
+            "finalizers": [FINALIZER],
+        },
+        "spec": {},
+    }
+
+
+def status_after(nodes: tuple[NodeView, ...]) -> dict[str, Any]:
+    """The status decide writes when every DaemonSet exists, observed, with 0 of 0 pods."""
+    config = OperatorConfig(namespace="gpu-operator")
+    first = decide(Snapshot(0.0, "t", (policy(),), nodes), Memory(), config)
+    daemonsets = tuple(
+        {
+            **a.obj,
+            "metadata": {**a.obj["metadata"], "uid": f"uid-{i}", "generation": 1},
+            "status": {"observedGeneration": 1, "desiredNumberScheduled": 0},
+        }
+        for i, a in enumerate(first.actions)
+        if isinstance(a, Apply) and a.obj["kind"] == "DaemonSet"
+    )
+    assert daemonsets
+    second = decide(Snapshot(1.0, "t", (policy(),), nodes, daemonsets=daemonsets), Memory(), config)
+    (patch,) = [a for a in second.actions if isinstance(a, Patch) and a.subresource == "status"]
+    status: dict[str, Any] = patch.body["status"]
+    return status
+
+
+def components(status: dict[str, Any]) -> dict[str, tuple[bool, str | None]]:
+    return {c["name"]: (c["ready"], c.get("message")) for c in status["components"]}
+
+
+def test_a_node_labelled_in_this_pass_keeps_0_of_0_from_being_ready() -> None:
+    # The snapshot's node has none of the operator's labels yet: this pass adds them.
+    status = status_after((NodeView("gpu-node-0", labels={NFD_GPU: "true", **OS}),))
+    assert status["state"] == "notReady"
+    assert components(status)["device-plugin"] == (
+        False,
+        "nvidia-device-plugin-daemonset: 0/1 labelled nodes scheduled",
+    )
+
+
+def test_a_gpu_node_without_operands_waits_for_no_pod() -> None:
+    labels = {NFD_GPU: "true", "nvidia.com/gpu.deploy.operands": "false", **OS}
+    status = status_after((NodeView("gpu-node-0", labels=labels),))
+    assert all(ready for ready, _ in components(status).values()), components(status)
+    assert status["state"] == "ready"
