@@ -110,10 +110,15 @@ def test_invalid_policy_is_reported_and_nothing_applied(operator: None, kube: Ku
     assert ready["reason"] == error["reason"] == "ReconcileFailed"
     assert error["status"] == "True"
     assert "spec.daemonsets.labels['bad key!']" in error["message"]
-    events = kube.list_objects("Event", "default", field_selector="involvedObject.name=invalid")
-    assert any(
-        e["reason"] == "ReconcileFailed" and "spec.daemonsets.labels" in e["message"]
-        for e in events
+    # The Event is recorded after the status in the same pass: wait for it.
+    wait_for(
+        "a ReconcileFailed Event naming the field",
+        lambda: any(
+            e["reason"] == "ReconcileFailed" and "spec.daemonsets.labels" in e["message"]
+            for e in kube.list_objects(
+                "Event", "default", field_selector="involvedObject.name=invalid"
+            )
+        ),
     )
     assert kube.list_objects("DaemonSet", NS) == []
     assert (
