@@ -49,6 +49,7 @@ from gpu_operator.upgrade import (
 from gpu_operator.upgrade import DeletePod as UpgradeDeletePod
 from gpu_operator.upgrade import Event as UpgradeEvent
 from gpu_operator.upgrade import Evict as UpgradeEvict
+from gpu_operator.views import NodeView
 
 FINALIZER = "nvidia.com/gpu-operator-node-cleanup"
 EVENT_SOURCE = "gpu-operator"
@@ -192,9 +193,10 @@ def _decide_active(
 
     pods_by_owner = by_owner(snap.pods)
     revisions_by_owner = by_owner(snap.revisions)
+    labelled = _labelled_after(snap.nodes, labels)
     components = {
         part.component.name: component_readiness(
-            part.component.name, snap.daemonsets, pods_by_owner, revisions_by_owner
+            part.component.name, snap.daemonsets, pods_by_owner, revisions_by_owner, labelled
         )
         for part in parts
         if part.enabled
@@ -280,6 +282,29 @@ def _node_stage(
     )
     remembered = replace(memory, node_policy=policy, node_policy_known=not uninstall)
     return Stage(patches), remembered
+
+
+def _labelled_after(nodes: Sequence[NodeView], stage: Stage) -> tuple[NodeView, ...]:
+    """The nodes with the labels this pass's patches give them: readiness expects a pod on
+    every node labelled for a component, including the nodes labelled just now."""
+    patched = {
+        a.name: a.body["metadata"].get("labels") or {}
+        for a in stage.actions
+        if isinstance(a, Patch) and a.kind == "Node"
+    }
+    if not patched:
+        return tuple(nodes)
+    return tuple(
+        replace(
+            node,
+            labels={
+                k: v for k, v in {**node.labels, **patched[node.name]}.items() if v is not None
+            },
+        )
+        if node.name in patched
+        else node
+        for node in nodes
+    )
 
 
 def _upgrade(spec: ClusterPolicySpec, snap: Snapshot) -> UpgradePlan:
