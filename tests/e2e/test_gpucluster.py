@@ -26,6 +26,7 @@ from tests.e2e.support import (
     wait_for,
 )
 from tests.paths import REPO
+from tests.prerequisites import REFERENCE
 
 NS = "gpu-operator"
 NODES = ["gpu-node-0", "gpu-node-1"]
@@ -35,7 +36,7 @@ DRA_LABEL = "nvidia.com/gpu.deploy.dra-driver"
 
 def gpucluster_doc() -> dict[str, Any]:
     """NVIDIA's sample when it sits beside the checkout, else ours (the unit tests check both)."""
-    sample = REPO.parent / "shared" / "reference" / "nvidia" / "gpucluster-sample.yaml"
+    sample = REFERENCE / "nvidia" / "gpucluster-sample.yaml"
     path = sample if sample.exists() else REPO / "examples" / "gpucluster.yaml"
     doc: dict[str, Any] = yaml.safe_load(path.read_text())
     return doc

@@ -3,9 +3,7 @@ generated from the models is committed, structural and covers NVIDIA's schema.""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -20,20 +18,11 @@ from gpu_operator.api.gpucluster import (
 )
 from gpu_operator.api.policy import PolicyError
 from gpu_operator.cli import dump_yaml
-from tests.paths import NVIDIA_REFERENCE, REPO
+from tests.paths import REPO
+from tests.prerequisites import nvidia as reference
 from tests.schema import prune_nulls, strict
 
 CRD_FILE = REPO / "crds" / "gpucluster.yaml"
-
-
-def reference(name: str) -> Path:
-    """NVIDIA's file beside the checkout: absent in a user's clone (skip), never in CI."""
-    path = NVIDIA_REFERENCE / name
-    if not path.exists():
-        if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
-            pytest.fail(f"CI is set and NVIDIA's {name} is not at {path}")
-        pytest.skip(f"NVIDIA's {name} is not at {path} (it sits beside the checkout)")
-    return path
 
 
 def ours() -> dict[str, Any]:

@@ -15,7 +15,6 @@ Deliberate differences (also in the README):
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
@@ -24,19 +23,14 @@ import yaml
 from gpu_operator.api.gpucluster import example_document, parse_gpucluster
 from gpu_operator.render.facts import Facts
 from gpu_operator.render.gpucluster import render_gpucluster
-from tests.paths import NVIDIA_REFERENCE
+from tests.prerequisites import nvidia
 from tests.schema import validate_kubernetes
 
-GOLDEN = NVIDIA_REFERENCE / "golden-gpucluster"
 FACTS = Facts(namespace="test-operator")
 
 
 def golden(name: str) -> dict[tuple[str, str], dict[str, Any]]:
-    path = GOLDEN / name
-    if not path.exists():
-        if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
-            pytest.fail(f"CI is set and NVIDIA's golden {name} is not at {path}")
-        pytest.skip(f"NVIDIA's golden {name} is not at {path} (it sits beside the checkout)")
+    path = nvidia(f"golden-gpucluster/{name}")
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
     return {(d["kind"], d["metadata"]["name"]): d for d in docs}
 
