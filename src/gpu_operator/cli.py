@@ -12,7 +12,7 @@ import yaml
 
 from gpu_operator.agent.cli import add_agent_commands
 from gpu_operator.api import KIND, ClusterPolicySpec, PolicyError, parse_document
-from gpu_operator.api.crd import clusterpolicy_crd
+from gpu_operator.api.crd import clusterpolicy_crd, nvidiadriver_crd
 from gpu_operator.api.legacy import migrate
 from gpu_operator.install.cli import add_install_commands
 from gpu_operator.render import RenderedComponent, default_policy, render_components
@@ -31,14 +31,15 @@ class CliError(Exception):
 
 def _cmd_crd(args: argparse.Namespace) -> int:
     if not args.apply:
-        sys.stdout.write(dump_yaml([clusterpolicy_crd()]))
+        crd = nvidiadriver_crd() if args.kind == "nvidiadriver" else clusterpolicy_crd()
+        sys.stdout.write(dump_yaml([crd]))
         return 0
     from gpu_operator.controller.crd_install import ensure_crd
     from gpu_operator.kube import connect
 
     applied = ensure_crd(connect(args.kubeconfig))
     sys.stdout.write(
-        "applied the ClusterPolicy CRD\n" if applied else "the ClusterPolicy CRD is current\n"
+        "applied the operator's CRDs\n" if applied else "the operator's CRDs are current\n"
     )
     return 0
 
@@ -173,7 +174,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print the CRD; with --apply, install or upgrade it in the cluster as the "
         "operator does at start-up (a newer CRD there is left alone).",
     )
-    crd.add_argument("--apply", action="store_true", help="install or upgrade it in the cluster")
+    crd.add_argument("--apply", action="store_true", help="install or upgrade both in the cluster")
+    crd.add_argument(
+        "--kind",
+        choices=("clusterpolicy", "nvidiadriver"),
+        default="clusterpolicy",
+        help="which CRD to print (default: clusterpolicy)",
+    )
     crd.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, else KUBECONFIG)")
     crd.set_defaults(func=_cmd_crd)
     add_install_commands(sub)

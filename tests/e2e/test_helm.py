@@ -499,7 +499,7 @@ def test_real_world_values_new_crd_first_and_nothing_left(
         kube.apply(old_crd("devicePlugin", "config"))
         wait_for("the old CRD served", lambda: policy_api_served(kube))
         helm_.install(REAL_WORLD)
-        assert "applied the ClusterPolicy CRD" in hooks.ran(helm.CRD_HOOK).output
+        assert "applied the operator's CRDs" in hooks.ran(helm.CRD_HOOK).output
         crd = kube.get("CustomResourceDefinition", "clusterpolicies.nvidia.com") or {}
         assert crd["metadata"]["annotations"][VERSION_ANNOTATION] == __version__
         # ... so the ClusterPolicy kept what the values said instead of losing it to pruning.

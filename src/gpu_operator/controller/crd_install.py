@@ -1,5 +1,5 @@
-"""Install or upgrade the ClusterPolicy CRD at start-up, so the operator never runs against a
-stale schema (a frequent failure with NVIDIA's operator, whose Helm chart does not upgrade CRDs).
+"""Install or upgrade the ClusterPolicy and NVIDIADriver CRDs at start-up, so the operator
+never runs against a stale schema (a frequent failure with NVIDIA's operator, whose Helm chart does not upgrade CRDs).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from gpu_operator import __version__
-from gpu_operator.api.crd import clusterpolicy_crd
+from gpu_operator.api.crd import all_crds, clusterpolicy_crd
 from gpu_operator.controller.plan import content_hash
 from gpu_operator.kube import Kube
 
@@ -40,8 +40,9 @@ def needs_update(current: dict[str, Any] | None, desired: dict[str, Any]) -> boo
     return bool(have.get(SCHEMA_ANNOTATION) != want[SCHEMA_ANNOTATION])
 
 
-def desired_crd() -> dict[str, Any]:
-    crd = clusterpolicy_crd()
+def desired_crd(crd: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``crd`` (the ClusterPolicy's by default) with the version and schema annotations."""
+    crd = crd if crd is not None else clusterpolicy_crd()
     crd["metadata"]["annotations"] = {
         VERSION_ANNOTATION: __version__,
         SCHEMA_ANNOTATION: content_hash(crd["spec"]),
@@ -50,8 +51,12 @@ def desired_crd() -> dict[str, Any]:
 
 
 def ensure_crd(kube: Kube, timeout: float = 60.0) -> bool:
-    """Apply the CRD when needed and wait until it is Established; True when it was applied."""
-    crd = desired_crd()
+    """Apply every CRD that needs it and wait until each is Established; True when any was."""
+    applied = [_ensure_one(kube, desired_crd(crd), timeout) for crd in all_crds()]
+    return any(applied)
+
+
+def _ensure_one(kube: Kube, crd: dict[str, Any], timeout: float) -> bool:
     name = crd["metadata"]["name"]
     current = kube.get("CustomResourceDefinition", name)
     if not needs_update(current, crd):

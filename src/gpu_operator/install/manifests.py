@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from gpu_operator.api.crd import clusterpolicy_crd
+from gpu_operator.api.crd import all_crds
 from gpu_operator.install import rbac
 from gpu_operator.render.components import REGISTRY, default_image
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
@@ -242,7 +242,7 @@ def deploy_objects(
     """Everything ``kubectl apply -f deploy/`` creates, in the order it must be created."""
     return [
         namespace_object(namespace),
-        clusterpolicy_crd(),
+        *all_crds(),
         *rbac_objects(namespace),
         deployment(namespace, image),
         disruption_budget(namespace),

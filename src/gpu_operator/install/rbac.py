@@ -35,6 +35,7 @@ class Rule:
 
 
 CRD = "clusterpolicies.nvidia.com"
+NVIDIADRIVER_CRD = "nvidiadrivers.nvidia.com"
 
 # Shared by the operator (it installs its CRD at start-up) and the Helm chart's CRD hook.
 CRD_RULES: tuple[Rule, ...] = (
@@ -48,8 +49,8 @@ CRD_RULES: tuple[Rule, ...] = (
         "apiextensions.k8s.io",
         ("customresourcedefinitions",),
         ("create", "patch"),
-        "install or upgrade its own CRD at start-up",
-        (CRD,),
+        "install or upgrade its own CRDs at start-up",
+        (CRD, NVIDIADRIVER_CRD),
     ),
 )
 
@@ -61,6 +62,13 @@ CLUSTER_RULES: tuple[Rule, ...] = (
         "watch policies; add and remove the node-cleanup finalizer",
     ),
     Rule("nvidia.com", ("clusterpolicies/status",), ("patch",), "write status"),
+    Rule(
+        "nvidia.com",
+        ("nvidiadrivers",),
+        ("get", "list", "watch", "create", "patch"),
+        "per-pool drivers; create the default NVIDIADriver when the ClusterPolicy asks for it",
+    ),
+    Rule("nvidia.com", ("nvidiadrivers/status",), ("patch",), "write NVIDIADriver status"),
     *CRD_RULES,
     Rule(
         "",

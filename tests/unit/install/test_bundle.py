@@ -13,6 +13,8 @@ import pytest
 import yaml
 
 from gpu_operator.api import parse_document
+from gpu_operator.api.crd import nvidiadriver_crd
+from gpu_operator.api.nvidiadriver import parse_driver_spec
 from gpu_operator.install import bundle, manifests
 from gpu_operator.render import default_policy, render
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE, Facts
@@ -131,7 +133,7 @@ def _schema_at(schema: dict[str, Any], path: str) -> dict[str, Any] | None:
 
 
 def test_descriptors_name_fields_that_exist(csv: dict[str, Any]) -> None:
-    (owned,) = csv["spec"]["customresourcedefinitions"]["owned"]
+    owned, _nvidiadriver = csv["spec"]["customresourcedefinitions"]["owned"]
     schema = crd_schema()
     spec_paths = {d["path"] for d in owned["specDescriptors"]}
     status_paths = {d["path"] for d in owned["statusDescriptors"]}
@@ -150,9 +152,13 @@ def test_descriptors_name_fields_that_exist(csv: dict[str, Any]) -> None:
 
 def test_alm_examples_are_json_that_the_crd_and_models_accept(csv: dict[str, Any]) -> None:
     examples = json.loads(csv["metadata"]["annotations"]["alm-examples"])
-    assert examples and all(e["kind"] == "ClusterPolicy" for e in examples)
+    assert [e["kind"] for e in examples] == ["ClusterPolicy", "NVIDIADriver"]
     schema = strict(crd_schema())
-    for example in examples:
+    nvd_schema = strict(nvidiadriver_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    nvd_schema["properties"]["spec"].pop("required")  # defaulted by the API server
+    jsonschema.validate(prune_nulls(examples[1]), nvd_schema)
+    parse_driver_spec(examples[1]["spec"])
+    for example in examples[:1]:
         jsonschema.validate(prune_nulls(example), schema)
         parse_document(example)
 
@@ -172,7 +178,12 @@ def test_other_manifests_validate_against_kubernetes() -> None:
         assert validate_kubernetes(obj), obj["kind"]
         assert "namespace" not in obj["metadata"], "OLM chooses the namespace"
         kinds.append(obj["kind"])
-    assert sorted(kinds) == ["CustomResourceDefinition", "PodDisruptionBudget", "Service"]
+    assert sorted(kinds) == [
+        "CustomResourceDefinition",
+        "CustomResourceDefinition",
+        "PodDisruptionBudget",
+        "Service",
+    ]
 
 
 def test_annotations_and_dockerfile_labels_agree() -> None:
@@ -233,6 +244,7 @@ def test_bundle_files_are_the_tree_operator_sdk_expects() -> None:
     assert set(files) == {
         "manifests/gpu-operator.clusterserviceversion.yaml",
         "manifests/nvidia.com_clusterpolicies.yaml",
+        "manifests/nvidia.com_nvidiadrivers.yaml",
         "manifests/gpu-operator-metrics_v1_service.yaml",
         "manifests/gpu-operator_policy_v1_poddisruptionbudget.yaml",
         "metadata/annotations.yaml",
@@ -259,7 +271,7 @@ def test_related_images_cover_what_a_default_policy_pulls(csv: dict[str, Any]) -
 
 
 def test_owned_resources_name_real_objects(csv: dict[str, Any]) -> None:
-    (owned,) = csv["spec"]["customresourcedefinitions"]["owned"]
+    owned, _nvidiadriver = csv["spec"]["customresourcedefinitions"]["owned"]
     refs = owned["resources"]
     assert all(r["kind"] and r["name"] and r["version"] for r in refs)
     assert {"kind": "DaemonSet", "name": "nvidia-device-plugin-daemonset", "version": "v1"} in refs

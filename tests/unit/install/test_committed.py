@@ -17,6 +17,7 @@ from tests.paths import REPO
 DEPLOY = REPO / "deploy"
 CHART = REPO / helm.CHART_DIR
 BUNDLE = REPO / "bundle"
+CRD_FILES = (bundle.CRD_FILE, bundle.NVIDIADRIVER_CRD_FILE)
 EXAMPLE = REPO / "examples" / "clusterpolicy.yaml"
 REGENERATE = "run `make manifests`"
 
@@ -69,8 +70,8 @@ def test_deploy_and_bundle_run_the_same_operator() -> None:
     assert install["deployments"][0]["spec"] == deploy["Deployment"]["spec"]
     assert install["clusterPermissions"][0]["rules"] == deploy["ClusterRole"]["rules"]
     assert install["permissions"][0]["rules"] == deploy["Role"]["rules"]
-    crd = yaml.safe_load((BUNDLE / bundle.CRD_FILE).read_text())
-    assert crd == deploy["CustomResourceDefinition"]
+    crds = [yaml.safe_load((BUNDLE / f).read_text()) for f in (CRD_FILES)]
+    assert crds == [d for d in deploy_docs if d["kind"] == "CustomResourceDefinition"]
     service = yaml.safe_load((BUNDLE / bundle.SERVICE_FILE).read_text())
     deploy["Service"]["metadata"].pop("namespace")
     assert service == deploy["Service"]
@@ -82,4 +83,4 @@ def test_deploy_and_bundle_run_the_same_operator() -> None:
 def test_committed_alm_example_is_examples_clusterpolicy() -> None:
     csv = yaml.safe_load((BUNDLE / bundle.CSV_FILE).read_text())
     examples = json.loads(csv["metadata"]["annotations"]["alm-examples"])
-    assert examples == [yaml.safe_load(EXAMPLE.read_text())]
+    assert examples == [yaml.safe_load(EXAMPLE.read_text()), bundle.NVIDIADRIVER_EXAMPLE]
