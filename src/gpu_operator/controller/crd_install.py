@@ -1,5 +1,6 @@
 """Install or upgrade the ClusterPolicy and NVIDIADriver CRDs at start-up, so the operator
-never runs against a stale schema (a frequent failure with NVIDIA's operator, whose Helm chart does not upgrade CRDs).
+never runs against a stale schema (a frequent failure with NVIDIA's operator, whose Helm chart
+does not upgrade CRDs).
 """
 
 from __future__ import annotations
