@@ -185,7 +185,9 @@ def _decide_active(
         Stage(tuple(Prune(k) for k in changes.prune)),
     ]
     labels, memory = _node_stage(snap, memory, node_policy(spec), uninstall=False)
-    upgrade = _upgrade(spec, snap) if spec.driver.enabled else None
+    # With useNvidiaDriverCRD each NVIDIADriver upgrades its own pool (driver_decide).
+    own_driver = spec.driver.enabled and not spec.driver.use_nvidia_driver_crd
+    upgrade = _upgrade(spec, snap) if own_driver else None
     upgrade_stage = _upgrade_stage(upgrade, snap, config) if upgrade else Stage(())
 
     pods_by_owner = by_owner(snap.pods)

@@ -23,6 +23,7 @@ from gpu_operator.api.base import ImageRef
 from gpu_operator.api.nvidiadriver import NVIDIADriverSpec, SideContainer
 from gpu_operator.labels import (
     DEPLOY_PREFIX,
+    DRIVER_POOL,
     GPU_PRESENT,
     OS_ID,
     OS_VERSION,
@@ -39,7 +40,7 @@ PRECOMPILED_LABEL = "nvidia.com/precompiled"
 PRECOMPILED_KERNEL_LABEL = "nvidia.com/precompiled.kernel-version"
 OS_VERSION_LABEL = "nvidia.com/node.os-version"
 NVIDIA_COMPONENT = "app.kubernetes.io/component"  # NVIDIA's value: nvidia-driver
-POOL_LABEL = "nvidia.com/gpu.driver-pool"  # gpu-operator: which NVIDIADriver drives the node
+POOL_LABEL = DRIVER_POOL  # gpu-operator: which NVIDIADriver drives the node
 COMPONENT_NAME = "driver"  # our owned component label, as the ClusterPolicy's driver
 DEFAULT_DRIVER = ImageDefault("nvcr.io/nvidia", "driver", "580.95.05")
 DEFAULT_VGPU_MANAGER = ImageDefault("nvcr.io/nvidia", "vgpu-manager", "580.95.05")

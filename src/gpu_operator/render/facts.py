@@ -79,6 +79,9 @@ class Facts:
     image_env: Mapping[str, str] = field(default_factory=FrozenMap)
     # ConfigMap name -> content hash; a change rolls the pods that mount that ConfigMap.
     config_hashes: Mapping[str, str] = field(default_factory=FrozenMap)
+    # With driver.useNvidiaDriverCRD: some GPU node has no NVIDIADriver pool yet, so the
+    # ClusterPolicy's driver stays there (and only there) until it is handed over.
+    driver_handover: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "node_oses", tuple(self.node_oses))
