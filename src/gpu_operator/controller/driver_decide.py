@@ -38,7 +38,8 @@ from gpu_operator.render.driver import (
     render_driver,
 )
 from gpu_operator.upgrade import Policy, UpgradePlan, fleet_from_objects, plan
-from gpu_operator.upgrade.model import SetState, State, scaled_max_unavailable
+from gpu_operator.upgrade.fleet import DRIVER_COMPONENTS
+from gpu_operator.upgrade.model import scaled_max_unavailable
 from gpu_operator.views import owner_uids, pod_ready
 
 EVENT_SOURCE = "gpu-operator"
@@ -266,7 +267,7 @@ def _driver_daemonsets(base: Snapshot, owner_kind: str) -> dict[str, Mapping[str
     return {
         d["metadata"]["uid"]: d
         for d in base.daemonsets
-        if (d["metadata"].get("labels") or {}).get(COMPONENT) == "driver"
+        if (d["metadata"].get("labels") or {}).get(COMPONENT) in DRIVER_COMPONENTS
         and _owned_by(d, owner_kind)
     }
 
@@ -296,9 +297,9 @@ def _upgrades(
 ) -> list[PoolUpgrade]:
     """Each pool's plan under its own policy, all pools within the cluster-wide budget.
 
-    A first plan per pool measures what is in progress and unavailable; then pools, in name
-    order, get at most what is left of the cluster's maxParallelUpgrades and maxUnavailable
-    (the ClusterPolicy's driver.upgradePolicy, when it sets one) as new starts.
+    A first plan per pool measures what is in progress, unavailable and waiting; what is left
+    of the cluster's maxParallelUpgrades and maxUnavailable (the ClusterPolicy's
+    driver.upgradePolicy, when it sets one) is then shared out among the waiting pools.
     """
     base = snap.base
     fleets = {}
@@ -325,29 +326,29 @@ def _upgrades(
         if limits.max_parallel_upgrades:
             parallel_left = max(0, limits.max_parallel_upgrades - busy)
         room_left = max(0, scaled_max_unavailable(limits.max_unavailable, total) - unavailable)
+    # New starts are shared out one at a time, pool by pool, so two pools that both wait
+    # upgrade together instead of the first in name order taking the whole cluster budget.
+    want = {n: min(p.summary.budget_slots, p.summary.pending) for n, p in first.items()}
+    share = dict.fromkeys(first, 0)
+    allowed = min(parallel_left, room_left)
+    while allowed > 0 and any(share[n] < want[n] for n in share):
+        for name in sorted(share):
+            if allowed > 0 and share[name] < want[name]:
+                share[name] += 1
+                allowed -= 1
     out = []
     for name in sorted(fleets):
         summary = first[name].summary
-        allowed = min(parallel_left, room_left)
         pool_policy = policies[name]
-        if allowed < summary.max_unavailable - summary.unavailable:
-            capped = summary.unavailable + int(allowed)
+        if share[name] < want[name]:
+            capped = summary.unavailable + share[name]
             pool_policy = replace(pool_policy, max_unavailable=capped)
-        final = plan(fleets[name], pool_policy, base.now)
-        started = _starts(final)
-        parallel_left -= started
-        room_left -= started
-        out.append(PoolUpgrade(name, final))
+        out.append(PoolUpgrade(name, plan(fleets[name], pool_policy, base.now)))
     return out
 
 
 def _owner_uids_of(obj: Mapping[str, Any]) -> set[str]:
     return {r.get("uid", "") for r in (obj.get("metadata") or {}).get("ownerReferences") or ()}
-
-
-def _starts(upgrade: UpgradePlan) -> int:
-    """Nodes this plan takes out of service for an upgrade (cordon-required)."""
-    return sum(1 for a in upgrade.actions if isinstance(a, SetState) and a.state is State.CORDON)
 
 
 def _driver_status(
