@@ -56,6 +56,7 @@ KINDS: dict[str, Kind] = {
         Kind("scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", False),
         Kind("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors", True),
         Kind("nvidia.com/v1", "ClusterPolicy", "clusterpolicies", False),
+        Kind("nvidia.com/v1alpha1", "NVIDIADriver", "nvidiadrivers", False),
         Kind(
             "apiextensions.k8s.io/v1",
             "CustomResourceDefinition",

@@ -18,10 +18,11 @@ from prometheus_client import start_http_server
 from gpu_operator.controller.clusterpolicy import ClusterPolicyController
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.crd_install import ensure_crd
+from gpu_operator.controller.driver_loop import NVIDIADriverController
 from gpu_operator.controller.health import HealthServer
 from gpu_operator.controller.leader import LeaderElector
 from gpu_operator.controller.metrics import PrometheusMetrics
-from gpu_operator.controller.watch import build_registry, configure, connection_info
+from gpu_operator.controller.watch import Watched, build_registry, configure, connection_info
 from gpu_operator.kube import Kube, api_configuration
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,13 @@ async def _run(
     metrics.set_leading(True)
 
     controller = ClusterPolicyController(kube, config, metrics)
-    registry = build_registry(controller.notify)
+    drivers = NVIDIADriverController(kube, config, metrics)
+
+    def notify_both(watched: Watched, body: Any, indexes: Any) -> None:
+        controller.notify(watched, body, indexes)
+        drivers.notify(watched, body, indexes)
+
+    registry = build_registry(notify_both)
 
     @kopf.on.startup(registry=registry)
     async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -122,6 +129,7 @@ async def _run(
             name="kopf",
         ),
         asyncio.create_task(controller.loop.run(), name="reconcile"),
+        asyncio.create_task(drivers.loop.run(), name="nvidiadriver"),
         asyncio.create_task(stop.wait(), name="stop"),
     }
     if elector is not None:
