@@ -269,7 +269,7 @@ def _cmd_upgrade_status(args: argparse.Namespace) -> int:
     import time
 
     from gpu_operator.kube import connect
-    from gpu_operator.upgrade.report import status_report
+    from gpu_operator.upgrade.report import pool_report, status_report
 
     kube = connect(args.kubeconfig)
     while True:
@@ -279,7 +279,12 @@ def _cmd_upgrade_status(args: argparse.Namespace) -> int:
             sys.stderr.write("no ClusterPolicy found\n")
             return 1
         active = [p for p in chosen if (p.get("status") or {}).get("state") != "ignored"]
-        report = status_report(kube.list_objects("Node"), (active or chosen)[0].get("status") or {})
+        policy = (active or chosen)[0]
+        pooled = ((policy.get("spec") or {}).get("driver") or {}).get("useNvidiaDriverCRD")
+        if pooled:  # each NVIDIADriver upgrades its own pool
+            report = pool_report(kube.list_objects("Node"), kube.list_objects("NVIDIADriver"))
+        else:
+            report = status_report(kube.list_objects("Node"), policy.get("status") or {})
         if args.watch:
             sys.stdout.write("\x1b[H\x1b[2J")  # clear the screen, like watch(1)
         sys.stdout.write(report)

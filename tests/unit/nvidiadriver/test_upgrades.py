@@ -102,3 +102,23 @@ def test_autoupgrade_off_in_one_pool_leaves_it_alone() -> None:
     a100 = {**a100, "spec": {**a100["spec"], "upgradePolicy": {"autoUpgrade": False}}}
     decision = decide_drivers(cluster({"a100", "t4"}, (a100, h100, t4)), CONFIG)
     assert all(n.startswith("t4-") for n in touched_nodes(decision))
+
+
+def test_upgrade_status_groups_by_pool() -> None:
+    from gpu_operator.upgrade.report import pool_report
+
+    def k8s_node(name: str, pool: str, state: str | None) -> dict[str, Any]:
+        labels = {"nvidia.com/gpu.driver-pool": pool, **({UPGRADE_STATE: state} if state else {})}
+        return {"metadata": {"name": name, "labels": labels}, "spec": {}}
+
+    nodes = [k8s_node("a100-0", "a100", "upgrade-done"), k8s_node("a100-1", "a100", None),
+             k8s_node("t4-0", "t4", "upgrade-done")]  # fmt: skip
+    upgrade = {"type": "Upgrade", "message": "driver upgrade: 1/2 done"}
+    drivers = [
+        {"metadata": {"name": "a100"}, "status": {"conditions": [upgrade]}},
+        {"metadata": {"name": "t4"}},
+    ]
+    report = pool_report(nodes, drivers, now=0)
+    a100, t4 = report.split("POOL ")[1:]
+    assert a100.startswith("a100 (2 nodes)") and "a100-1" in a100 and "1/2 done" in a100
+    assert "t4-0" in t4 and "a100" not in t4 and "1/1 done" in t4
