@@ -29,6 +29,7 @@ from gpu_operator.controller.facts import gather_facts, nfd_present, node_policy
 from gpu_operator.controller.memory import MONITOR_CRD_KEY, Memory
 from gpu_operator.controller.nodes import NodePolicy, is_gpu_node, plan_node
 from gpu_operator.controller.plan import Owner, plan_changes, stamp
+from gpu_operator.controller.pools import handover_pending
 from gpu_operator.controller.readiness import by_owner, component_readiness
 from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.controller.status import Observation, active_policy, compute_status
@@ -165,6 +166,9 @@ def _decide_active(
         operator_image=config.operator_image,
         image_env=config.image_env,
     )
+    if spec.driver.use_nvidia_driver_crd:
+        pending = handover_pending(snap.nodes, snap.daemonsets, snap.pods)
+        facts = replace(facts, driver_handover=pending)
     parts = render_components(spec, facts)
     owner = Owner(API_VERSION, KIND, meta["name"], meta["uid"])
     desired = stamp((o for p in parts for o in p.objects), owner)

@@ -24,12 +24,17 @@ from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.decide import _upgrade_stage
 from gpu_operator.controller.nodes import is_gpu_node
 from gpu_operator.controller.plan import Observed, Owner, plan_changes, stamp
-from gpu_operator.controller.pools import Assignment, DriverSelector, assign, label_patch
+from gpu_operator.controller.pools import (
+    Assignment,
+    DriverSelector,
+    assign,
+    driver_pod_nodes,
+    label_patch,
+)
 from gpu_operator.controller.readiness import by_owner, daemonset_readiness
 from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.controller.status import _condition, active_policy
 from gpu_operator.events import event_body
-from gpu_operator.labels import COMPONENT
 from gpu_operator.render.driver import (
     POOL_LABEL,
     ExtraConfig,
@@ -38,9 +43,8 @@ from gpu_operator.render.driver import (
     render_driver,
 )
 from gpu_operator.upgrade import Policy, UpgradePlan, fleet_from_objects, plan
-from gpu_operator.upgrade.fleet import DRIVER_COMPONENTS
 from gpu_operator.upgrade.model import scaled_max_unavailable
-from gpu_operator.views import owner_uids, pod_ready
+from gpu_operator.views import pod_ready
 
 EVENT_SOURCE = "gpu-operator"
 DRIVER_KINDS = frozenset(
@@ -258,35 +262,14 @@ def _pool_policy(spec: NVIDIADriverSpec, policy: ClusterPolicySpec) -> Policy:
     return Policy.from_spec(spec.upgrade_policy or policy.driver.upgrade_policy)
 
 
-def _owned_by(obj: Mapping[str, Any], kind: str) -> bool:
-    refs = (obj.get("metadata") or {}).get("ownerReferences") or ()
-    return any(r.get("kind") == kind for r in refs)
-
-
-def _driver_daemonsets(base: Snapshot, owner_kind: str) -> dict[str, Mapping[str, Any]]:
-    return {
-        d["metadata"]["uid"]: d
-        for d in base.daemonsets
-        if (d["metadata"].get("labels") or {}).get(COMPONENT) in DRIVER_COMPONENTS
-        and _owned_by(d, owner_kind)
-    }
-
-
-def _pods_of(base: Snapshot, uids: set[str]) -> list[Mapping[str, Any]]:
-    return [p for p in base.pods if any(u in uids for u in owner_uids(p, "DaemonSet"))]
-
-
 def _legacy_driver_nodes(base: Snapshot) -> set[str]:
     """Nodes that run the ClusterPolicy's driver pod (handed over gradually)."""
-    uids = set(_driver_daemonsets(base, "ClusterPolicy"))
-    return {str((p.get("spec") or {}).get("nodeName")) for p in _pods_of(base, uids)}
+    return driver_pod_nodes(base.daemonsets, base.pods, "ClusterPolicy")
 
 
 def _driver_ready_nodes(base: Snapshot) -> set[str]:
-    uids = set(_driver_daemonsets(base, api.KIND))
-    return {
-        str((p.get("spec") or {}).get("nodeName")) for p in _pods_of(base, uids) if pod_ready(p)
-    }
+    ready = [p for p in base.pods if pod_ready(p)]
+    return driver_pod_nodes(base.daemonsets, ready, api.KIND)
 
 
 def _upgrades(

@@ -7,7 +7,6 @@ from collections.abc import Iterable, Mapping
 
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.controller.nodes import NodePolicy, Taint, is_gpu_node
-from gpu_operator.labels import DRIVER_POOL as POOL_LABEL
 from gpu_operator.labels import NFD_PREFIX, OS_ID, OS_VERSION
 from gpu_operator.render.components import REGISTRY, section
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE, Facts, NodeOS, Runtime
@@ -65,11 +64,7 @@ def gather_facts(
         for name in referenced_configmaps(spec)
         if name in configmap_hashes
     }
-    handover = bool(spec.driver.use_nvidia_driver_crd) and any(
-        POOL_LABEL not in n.labels for n in gpu_nodes
-    )
     return Facts(
-        driver_handover=handover,
         namespace=namespace,
         runtime=detect_runtime(gpu_nodes, fallback),
         node_oses=tuple(oses),

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from gpu_operator.labels import COMPONENT
 from gpu_operator.render.driver import POOL_LABEL
-from gpu_operator.views import NodeView
+from gpu_operator.upgrade.fleet import DRIVER_COMPONENTS
+from gpu_operator.views import NodeView, owner_uids
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,34 @@ def assign(
             busy[want] = busy.get(want, 0) + 1
         patches[node.name] = want
     return Assignment(pool_of, conflicts, tuple(unselected), patches, tuple(waiting))
+
+
+def driver_pod_nodes(
+    daemonsets: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], owner_kind: str
+) -> set[str]:
+    """Nodes running a pod of a driver DaemonSet owned by ``owner_kind`` (ClusterPolicy: the
+    legacy driver to hand over; NVIDIADriver: the pools' drivers)."""
+    uids = {
+        d["metadata"]["uid"]
+        for d in daemonsets
+        if (d["metadata"].get("labels") or {}).get(COMPONENT) in DRIVER_COMPONENTS
+        and any(r.get("kind") == owner_kind for r in d["metadata"].get("ownerReferences") or ())
+    }
+    return {
+        str((p.get("spec") or {}).get("nodeName"))
+        for p in pods
+        if any(u in uids for u in owner_uids(p, "DaemonSet"))
+    }
+
+
+def handover_pending(
+    nodes: Iterable[NodeView],
+    daemonsets: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+) -> bool:
+    """Some node without a pool still runs the ClusterPolicy's driver: keep it there."""
+    legacy = driver_pod_nodes(daemonsets, pods, "ClusterPolicy")
+    return any(n.name in legacy and POOL_LABEL not in n.labels for n in nodes)
 
 
 def label_patch(value: str | None) -> dict[str, object]:

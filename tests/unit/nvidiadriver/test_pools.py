@@ -164,3 +164,32 @@ def test_an_unchanged_cluster_writes_nothing_but_status_once() -> None:
     nodes = twelve_nodes(**{f"{g}-{i}": g for g in ("a100", "h100", "t4") for i in range(4)})
     decision = decide_drivers(snapshot(nodes), CONFIG)
     assert label_patches(decision) == {}
+
+
+def test_clusterpolicy_keeps_its_driver_only_on_nodes_not_handed_over() -> None:
+    from gpu_operator.api import parse_spec
+    from gpu_operator.render import Facts, render
+
+    spec = parse_spec({"driver": {"useNvidiaDriverCRD": True}})
+    assert not [o for o in render(spec, Facts()) if o["kind"] == "DaemonSet"
+                and o["metadata"]["name"].startswith("nvidia-driver")]  # fmt: skip
+    (legacy,) = [
+        o
+        for o in render(spec, Facts(driver_handover=True))
+        if o["kind"] == "DaemonSet" and o["metadata"]["name"].startswith("nvidia-driver")
+    ]
+    affinity = legacy["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    terms = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"key": POOL_LABEL, "operator": "DoesNotExist"} in terms[0]["matchExpressions"]
+
+
+def test_handover_is_pending_while_an_unpooled_node_runs_the_legacy_driver() -> None:
+    from gpu_operator.controller.pools import handover_pending
+
+    ds = {"metadata": {"uid": "d1", "labels": {"app.kubernetes.io/component": "driver"},
+                       "ownerReferences": [{"kind": "ClusterPolicy", "uid": "cp"}]}}  # fmt: skip
+    pod = {"metadata": {"ownerReferences": [{"kind": "DaemonSet", "uid": "d1"}]},
+           "spec": {"nodeName": "a100-0"}}  # fmt: skip
+    assert handover_pending(twelve_nodes(), [ds], [pod])
+    assert not handover_pending(twelve_nodes(**{"a100-0": "a100"}), [ds], [pod])
+    assert not handover_pending(twelve_nodes(), [ds], [])
