@@ -28,6 +28,7 @@ from gpu_operator.api.base import (
 from gpu_operator.api.policy import PolicyError, describe_validation_error
 from gpu_operator.api.spec import (
     DrainSpec,
+    DriverSpec,
     PodDeletionSpec,
     PodSecurityContext,
     UpgradePolicy,
@@ -206,3 +207,39 @@ def parse_driver_spec(spec: Mapping[str, Any] | None) -> NVIDIADriverSpec:
         return NVIDIADriverSpec.model_validate(drop_nulls(dict(spec or {})))
     except ValidationError as exc:
         raise PolicyError(describe_validation_error(exc)) from None
+
+
+# ClusterPolicy driver fields that an NVIDIADriver spells the same way.
+_SAME_FIELDS = (
+    "repository", "image", "version", "imagePullPolicy", "imagePullSecrets", "resources", "args",
+    "env", "usePrecompiled", "kernelModuleType", "startupProbe", "livenessProbe",
+    "readinessProbe", "manager", "rdma", "secretEnv", "upgradePolicy",
+)  # fmt: skip
+
+
+def spec_from_clusterpolicy(driver: DriverSpec) -> dict[str, Any]:
+    """The ClusterPolicy's ``driver`` section as an NVIDIADriver spec (wire form): the fields
+    spelt alike, and the few NVIDIA renamed (repoConfig.configMapName -> repoConfig.name, ...).
+    The ClusterPolicy's own driver and the ``default`` NVIDIADriver are rendered from it."""
+    wire = driver.to_wire()
+    spec: dict[str, Any] = {"driverType": "gpu"}
+    spec.update({key: wire[key] for key in _SAME_FIELDS if key in wire})
+    renamed = {"repoConfig": "configMapName", "certConfig": "name", "kernelModuleConfig": "name"}
+    for key, field_name in renamed.items():
+        value = (wire.get(key) or {}).get(field_name)
+        if value:
+            spec[key] = {"name": value}
+    licensing = wire.get("licensingConfig") or {}
+    moved = {
+        "name": licensing.get("configMapName"),
+        "secretName": licensing.get("secretName"),
+        "nlsEnabled": licensing.get("nlsEnabled"),
+    }
+    if any(v is not None for v in moved.values()):
+        spec["licensingConfig"] = {k: v for k, v in moved.items() if v is not None}
+    topology = (wire.get("virtualTopology") or {}).get("config")
+    if topology:
+        spec["virtualTopologyConfig"] = {"name": topology}
+    if "image" not in spec:
+        spec["repository"], spec["image"] = spec.get("repository") or "nvcr.io/nvidia", "driver"
+    return spec

@@ -219,36 +219,7 @@ def _ignored(
 
 def default_driver(policy: ClusterPolicySpec) -> dict[str, Any]:
     """The ``default`` NVIDIADriver: the ClusterPolicy's driver section, field for field."""
-    driver = policy.driver
-    spec: dict[str, Any] = {"default": True, "driverType": "gpu"}
-    wire = driver.to_wire()
-    for key in ("repository", "image", "version", "imagePullPolicy", "imagePullSecrets",
-                "resources", "args", "env", "usePrecompiled", "kernelModuleType",
-                "startupProbe", "livenessProbe", "readinessProbe", "manager", "rdma",
-                "secretEnv", "upgradePolicy"):  # fmt: skip
-        if key in wire:
-            spec[key] = wire[key]
-    renamed = {"repoConfig": "configMapName", "certConfig": "name", "kernelModuleConfig": "name"}
-    for key, field_name in renamed.items():
-        value = (wire.get(key) or {}).get(field_name)
-        if value:
-            spec[key] = {"name": value}
-    licensing = wire.get("licensingConfig") or {}
-    if licensing:
-        spec["licensingConfig"] = {
-            k: v
-            for k, v in {
-                "name": licensing.get("configMapName"),
-                "secretName": licensing.get("secretName"),
-                "nlsEnabled": licensing.get("nlsEnabled"),
-            }.items()
-            if v is not None
-        }
-    topology = (wire.get("virtualTopology") or {}).get("config")
-    if topology:
-        spec["virtualTopologyConfig"] = {"name": topology}
-    if "image" not in spec:
-        spec["repository"], spec["image"] = "nvcr.io/nvidia", "driver"
+    spec = {"default": True, **api.spec_from_clusterpolicy(policy.driver)}
     return {
         "apiVersion": api.API_VERSION,
         "kind": api.KIND,

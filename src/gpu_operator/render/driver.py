@@ -579,10 +579,16 @@ def _volumes(spec: NVIDIADriverSpec, host_manager: bool, probe_cm: str) -> list[
 
 
 def driver_values(
-    spec: NVIDIADriverSpec, pool: Pool, names: DriverNames, extra: ExtraConfig
+    spec: NVIDIADriverSpec,
+    pool: Pool,
+    names: DriverNames,
+    extra: ExtraConfig,
+    image: str | None = None,
 ) -> DriverValues:
+    """What the templates read; ``image`` overrides the pool's (the ClusterPolicy's own
+    driver keeps its image tags)."""
     host_manager = spec.driver_type == "vgpu-host-manager"
-    image = driver_image(spec, pool, extra.image_env.get("DRIVER_IMAGE"))
+    image = image or driver_image(spec, pool, extra.image_env.get("DRIVER_IMAGE"))
     config_mounts, config_volumes = _additional(spec, pool, extra)
     digest = config_digest(
         {"spec": spec.to_wire(), "image": image, "mounts": config_mounts, "pool": pool.os_tag}
