@@ -382,3 +382,44 @@ def test_pool_from_node_labels() -> None:
         Pool.of_node({OS_ID: "rhel", OS_VERSION: "9.4"}, precompiled=True, pool_label=None) is None
     )
     assert Pool("rhel", "10.0").os_tag == "rhel10" and Pool("rocky", "9.3").os_tag == "rocky9"
+
+
+def test_clusterpolicy_driver_section_renders_every_setting_too() -> None:
+    """The ClusterPolicy's own driver goes through the same rendering: settings once dropped
+    there (manager, rdma, repoConfig, certConfig, licensing, kernel module config,
+    secretEnv) now reach its pods."""
+    from gpu_operator.api import parse_spec
+    from gpu_operator.render import Facts, render
+
+    spec = parse_spec(
+        {
+            "driver": {
+                "manager": {"env": [{"name": "ENABLE_AUTO_DRAIN", "value": "true"}]},
+                "rdma": {"enabled": True},
+                "repoConfig": {"configMapName": "repo"},
+                "certConfig": {"name": "certs"},
+                "licensingConfig": {"configMapName": "lic", "nlsEnabled": True},
+                "kernelModuleConfig": {"name": "kmod"},
+                "secretEnv": "driver-secrets",
+                "env": [{"name": "CUSTOM", "value": "1"}],
+            }
+        }
+    )
+    objects = render(spec, Facts())
+    (ds,) = [o for o in objects if o["metadata"]["name"] == "nvidia-driver-daemonset-ubuntu22.04"]
+    pod_spec = ds["spec"]["template"]["spec"]
+    main = pod_spec["containers"][0]
+    assert [c["name"] for c in pod_spec["containers"]] == [
+        "nvidia-driver-ctr",
+        "nvidia-peermem-ctr",
+    ]
+    assert env(pod_spec["initContainers"][0])["ENABLE_AUTO_DRAIN"] == "true"
+    assert main["envFrom"] == [{"secretRef": {"name": "driver-secrets"}}]
+    assert env(main)["CUSTOM"] == "1" and env(main)["GPU_DIRECT_RDMA_ENABLED"] == "true"
+    volumes = {v["name"]: v for v in pod_spec["volumes"]}
+    assert volumes["repo-config"]["configMap"]["name"] == "repo"
+    assert volumes["cert-config"]["configMap"]["name"] == "certs"
+    assert volumes["licensing-config"]["configMap"]["name"] == "lic"
+    assert volumes["kernel-module-config"]["configMap"]["name"] == "kmod"
+    assert any(o["kind"] == "ConfigMap" and o["metadata"]["name"] == "nvidia-driver-startup-probe"
+               for o in objects)  # fmt: skip
