@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -26,11 +27,13 @@ from kubernetes.client.exceptions import ApiException
 from gpu_operator import testenv
 from gpu_operator.controller.crd_install import ensure_crd
 from gpu_operator.kube import Kube
+from gpu_operator.views import pod_ready
 from tests.e2e.support import (
     audit_writes,
     now,
     private_cluster,
     service_account_config,
+    start_operator,
     token_kubeconfig,
     wait_for,
 )
@@ -291,3 +294,85 @@ def test_nvidia_sample_accepted_and_immutable_fields_refused(cluster: testenv.Cl
             assert "default NVIDIADriver must not use nodeSelector" in (refused.value.body or "")
         finally:
             kube.delete("NVIDIADriver", name)
+
+
+class DriverlessSampler:
+    """Every 100 ms, how many of ``nodes`` have no Ready driver pod (either kind)."""
+
+    def __init__(self, cluster: testenv.Cluster, nodes: list[str]) -> None:
+        self.samples: list[int] = []
+        self._nodes = nodes
+        self._stop = threading.Event()
+        self._cluster = cluster
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with self._cluster.api_client() as api:
+            kube = Kube(api)
+            while not self._stop.is_set():
+                pods = kube.list_objects("Pod", NS)
+                covered = {
+                    p["spec"].get("nodeName")
+                    for p in pods
+                    if (p["metadata"].get("labels") or {}).get("app.kubernetes.io/component")
+                    in ("driver", "nvidia-driver")
+                    and pod_ready(p)
+                    and not p["metadata"].get("deletionTimestamp")
+                }
+                self.samples.append(sum(1 for n in self._nodes if n not in covered))
+                time.sleep(0.1)
+
+    def stop(self) -> list[int]:
+        self._stop.set()
+        self._thread.join(10)
+        return self.samples
+
+
+def test_switching_the_flag_hands_nodes_over_one_at_a_time(testenv_bin_dir: Path) -> None:
+    nodes = [f"gpu-{i}" for i in range(4)]
+    with private_cluster(testenv_bin_dir) as cluster, cluster.api_client() as api:
+        cluster.create_nodes([testenv.node_manifest(n, gpu=True) for n in nodes])
+        kube = Kube(api)
+        operator = start_operator(service_account_config(cluster, NS, "gpu-operator"), NS)
+        try:
+            policy = {
+                **CLUSTER_POLICY,
+                "spec": {"driver": {"version": "570.172.08"}, "dcgmExporter": {"enabled": False}},
+            }
+            kube.create(policy)
+
+            def legacy_everywhere() -> bool:
+                pods = kube.list_objects(
+                    "Pod", NS, label_selector="app.kubernetes.io/component=driver"
+                )
+                return {p["spec"].get("nodeName") for p in pods if pod_ready(p)} == set(nodes)
+
+            wait_for("the ClusterPolicy's driver on every node", legacy_everywhere, timeout=120)
+            sampler = DriverlessSampler(cluster, nodes)
+            kube.merge_patch("ClusterPolicy", "cluster-policy",
+                             {"spec": {"driver": {"useNvidiaDriverCRD": True}}})  # fmt: skip
+            default = wait_for(
+                "the default NVIDIADriver", lambda: kube.get("NVIDIADriver", "default")
+            )
+            assert default["spec"]["default"] is True
+            assert default["spec"]["version"] == "570.172.08"
+
+            def handed_over() -> bool:
+                labels = [(kube.get("Node", n) or {})["metadata"]["labels"] for n in nodes]
+                legacy = kube.list_objects(
+                    "DaemonSet", NS, label_selector="app.kubernetes.io/component=driver"
+                )
+                return all(lab.get(POOL) == "default" for lab in labels) and not legacy
+
+            wait_for("every node handed over, the old driver pruned", handed_over, timeout=180)
+            pods = wait_for("a new driver pod Ready on every node", lambda: (
+                {p["spec"].get("nodeName") for p in driver_pods(kube) if pod_ready(p)} == set(nodes)
+            ))  # fmt: skip
+            assert pods
+            samples = sampler.stop()
+        finally:
+            operator.stop()
+        assert samples and max(samples) <= 1, f"{max(samples)} nodes without a driver at once"
+        images = {p["spec"]["containers"][0]["image"] for p in driver_pods(kube)}
+        assert images == {"nvcr.io/nvidia/driver:570.172.08-ubuntu22.04"}
