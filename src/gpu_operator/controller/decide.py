@@ -163,6 +163,7 @@ def _decide_active(
         spec,
         namespace=config.namespace,
         configmap_hashes=snap.configmap_hashes,
+        configmap_keys=snap.configmap_keys,
         operator_image=config.operator_image,
         image_env=config.image_env,
     )

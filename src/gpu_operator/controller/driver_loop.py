@@ -13,8 +13,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
 from gpu_operator.api import nvidiadriver as api
 from gpu_operator.controller.clusterpolicy import Inbox
 from gpu_operator.controller.config import OperatorConfig
@@ -90,32 +88,16 @@ class NVIDIADriverController:
             {k: self._values(KINDS[k].plural) for k in DRIVER_KINDS},
             (api.API_VERSION, api.KIND),
         )
-        return DriverSnapshot(base, drivers, tuple(managed), await self._configmap_keys(drivers))
+        return DriverSnapshot(base, drivers, tuple(managed), self._configmap_keys())
 
-    async def _configmap_keys(
-        self, drivers: tuple[Mapping[str, Any], ...]
-    ) -> dict[str, tuple[str, ...]]:
-        """The keys of the ConfigMaps the drivers mount file by file (repo, certs, modules)."""
-        names = sorted(
-            {
-                ref["name"]
-                for d in drivers
-                for field in ("repoConfig", "certConfig", "kernelModuleConfig")
-                if isinstance(ref := (d.get("spec") or {}).get(field), dict) and ref.get("name")
-            }
-        )
-
-        async def keys(name: str) -> tuple[str, tuple[str, ...]]:
-            try:
-                cm = await self.executor.call(
-                    self.kube.get, "ConfigMap", name, self.config.namespace
-                )
-            except ApiException:
-                cm = None
-            data = {**((cm or {}).get("data") or {}), **((cm or {}).get("binaryData") or {})}
-            return name, tuple(sorted(data))
-
-        return {n: k for n, k in await asyncio.gather(*(keys(n) for n in names)) if k}
+    def _configmap_keys(self) -> dict[str, tuple[str, ...]]:
+        """The keys of the operator namespace's ConfigMaps (repo, certs, kernel modules are
+        mounted one file per key)."""
+        return {
+            cm["metadata"]["name"]: tuple(cm.get("keys") or ())
+            for cm in self._values("configmaps")
+            if cm["metadata"].get("namespace") == self.config.namespace
+        }
 
     def _values(self, index: str) -> list[Any]:
         idx = self.indexes.get(index) or {}

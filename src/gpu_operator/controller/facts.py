@@ -53,6 +53,7 @@ def gather_facts(
     *,
     namespace: str,
     configmap_hashes: Mapping[str, str],
+    configmap_keys: Mapping[str, tuple[str, ...]] | None = None,
     operator_image: str = DEFAULT_OPERATOR_IMAGE,
     image_env: Mapping[str, str] | None = None,
 ) -> Facts:
@@ -65,6 +66,7 @@ def gather_facts(
         if name in configmap_hashes
     }
     return Facts(
+        configmap_keys=tuple(sorted((configmap_keys or {}).items())),
         namespace=namespace,
         runtime=detect_runtime(gpu_nodes, fallback),
         node_oses=tuple(oses),

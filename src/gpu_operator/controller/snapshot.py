@@ -24,6 +24,7 @@ class Snapshot:
     # Nodes that changed since the last pass; None: look at every node (first pass, resync).
     changed_nodes: frozenset[str] | None = None
     configmap_hashes: Mapping[str, str] = field(default_factory=dict)  # operator's namespace
+    configmap_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # the same
     managed: tuple[Observed, ...] = ()  # the operator's children on the server
     daemonsets: tuple[Mapping[str, Any], ...] = ()
     pods: tuple[Mapping[str, Any], ...] = ()  # operand pods (the operator's namespace)

@@ -86,6 +86,8 @@ def trim(plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
         kept["revision"] = body.get("revision")
     elif plural == "configmaps":
         kept["hash"] = config_hash(body)
+        # Their file names: driver config ConfigMaps are mounted one file each.
+        kept["keys"] = sorted({*(body.get("data") or {}), *(body.get("binaryData") or {})})
     return kept
 
 

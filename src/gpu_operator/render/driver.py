@@ -288,8 +288,9 @@ def _additional(
     mounts: list[dict[str, Any]] = []
     volumes: list[dict[str, Any]] = []
 
-    def add_configmap(volume: str, name: str, directory: str) -> None:
-        more, vol = _configmap_files(volume, name, directory, extra.configmap_keys.get(name))
+    def add_configmap(volume: str, name: str, directory: str, usual: Sequence[str] = ()) -> None:
+        keys = extra.configmap_keys.get(name) or usual
+        more, vol = _configmap_files(volume, name, directory, keys)
         mounts.extend(more)
         volumes.append(vol)
 
@@ -299,7 +300,10 @@ def _additional(
         if spec.cert_config and spec.cert_config.name:
             add_configmap("cert-config", spec.cert_config.name, _dir(CERT_DIRS, pool, "cert"))
     if spec.kernel_module_config and spec.kernel_module_config.name:
-        add_configmap("kernel-module-config", spec.kernel_module_config.name, "/drivers")
+        # Not seen yet: its usual file, never the whole of /drivers (the driver lives there).
+        add_configmap(
+            "kernel-module-config", spec.kernel_module_config.name, "/drivers", ("nvidia.conf",)
+        )
     licensing = spec.licensing_config
     if licensing and (licensing.secret_name or licensing.name):
         items = [{"key": GRIDD_CONF, "path": GRIDD_CONF}]

@@ -82,6 +82,8 @@ class Facts:
     # With driver.useNvidiaDriverCRD: some GPU node has no NVIDIADriver pool yet, so the
     # ClusterPolicy's driver stays there (and only there) until it is handed over.
     driver_handover: bool = False
+    # ConfigMap name -> its keys (file names), for config mounted one file each.
+    configmap_keys: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "node_oses", tuple(self.node_oses))

@@ -236,6 +236,7 @@ def driver_values(policy: ClusterPolicySpec, facts: Facts, comp: ComponentDef) -
     extra = nvd.ExtraConfig(
         namespace=facts.namespace,
         openshift=facts.openshift,
+        configmap_keys=dict(facts.configmap_keys),
         image_env=facts.image_env,
         gpu_taint_key=policy.gpu_node_taint.key,
     )

@@ -423,3 +423,17 @@ def test_clusterpolicy_driver_section_renders_every_setting_too() -> None:
     assert volumes["kernel-module-config"]["configMap"]["name"] == "kmod"
     assert any(o["kind"] == "ConfigMap" and o["metadata"]["name"] == "nvidia-driver-startup-probe"
                for o in objects)  # fmt: skip
+
+
+def test_clusterpolicy_config_mounts_one_file_per_known_key() -> None:
+    """Keys the controller saw (ConfigMap index) become one file each, so /drivers and
+    /etc/apt/sources.list.d keep their other files."""
+    from gpu_operator.api import parse_spec
+    from gpu_operator.render import Facts, render
+
+    spec = parse_spec({"driver": {"kernelModuleConfig": {"name": "kmod"}}})
+    facts = Facts(configmap_keys=(("kmod", ("nvidia.conf",)),))
+    (ds,) = [o for o in render(spec, facts) if o["metadata"]["name"].startswith("nvidia-driver-d")]
+    main = ds["spec"]["template"]["spec"]["containers"][0]
+    assert mounts(main)["/drivers/nvidia.conf"]["subPath"] == "nvidia.conf"
+    assert "/drivers" not in mounts(main)
