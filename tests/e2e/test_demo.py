@@ -38,9 +38,11 @@ def test_make_demo_short_reaches_ready_and_goes_down(testenv_bin_dir: Path, tmp_
     assert "ClusterPolicy ready" in out
     table = out[out.index("NODE") :]
     rows = {line.split()[0]: line for line in table.splitlines()[1:] if line.strip()}
-    for name in GPU_NODES:
+    for name, (gpus, _, _) in GPU_NODES.items():
         assert name in rows, table
-        assert "NVIDIA" in rows[name], rows[name]  # the product label discovery set
+        _, product, count, *_ = rows[name].split()
+        assert product not in ("?", "-"), rows[name]  # discovery labelled the product ...
+        assert count == gpus.split(":")[1], rows[name]  # ... and the simulated GPU count
     assert "the cluster is down again" in out
     assert not state_dir.exists()
     assert _processes_naming(state_dir) == []

@@ -15,8 +15,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
 from gpu_operator.controller.actions import Key, Outcome
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.decide import APPLIED_KINDS, Decision, Gauges, decide
@@ -171,12 +169,8 @@ class ClusterPolicyController:
     async def _read(self, keys: Iterable[Key]) -> dict[Key, str | None]:
         async def one(key: Key) -> tuple[Key, str | None]:
             kind, namespace, name = key
-            try:
-                obj = await self.executor.call(self.kube.get, kind, name, namespace or None)
-            except ApiException as exc:
-                if exc.status != 404:  # an unserved kind answers 404 too
-                    raise
-                obj = None
+            # None when absent (an unserved kind answers 404 too, which ``get`` maps to None).
+            obj = await self.executor.call(self.kube.get, kind, name, namespace or None)
             if obj is None:
                 return key, None
             return key, ((obj.get("metadata") or {}).get("annotations") or {}).get(APPLIED_HASH, "")

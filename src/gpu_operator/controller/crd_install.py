@@ -6,6 +6,7 @@ does not upgrade CRDs).
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Any
 
@@ -20,12 +21,25 @@ VERSION_ANNOTATION = "nvidia.com/gpu-operator.version"
 SCHEMA_ANNOTATION = "nvidia.com/gpu-operator.schema-hash"
 
 
-def _version_tuple(text: str) -> tuple[int, ...]:
-    parts = []
-    for piece in text.lstrip("v").split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts)
+_VERSION = re.compile(r"v?(\d+(?:\.\d+)*)([^+]*)")
+
+VersionKey = tuple[tuple[int, ...], int, tuple[tuple[int, int, str], ...]]
+
+
+def _version_key(text: str) -> VersionKey:
+    """Orders versions as SemVer does: release numbers (trailing zeros ignored), then a release
+    above its pre-releases (``0.3.0-rc1`` < ``0.3.0``, also PEP 440's ``0.3.0rc1``), then the
+    pre-release's parts, numbers numerically (``rc2`` < ``rc10``); build metadata is ignored."""
+    match = _VERSION.match(text.strip())
+    if match is None:
+        return (), 0, ()
+    release = tuple(int(n) for n in match.group(1).split("."))
+    while len(release) > 1 and release[-1] == 0:
+        release = release[:-1]
+    pre = re.findall(r"\d+|[A-Za-z]+", match.group(2))
+    if not pre:
+        return release, 1, ()
+    return release, 0, tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in pre)
 
 
 def needs_update(current: dict[str, Any] | None, desired: dict[str, Any]) -> bool:
@@ -34,8 +48,8 @@ def needs_update(current: dict[str, Any] | None, desired: dict[str, Any]) -> boo
         return True
     have = (current.get("metadata") or {}).get("annotations") or {}
     want = desired["metadata"]["annotations"]
-    have_version = _version_tuple(have.get(VERSION_ANNOTATION, "0"))
-    want_version = _version_tuple(want[VERSION_ANNOTATION])
+    have_version = _version_key(have.get(VERSION_ANNOTATION, "0"))
+    want_version = _version_key(want[VERSION_ANNOTATION])
     if have_version != want_version:
         return have_version < want_version
     return bool(have.get(SCHEMA_ANNOTATION) != want[SCHEMA_ANNOTATION])

@@ -94,10 +94,11 @@ async def _run(
         acquire = asyncio.create_task(elector.acquire())
         stopping = asyncio.create_task(stop.wait())
         await asyncio.wait({acquire, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
         if not acquire.done():
             acquire.cancel()
             return None
-        stopping.cancel()
+        acquire.result()  # an error while acquiring ends the run: never act without the Lease
     metrics.set_leading(True)
 
     controller = ClusterPolicyController(kube, config, metrics)
