@@ -156,13 +156,14 @@ def test_pools_conflicts_and_a_pool_upgrade(cluster: testenv.Cluster, tmp_path: 
         operator.start()
         try:
             wait_for("NVIDIADriver API served", lambda: served(kube), timeout=90)
-            kube.create(CLUSTER_POLICY)
             kube.create(nvidiadriver("a100", "570.172.08", {PRODUCT: "A100"}))
             kube.create(nvidiadriver("h100", "570", {PRODUCT: "H100"}, usePrecompiled=True))
             kube.create(nvidiadriver("t4", "535.261.03", {PRODUCT: "T4"}))
             # Two drivers that both select the L4 node: it gets neither.
             kube.create(nvidiadriver("canary", "580.95.05", {"canary": "true"}))
             kube.create(nvidiadriver("vision", "580.95.05", {"team": "vision"}))
+            # After the NVIDIADrivers: with none, the operator would create a default one.
+            kube.create(CLUSTER_POLICY)
 
             pods = wait_for("one running driver pod on each pooled node",
                             lambda: one_running_pod_per_node(kube), timeout=180)  # fmt: skip

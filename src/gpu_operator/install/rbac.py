@@ -65,7 +65,7 @@ CLUSTER_RULES: tuple[Rule, ...] = (
     Rule(
         "nvidia.com",
         ("nvidiadrivers",),
-        ("get", "list", "watch", "create", "patch"),
+        ("get", "list", "watch", "create"),
         "per-pool drivers; create the default NVIDIADriver when the ClusterPolicy asks for it",
     ),
     Rule("nvidia.com", ("nvidiadrivers/status",), ("patch",), "write NVIDIADriver status"),

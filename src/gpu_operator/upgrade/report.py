@@ -55,7 +55,8 @@ def pool_report(
         conditions = (driver.get("status") or {}).get("conditions") or []
         line = next((c.get("message") for c in conditions if c.get("type") == "Upgrade"), "")
         summary = {
-            "done": sum(1 for s in states if s == "upgrade-done"),
+            # No state: never needed an upgrade (the planner counts it done too).
+            "done": sum(1 for s in states if s in (None, "", "upgrade-done")),
             "failed": sum(1 for s in states if s == "upgrade-failed"),
             "total": len(members),
             "message": line,
