@@ -235,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-install-crd",
         dest="install_crd",
         action="store_false",
-        help="do not install or upgrade the ClusterPolicy CRD at start-up",
+        help="do not install or upgrade the ClusterPolicy and NVIDIADriver CRDs at start-up",
     )
     run.add_argument(
         "--no-leader-election",
