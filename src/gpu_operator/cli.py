@@ -12,7 +12,7 @@ import yaml
 
 from gpu_operator.agent.cli import add_agent_commands
 from gpu_operator.api import KIND, ClusterPolicySpec, PolicyError, parse_document
-from gpu_operator.api.crd import clusterpolicy_crd, gpucluster_crd
+from gpu_operator.api.crd import all_crds
 from gpu_operator.api.legacy import migrate
 from gpu_operator.install.cli import add_install_commands
 from gpu_operator.render import RenderedComponent, default_policy, render_components
@@ -31,7 +31,7 @@ class CliError(Exception):
 
 def _cmd_crd(args: argparse.Namespace) -> int:
     if not args.apply:
-        crd = gpucluster_crd() if args.kind == "GPUCluster" else clusterpolicy_crd()
+        crd = next(c for c in all_crds() if c["spec"]["names"]["kind"].lower() == args.kind)
         sys.stdout.write(dump_yaml([crd]))
         return 0
     from gpu_operator.controller.crd_install import ensure_crds
@@ -176,11 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     crd.add_argument(
         "--kind",
-        choices=("ClusterPolicy", "GPUCluster"),
-        default="ClusterPolicy",
-        help="which CRD to print (default ClusterPolicy)",
+        type=str.lower,
+        choices=("clusterpolicy", "gpucluster", "nvidiadriver"),
+        default="clusterpolicy",
+        help="which CRD to print, any case (default: ClusterPolicy)",
     )
-    crd.add_argument("--apply", action="store_true", help="install or upgrade it in the cluster")
+    crd.add_argument(
+        "--apply", action="store_true", help="install or upgrade every CRD in the cluster"
+    )
     crd.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, else KUBECONFIG)")
     crd.set_defaults(func=_cmd_crd)
     add_install_commands(sub)
@@ -246,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-install-crd",
         dest="install_crd",
         action="store_false",
-        help="do not install or upgrade the ClusterPolicy CRD at start-up",
+        help="do not install or upgrade the ClusterPolicy and NVIDIADriver CRDs at start-up",
     )
     run.add_argument(
         "--no-leader-election",
@@ -280,7 +283,7 @@ def _cmd_upgrade_status(args: argparse.Namespace) -> int:
     import time
 
     from gpu_operator.kube import connect
-    from gpu_operator.upgrade.report import status_report
+    from gpu_operator.upgrade.report import pool_report, status_report
 
     kube = connect(args.kubeconfig)
     while True:
@@ -290,7 +293,12 @@ def _cmd_upgrade_status(args: argparse.Namespace) -> int:
             sys.stderr.write("no ClusterPolicy found\n")
             return 1
         active = [p for p in chosen if (p.get("status") or {}).get("state") != "ignored"]
-        report = status_report(kube.list_objects("Node"), (active or chosen)[0].get("status") or {})
+        policy = (active or chosen)[0]
+        pooled = ((policy.get("spec") or {}).get("driver") or {}).get("useNvidiaDriverCRD")
+        if pooled:  # each NVIDIADriver upgrades its own pool
+            report = pool_report(kube.list_objects("Node"), kube.list_objects("NVIDIADriver"))
+        else:
+            report = status_report(kube.list_objects("Node"), policy.get("status") or {})
         if args.watch:
             sys.stdout.write("\x1b[H\x1b[2J")  # clear the screen, like watch(1)
         sys.stdout.write(report)

@@ -61,6 +61,7 @@ KINDS: dict[str, Kind] = {
         Kind("resource.k8s.io/v1", "DeviceClass", "deviceclasses", False),
         Kind("resource.k8s.io/v1", "ResourceClaim", "resourceclaims", True),
         Kind("resource.k8s.io/v1", "ResourceClaimTemplate", "resourceclaimtemplates", True),
+        Kind("nvidia.com/v1alpha1", "NVIDIADriver", "nvidiadrivers", False),
         Kind(
             "apiextensions.k8s.io/v1",
             "CustomResourceDefinition",

@@ -20,6 +20,7 @@ REVISION_HASH = "controller-revision-hash"  # set by the DaemonSet controller
 
 # -- GPU nodes
 GPU_PRESENT = "nvidia.com/gpu.present"
+DRIVER_POOL = "nvidia.com/gpu.driver-pool"  # the NVIDIADriver whose driver the node runs
 DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
 DEPLOY_OPERANDS = DEPLOY_PREFIX + "operands"
 MIG_CAPABLE = "nvidia.com/mig.capable"

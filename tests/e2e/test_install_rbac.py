@@ -179,6 +179,16 @@ def exercise(
         ) or step("GPU pod evicted", lambda: kube.get("Pod", "train", "default") is None)
         if failed:
             return failed
+        # NVIDIADriver: the flag makes the operator create `default` and report its status.
+        kube.merge_patch(
+            "ClusterPolicy", "cluster-policy", {"spec": {"driver": {"useNvidiaDriverCRD": True}}}
+        )
+        failed = step(
+            "default NVIDIADriver created and reporting",
+            lambda: ((kube.get("NVIDIADriver", "default") or {}).get("status") or {}).get("state"),
+        )
+        if failed:
+            return failed
         kube.delete("ClusterPolicy", "cluster-policy")
         return step(
             "deletion cleans nodes and lets go",

@@ -1,4 +1,4 @@
-"""The ClusterPolicy and GPUCluster CRDs, generated from the pydantic models.
+"""The ClusterPolicy, GPUCluster and NVIDIADriver CRDs, generated from the pydantic models.
 
 pydantic's JSON Schema is turned into a structural OpenAPI v3 schema: references inlined,
 optional unions collapsed, ``int | str`` made ``x-kubernetes-int-or-string``, and only the
@@ -14,6 +14,7 @@ import copy
 from typing import Any
 
 from gpu_operator.api import gpucluster as gc
+from gpu_operator.api import nvidiadriver
 from gpu_operator.api.legacy import BY_PATH
 from gpu_operator.api.policy import GROUP, KIND, PLURAL, VERSION
 from gpu_operator.api.spec import ClusterPolicySpec
@@ -193,6 +194,63 @@ def gpucluster_crd() -> dict[str, Any]:
     )
 
 
+def nvidiadriver_crd() -> dict[str, Any]:
+    """NVIDIA's nvidia.com/v1alpha1 NVIDIADriver, with its short names, columns and CEL rules."""
+    spec_schema = openapi_schema(nvidiadriver.NVIDIADriverSpec)
+    spec_schema["description"] = "One driver configuration for the GPU nodes it selects."
+    spec_schema["required"] = ["default", "driverType", "image"]
+    spec_schema["x-kubernetes-validations"] = [nvidiadriver.DEFAULT_WITHOUT_SELECTOR]
+    status_schema = openapi_schema(nvidiadriver.NVIDIADriverStatus)
+    status_schema["description"] = "Observed state, written by the operator."
+    kind = nvidiadriver.KIND
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{nvidiadriver.PLURAL}.{nvidiadriver.GROUP}",
+            "labels": {"app.kubernetes.io/part-of": "gpu-operator"},
+        },
+        "spec": {
+            "group": nvidiadriver.GROUP,
+            "names": {
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": nvidiadriver.PLURAL,
+                "singular": kind.lower(),
+                "shortNames": ["nvd", "nvdriver", "nvdrivers"],
+            },
+            "scope": "Cluster",
+            "versions": [
+                {
+                    "name": nvidiadriver.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": "Status", "type": "string", "jsonPath": ".status.state"},
+                        {"name": "Default", "type": "boolean", "jsonPath": ".spec.default"},
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "NVIDIADriver installs one NVIDIA driver "
+                            "configuration on the GPU nodes it selects.",
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema,
+                                "status": status_schema,
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
 def all_crds() -> list[dict[str, Any]]:
-    """Every CRD the operator installs, in install order."""
-    return [clusterpolicy_crd(), gpucluster_crd()]
+    """Every CRD the operator serves, in install order."""
+    return [clusterpolicy_crd(), gpucluster_crd(), nvidiadriver_crd()]

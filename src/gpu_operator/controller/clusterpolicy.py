@@ -158,6 +158,11 @@ class ClusterPolicyController:
                 for cm in self._values("configmaps")
                 if cm["metadata"].get("namespace") == namespace and cm.get("mps")
             ),
+            configmap_keys={
+                cm["metadata"]["name"]: tuple(cm.get("keys") or ())
+                for cm in self._values("configmaps")
+                if cm["metadata"].get("namespace") == namespace
+            },
             managed=tuple(
                 owned_children({k: self._values(KINDS[k].plural) for k in APPLIED_KINDS})
             ),

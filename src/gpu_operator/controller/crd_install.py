@@ -1,6 +1,6 @@
-"""Install or upgrade the ClusterPolicy and GPUCluster CRDs at start-up, so the operator never
-runs against a stale schema (a frequent failure with NVIDIA's operator, whose Helm chart does
-not upgrade CRDs).
+"""Install or upgrade the operator's CRDs (ClusterPolicy, GPUCluster, NVIDIADriver) at
+start-up, so the operator never runs against a stale schema (a frequent failure with NVIDIA's
+operator, whose Helm chart does not upgrade CRDs).
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ def needs_update(current: dict[str, Any] | None, desired: dict[str, Any]) -> boo
 
 
 def desired_crd(crd: dict[str, Any] | None = None) -> dict[str, Any]:
-    crd = crd or clusterpolicy_crd()
+    """``crd`` (the ClusterPolicy's by default) with the version and schema annotations."""
+    crd = crd if crd is not None else clusterpolicy_crd()
     crd["metadata"]["annotations"] = {
         VERSION_ANNOTATION: __version__,
         SCHEMA_ANNOTATION: content_hash(crd["spec"]),

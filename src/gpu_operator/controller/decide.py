@@ -29,6 +29,7 @@ from gpu_operator.controller.facts import gather_facts, nfd_present, node_policy
 from gpu_operator.controller.memory import MONITOR_CRD_KEY, Memory
 from gpu_operator.controller.nodes import NodePolicy, is_gpu_node, plan_node
 from gpu_operator.controller.plan import Owner, plan_changes, stamp
+from gpu_operator.controller.pools import handover_pending
 from gpu_operator.controller.readiness import by_owner, component_readiness
 from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.controller.status import Observation, active_policy, compute_status
@@ -164,10 +165,14 @@ def _decide_active(
         namespace=config.namespace,
         configmap_hashes=snap.configmap_hashes,
         mps_configmaps=snap.mps_configmaps,
+        configmap_keys=snap.configmap_keys,
         operator_image=config.operator_image,
         image_env=config.image_env,
         simulate_gpus=config.simulate_gpus,
     )
+    if spec.driver.use_nvidia_driver_crd:
+        pending = handover_pending(snap.nodes, snap.daemonsets, snap.pods)
+        facts = replace(facts, driver_handover=pending)
     parts = render_components(spec, facts)
     owner = Owner(API_VERSION, KIND, meta["name"], meta["uid"])
     desired = stamp((o for p in parts for o in p.objects), owner)
@@ -188,7 +193,9 @@ def _decide_active(
         Stage(tuple(Prune(k) for k in changes.prune)),
     ]
     labels, memory = _node_stage(snap, memory, node_policy(spec), uninstall=False)
-    upgrade = _upgrade(spec, snap) if spec.driver.enabled else None
+    # With useNvidiaDriverCRD each NVIDIADriver upgrades its own pool (driver_decide).
+    own_driver = spec.driver.enabled and not spec.driver.use_nvidia_driver_crd
+    upgrade = _upgrade(spec, snap) if own_driver else None
     upgrade_stage = _upgrade_stage(upgrade, snap, config) if upgrade else Stage(())
 
     pods_by_owner = by_owner(snap.pods)

@@ -54,6 +54,7 @@ def gather_facts(
     namespace: str,
     configmap_hashes: Mapping[str, str],
     mps_configmaps: frozenset[str] = frozenset(),
+    configmap_keys: Mapping[str, tuple[str, ...]] | None = None,
     operator_image: str = DEFAULT_OPERATOR_IMAGE,
     image_env: Mapping[str, str] | None = None,
     simulate_gpus: str | None = None,
@@ -67,6 +68,7 @@ def gather_facts(
         if name in configmap_hashes
     }
     return Facts(
+        configmap_keys=tuple(sorted((configmap_keys or {}).items())),
         namespace=namespace,
         runtime=detect_runtime(gpu_nodes, fallback),
         node_oses=tuple(oses),

@@ -18,11 +18,12 @@ from prometheus_client import start_http_server
 from gpu_operator.controller.clusterpolicy import ClusterPolicyController
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.crd_install import ensure_crd
+from gpu_operator.controller.driver_loop import NVIDIADriverController
 from gpu_operator.controller.gpucluster import GPUClusterController
 from gpu_operator.controller.health import HealthServer
 from gpu_operator.controller.leader import LeaderElector
 from gpu_operator.controller.metrics import PrometheusMetrics
-from gpu_operator.controller.watch import build_registry, configure, connection_info
+from gpu_operator.controller.watch import Watched, build_registry, configure, connection_info
 from gpu_operator.kube import Kube, api_configuration
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,13 @@ async def _run(
         kube, config, metrics, controller.values, controller.set_dra_conflicts
     )
     controller.also_wake.append(gpuclusters.loop)
-    registry = build_registry(controller.notify)
+    drivers = NVIDIADriverController(kube, config, metrics)
+
+    def notify_both(watched: Watched, body: Any, indexes: Any) -> None:
+        controller.notify(watched, body, indexes)
+        drivers.notify(watched, body, indexes)
+
+    registry = build_registry(notify_both)
 
     @kopf.on.startup(registry=registry)
     async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -129,6 +136,7 @@ async def _run(
         ),
         asyncio.create_task(controller.loop.run(), name="reconcile"),
         asyncio.create_task(gpuclusters.loop.run(), name="gpucluster"),
+        asyncio.create_task(drivers.loop.run(), name="nvidiadriver"),
         asyncio.create_task(stop.wait(), name="stop"),
     }
     if elector is not None:

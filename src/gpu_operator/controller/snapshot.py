@@ -25,6 +25,7 @@ class Snapshot:
     changed_nodes: frozenset[str] | None = None
     configmap_hashes: Mapping[str, str] = field(default_factory=dict)  # operator's namespace
     mps_configmaps: frozenset[str] = frozenset()  # of those, the ones configuring MPS sharing
+    configmap_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # the same
     managed: tuple[Observed, ...] = ()  # the operator's children on the server
     daemonsets: tuple[Mapping[str, Any], ...] = ()
     pods: tuple[Mapping[str, Any], ...] = ()  # operand pods (the operator's namespace)

@@ -42,6 +42,7 @@ class Watched:
 
 WATCHED: tuple[Watched, ...] = (
     Watched(KINDS[KIND]),
+    Watched(KINDS["NVIDIADriver"]),
     Watched(KINDS["Node"]),
     Watched(KINDS["ConfigMap"]),  # user configs too: their edits roll operand pods
     Watched(KINDS["DaemonSet"], MANAGED_SELECTOR),
@@ -72,7 +73,7 @@ def trim(plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
     ControllerRevisions carry a whole pod template and pods their full spec; neither is needed.
     ConfigMaps are kept as a content hash (edits to referenced ones roll operand pods).
     """
-    if plural in ("clusterpolicies", "daemonsets"):
+    if plural in ("clusterpolicies", "nvidiadrivers", "daemonsets"):
         return dict(body.items())
     meta = body.get("metadata") or {}
     kept: dict[str, Any] = {"metadata": {k: meta[k] for k in _KEEP_META if k in meta}}
@@ -87,6 +88,8 @@ def trim(plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
         kept["hash"] = config_hash(body)
         if mps_configured(body.get("data") or {}):
             kept["mps"] = True  # a device-plugin config sharing with MPS: its control daemon
+        # Their file names: driver config ConfigMaps are mounted one file each.
+        kept["keys"] = sorted({*(body.get("data") or {}), *(body.get("binaryData") or {})})
     return kept
 
 
@@ -122,9 +125,13 @@ def _trim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def owned_children(objects_by_kind: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[Observed]:
-    """The objects the operator created for a ClusterPolicy: labelled managed-by it AND owned
-    by a ClusterPolicy (managed-by alone is not ours to delete: Helm sets it too)."""
+def owned_children(
+    objects_by_kind: Mapping[str, Iterable[Mapping[str, Any]]],
+    owner: tuple[str, str] = (API_VERSION, KIND),
+) -> list[Observed]:
+    """The objects the operator created for a ClusterPolicy (or the ``owner`` kind, as
+    (apiVersion, kind)): labelled managed-by it AND owned by one (managed-by alone is not ours
+    to delete: Helm sets it too)."""
     seen = []
     for kind, objects in objects_by_kind.items():
         for obj in objects:
@@ -132,7 +139,7 @@ def owned_children(objects_by_kind: Mapping[str, Iterable[Mapping[str, Any]]]) -
             if (meta.get("labels") or {}).get(MANAGED_BY) != OPERATOR_NAME:
                 continue
             refs = meta.get("ownerReferences") or ()
-            if any(r.get("kind") == KIND and r.get("apiVersion") == API_VERSION for r in refs):
+            if any((r.get("apiVersion"), r.get("kind")) == owner for r in refs):
                 seen.append(Observed.from_k8s(obj, kind))
     return seen
 

@@ -1,4 +1,4 @@
-"""The OLM registry+v1 bundle: a ClusterServiceVersion, the CRD, the metrics Service, metadata.
+"""The OLM registry+v1 bundle: a ClusterServiceVersion, the CRDs, the metrics Service, metadata.
 
 The CSV's Deployment spec, RBAC rules and images all come from ``manifests``, the source of
 deploy/, so an OLM install runs exactly what ``kubectl apply -f deploy/`` runs.
@@ -11,8 +11,8 @@ import json
 import re
 from typing import Any
 
-from gpu_operator.api import API_VERSION, KIND, gpucluster
-from gpu_operator.api.crd import clusterpolicy_crd, gpucluster_crd
+from gpu_operator.api import API_VERSION, KIND, gpucluster, nvidiadriver
+from gpu_operator.api.crd import clusterpolicy_crd, gpucluster_crd, nvidiadriver_crd
 from gpu_operator.install import manifests, rbac
 from gpu_operator.render import default_policy, render
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE, Facts
@@ -24,6 +24,22 @@ MIN_KUBE_VERSION = "1.29.0"
 CSV_FILE = "manifests/gpu-operator.clusterserviceversion.yaml"
 CRD_FILE = "manifests/nvidia.com_clusterpolicies.yaml"
 GPUCLUSTER_CRD_FILE = "manifests/nvidia.com_gpuclusters.yaml"
+NVIDIADRIVER_CRD_FILE = "manifests/nvidia.com_nvidiadrivers.yaml"
+# The NVIDIADriver in alm-examples: one driver for every GPU node, as NVIDIA's sample.
+NVIDIADRIVER_EXAMPLE: dict[str, Any] = {
+    "apiVersion": nvidiadriver.API_VERSION,
+    "kind": nvidiadriver.KIND,
+    "metadata": {"name": "nvidiadriver-sample"},
+    "spec": {
+        "driverType": "gpu",
+        "usePrecompiled": False,
+        "repository": "nvcr.io/nvidia",
+        "image": "driver",
+        "version": "580.95.05",
+        "nodeSelector": {},
+        "upgradePolicy": {"autoUpgrade": True, "maxParallelUpgrades": 1, "maxUnavailable": "25%"},
+    },
+}
 SERVICE_FILE = f"manifests/{manifests.METRICS_SERVICE}_v1_service.yaml"
 PDB_FILE = f"manifests/{manifests.NAME}_policy_v1_poddisruptionbudget.yaml"
 ANNOTATIONS_FILE = "metadata/annotations.yaml"
@@ -220,7 +236,9 @@ def cluster_service_version(
         "metadata": {
             "name": f"{PACKAGE}.v{version}",
             "annotations": {
-                "alm-examples": json.dumps([example, gpucluster.example_document()], indent=2),
+                "alm-examples": json.dumps(
+                    [example, gpucluster.example_document(), NVIDIADRIVER_EXAMPLE], indent=2
+                ),
                 "capabilities": "Seamless Upgrades",
                 "categories": "AI/Machine Learning, Drivers and plugins",
                 "containerImage": image,
@@ -290,6 +308,18 @@ def cluster_service_version(
                             {"kind": "DeviceClass", "name": "mig.nvidia.com", "version": "v1"},
                         ],
                     },
+                    {
+                        "name": nvidiadriver_crd()["metadata"]["name"],
+                        "version": nvidiadriver.VERSION,
+                        "kind": nvidiadriver.KIND,
+                        "displayName": "NVIDIA Driver",
+                        "description": "One driver configuration (version, image, settings, "
+                        "upgrade policy) for the GPU nodes it selects.",
+                        "resources": [
+                            {"kind": "DaemonSet", "name": "", "version": "v1"},
+                            {"kind": "ServiceAccount", "name": "", "version": "v1"},
+                        ],
+                    },
                 ]
             },
             "install": {
@@ -328,6 +358,7 @@ def bundle_objects(
         CSV_FILE: cluster_service_version(version, example, image),
         CRD_FILE: clusterpolicy_crd(),
         GPUCLUSTER_CRD_FILE: gpucluster_crd(),
+        NVIDIADRIVER_CRD_FILE: nvidiadriver_crd(),
         SERVICE_FILE: manifests.metrics_service(namespace=None),
         PDB_FILE: manifests.disruption_budget(namespace=None),
         ANNOTATIONS_FILE: {"annotations": dict(ANNOTATIONS)},

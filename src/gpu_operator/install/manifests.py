@@ -15,6 +15,7 @@ import yaml
 from gpu_operator.api.crd import all_crds
 from gpu_operator.install import rbac
 from gpu_operator.render.components import REGISTRY, default_image
+from gpu_operator.render.driver import DEFAULT_MANAGER
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
 
 NAME = "gpu-operator"
@@ -26,7 +27,7 @@ PROJECT_URL = "https://github.com/gpu-operator/gpu-operator"
 
 # NVIDIA's operator reads DRIVER_MANAGER_IMAGE; no component here runs it yet, but the env is
 # kept so a Deployment copied between the two stacks behaves the same.
-DRIVER_MANAGER_IMAGE = "nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.8.1"
+DRIVER_MANAGER_IMAGE = DEFAULT_MANAGER.reference  # the driver pods' init container
 
 # Only the labels rbac.py already puts on its objects, plus the component: never
 # app.kubernetes.io/managed-by=gpu-operator, which marks the operator's own operands.

@@ -36,6 +36,7 @@ class Rule:
 
 CRD = "clusterpolicies.nvidia.com"
 GPUCLUSTER_CRD = "gpuclusters.nvidia.com"
+NVIDIADRIVER_CRD = "nvidiadrivers.nvidia.com"
 
 # Shared by the operator (it installs its CRD at start-up) and the Helm chart's CRD hook.
 CRD_RULES: tuple[Rule, ...] = (
@@ -50,7 +51,7 @@ CRD_RULES: tuple[Rule, ...] = (
         ("customresourcedefinitions",),
         ("create", "patch"),
         "install or upgrade its own CRDs at start-up",
-        (CRD, GPUCLUSTER_CRD),
+        (CRD, GPUCLUSTER_CRD, NVIDIADRIVER_CRD),
     ),
 )
 
@@ -62,6 +63,13 @@ CLUSTER_RULES: tuple[Rule, ...] = (
         "watch policies; add and remove the node-cleanup finalizer",
     ),
     Rule("nvidia.com", ("clusterpolicies/status",), ("patch",), "write status"),
+    Rule(
+        "nvidia.com",
+        ("nvidiadrivers",),
+        ("get", "list", "watch", "create"),
+        "per-pool drivers; create the default NVIDIADriver when the ClusterPolicy asks for it",
+    ),
+    Rule("nvidia.com", ("nvidiadrivers/status",), ("patch",), "write NVIDIADriver status"),
     *CRD_RULES,
     Rule(
         "",

@@ -62,7 +62,7 @@ def render_components(policy: ClusterPolicySpec, facts: Facts) -> list[RenderedC
     hashes = dict(facts.config_hashes)
     parts = []
     for comp in REGISTRY:
-        if not section(policy, comp).enabled:
+        if not is_rendered(policy, facts, comp):
             parts.append(RenderedComponent(comp, False, (), ()))
             continue
         context = template_context(policy, facts, comp)
@@ -78,6 +78,14 @@ def render_components(policy: ClusterPolicySpec, facts: Facts) -> list[RenderedC
         images = component_images(policy, facts, comp)
         parts.append(RenderedComponent(comp, True, images, tuple(objects)))
     return parts
+
+
+def is_rendered(policy: ClusterPolicySpec, facts: Facts, comp: ComponentDef) -> bool:
+    """Enabled, and for the driver not left to NVIDIADriver CRs (driver.useNvidiaDriverCRD),
+    except on nodes that have not been handed over to one yet."""
+    if comp.name == "driver" and policy.driver.use_nvidia_driver_crd:
+        return policy.driver.enabled and facts.driver_handover
+    return section(policy, comp).enabled
 
 
 def component_templates(comp: ComponentDef) -> list[str]:

@@ -87,6 +87,11 @@ class Facts:
     # Explicitly simulated GPUs (a GPU_OPERATOR_SIMULATE value, e.g. ``a100-40gb:8``): the
     # project's agents are told to use simulated NVML. None (the default) on real clusters.
     simulate_gpus: str | None = None
+    # With driver.useNvidiaDriverCRD: some GPU node has no NVIDIADriver pool yet, so the
+    # ClusterPolicy's driver stays there (and only there) until it is handed over.
+    driver_handover: bool = False
+    # ConfigMap name -> its keys (file names), for config mounted one file each.
+    configmap_keys: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "node_oses", tuple(self.node_oses))

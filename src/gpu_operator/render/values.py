@@ -13,7 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpu_operator.api.nvidiadriver import NVIDIADriverSpec, spec_from_clusterpolicy
 from gpu_operator.api.spec import ClusterPolicySpec
+from gpu_operator.render import driver as nvd
 from gpu_operator.render.components import ComponentDef, component_image, runs_agent, section
 from gpu_operator.render.facts import Facts, NodeOS, Runtime
 from gpu_operator.render.images import with_os_tag
@@ -63,11 +65,26 @@ class OsImage:
 
 
 @dataclass(frozen=True)
+class DriverPod:
+    """One OS group's driver pod: containers, init containers and volumes as the NVIDIADriver
+    rendering (``render.driver``) builds them, so both paths render every driver setting."""
+
+    os: OsImage
+    containers: tuple[Mapping[str, Any], ...]
+    init_containers: tuple[Mapping[str, Any], ...]
+    volumes: tuple[Mapping[str, Any], ...]
+
+
+@dataclass(frozen=True)
 class DriverValues:
     oses: tuple[OsImage, ...]  # one DaemonSet each
+    pods: tuple[DriverPod, ...]  # the same, with their pods
+    probe_configmap: str  # the startup probe script's ConfigMap
+    probe_script: str
     startup_probe: Mapping[str, Any]  # the spec's timings over NVIDIA's
     liveness_probe: Mapping[str, Any] | None
     readiness_probe: Mapping[str, Any] | None
+    handover: bool  # NVIDIADriver CRs take over: only nodes without a driver pool
 
 
 @dataclass(frozen=True)
@@ -223,14 +240,52 @@ def os_images(node_oses: Sequence[NodeOS], image: str) -> tuple[OsImage, ...]:
 
 def driver_values(policy: ClusterPolicySpec, facts: Facts, comp: ComponentDef) -> DriverValues:
     driver = policy.driver
+    oses = os_images(facts.node_oses, component_image(comp, section(policy, comp), facts))
+    spec = NVIDIADriverSpec.model_validate(spec_from_clusterpolicy(driver))
+    extra = nvd.ExtraConfig(
+        namespace=facts.namespace,
+        openshift=facts.openshift,
+        configmap_keys=dict(facts.configmap_keys),
+        image_env=facts.image_env,
+        gpu_taint_key=policy.gpu_node_taint.key,
+    )
+    root = host_paths(policy).root
+    pods = []
+    probe = ""
+    for os in oses:
+        names = nvd.DriverNames(comp.service_account, f"{comp.app}-{os.tag}")
+        pool = nvd.Pool(os.ids[0], os.version_ids[0])
+        built = nvd.driver_values(spec, pool, names, extra, image=os.image)
+        probe = built.probe_configmap
+        main, *sides = built.containers
+        # The ClusterPolicy's driver also sees the host root (hostPaths.rootFS) at /host.
+        host = {"name": "host-root", "mountPath": "/host", "readOnly": True,
+                "mountPropagation": "HostToContainer"}  # fmt: skip
+        main = {**main, "volumeMounts": [*main["volumeMounts"], host]}
+        if driver.liveness_probe is not None:  # the ClusterPolicy's own, beyond NVIDIA's
+            main["livenessProbe"] = {"exec": {"command": ["nvidia-smi"]},
+                                     **driver.liveness_probe.to_wire()}  # fmt: skip
+        if driver.readiness_probe is not None:
+            ready = ["sh", "-c", "test -f /run/nvidia/validations/.driver-ctr-ready"]
+            main["readinessProbe"] = {"exec": {"command": ready},
+                                      **driver.readiness_probe.to_wire()}  # fmt: skip
+        volumes = tuple(
+            {"name": "host-root", "hostPath": {"path": root}} if v["name"] == "host-root" else v
+            for v in built.volumes
+        )
+        pods.append(DriverPod(os, (main, *sides), built.init_containers, volumes))
     return DriverValues(
-        oses=os_images(facts.node_oses, component_image(comp, section(policy, comp), facts)),
+        oses=oses,
+        pods=tuple(pods),
+        probe_configmap=probe or f"{comp.service_account}-startup-probe",
+        probe_script=nvd.PROBE_SCRIPT,
         startup_probe={
             **DRIVER_STARTUP_PROBE,
             **(driver.startup_probe.to_wire() if driver.startup_probe else {}),
         },
         liveness_probe=driver.liveness_probe.to_wire() if driver.liveness_probe else None,
         readiness_probe=driver.readiness_probe.to_wire() if driver.readiness_probe else None,
+        handover=bool(driver.use_nvidia_driver_crd),
     )
 
 

@@ -14,6 +14,9 @@ from gpu_operator.upgrade.model import Fleet, Node, Pod, is_emptying
 from gpu_operator.views import NodeView, newest_revision_hash, owner_uids
 
 DRIVER_COMPONENT = "driver"
+# The component label of driver DaemonSets: the ClusterPolicy's, and NVIDIADrivers' (NVIDIA's
+# values, for the GPU driver and the vGPU host manager).
+DRIVER_COMPONENTS = frozenset({DRIVER_COMPONENT, "nvidia-driver", "nvidia-vgpu-host-manager"})
 
 
 def emptying_nodes(nodes: Iterable[NodeView]) -> list[str]:
@@ -33,7 +36,7 @@ def fleet_from_objects(
     drivers = {
         d["metadata"]["uid"]: d["metadata"]["name"]
         for d in daemonsets
-        if (d["metadata"].get("labels") or {}).get(COMPONENT) == DRIVER_COMPONENT
+        if (d["metadata"].get("labels") or {}).get(COMPONENT) in DRIVER_COMPONENTS
     }
     pods = list(pods)
     driver_pods = [p for p in pods if any(u in drivers for u in owner_uids(p, "DaemonSet"))]

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpu_operator.labels import (
+    DRIVER_POOL,
     UPGRADE_SINCE,
     UPGRADE_SKIP,
     UPGRADE_STATE,
@@ -39,16 +40,48 @@ def _age(since: str | None, now: float) -> str:
     return f"{seconds // 3600}h"
 
 
-def status_report(
-    nodes: Iterable[Mapping[str, Any]], policy_status: Mapping[str, Any], now: float | None = None
+def pool_report(
+    nodes: Iterable[Mapping[str, Any]],
+    drivers: Iterable[Mapping[str, Any]],
+    now: float | None = None,
 ) -> str:
-    """Per-node table of upgrade state, time in state and schedulability, then the summary."""
+    """``status_report`` per NVIDIADriver pool: each pool's nodes, progress and plan line."""
+    nodes = list(nodes)
+    parts = []
+    for driver in sorted(drivers, key=lambda d: d["metadata"]["name"]):
+        name = driver["metadata"]["name"]
+        members = [n for n in nodes if (n["metadata"].get("labels") or {}).get(DRIVER_POOL) == name]
+        states = [(n["metadata"].get("labels") or {}).get(UPGRADE_STATE) for n in members]
+        conditions = (driver.get("status") or {}).get("conditions") or []
+        line = next((c.get("message") for c in conditions if c.get("type") == "Upgrade"), "")
+        summary = {
+            # No state: never needed an upgrade (the planner counts it done too).
+            "done": sum(1 for s in states if s in (None, "", "upgrade-done")),
+            "failed": sum(1 for s in states if s == "upgrade-failed"),
+            "total": len(members),
+            "message": line,
+        }
+        parts.append(f"POOL {name} ({len(members)} nodes)\n" + status_report(
+            members, {"upgrade": summary}, now, all_nodes=True
+        ))  # fmt: skip
+    return "\n".join(parts) if parts else "no NVIDIADriver pools\n"
+
+
+def status_report(
+    nodes: Iterable[Mapping[str, Any]],
+    policy_status: Mapping[str, Any],
+    now: float | None = None,
+    *,
+    all_nodes: bool = False,
+) -> str:
+    """Per-node table of upgrade state, time in state and schedulability, then the summary;
+    nodes that never had an upgrade state are left out unless ``all_nodes``."""
     now = time.time() if now is None else now
     rows = [("NODE", "STATE", "IN STATE", "SCHEDULABLE")]
     for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
         meta = node["metadata"]
         labels = meta.get("labels") or {}
-        if UPGRADE_STATE not in labels and labels.get(UPGRADE_SKIP) != "true":
+        if UPGRADE_STATE not in labels and labels.get(UPGRADE_SKIP) != "true" and not all_nodes:
             continue
         state = labels.get(UPGRADE_STATE) or "-"
         if is_true(labels.get(UPGRADE_SKIP)):

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gpu_operator import __version__
-from gpu_operator.api.crd import gpucluster_crd
+from gpu_operator.api.crd import all_crds
 from gpu_operator.controller.crd_install import (
     SCHEMA_ANNOTATION,
     VERSION_ANNOTATION,
@@ -65,21 +65,24 @@ def test_desired_crd_carries_this_version_and_its_schema_hash() -> None:
 def test_ensure_crd_applies_a_missing_crd_and_waits_until_established() -> None:
     kube = FakeKube()
     assert ensure_crd(kube) is True
-    name = desired_crd()["metadata"]["name"]
-    assert kube.writes == [
-        ("apply", "CustomResourceDefinition", name),
-        ("apply", "CustomResourceDefinition", "gpuclusters.nvidia.com"),
+    names = [crd["metadata"]["name"] for crd in all_crds()]
+    assert names == [
+        "clusterpolicies.nvidia.com",
+        "gpuclusters.nvidia.com",
+        "nvidiadrivers.nvidia.com",
     ]
+    assert kube.writes == [("apply", "CustomResourceDefinition", name) for name in names]
     # already there and current: nothing written
     assert ensure_crd(kube) is False
-    assert len(kube.writes) == 2
+    assert len(kube.writes) == 3
 
 
 def test_ensure_crd_leaves_a_newer_crd_alone() -> None:
     kube = FakeKube()
-    for crd_ in (desired_crd(), desired_crd(gpucluster_crd())):
-        crd_["metadata"]["annotations"][VERSION_ANNOTATION] = "99.0.0"
-        kube.add(crd_)
+    for crd in all_crds():
+        newer = desired_crd(crd)
+        newer["metadata"]["annotations"][VERSION_ANNOTATION] = "99.0.0"
+        kube.add(newer)
     assert ensure_crd(kube) is False
     assert kube.writes == []
 
@@ -106,4 +109,4 @@ class SlowToEstablish(FakeKube):
 def test_ensure_crd_waits_for_the_crd_to_be_established() -> None:
     kube = SlowToEstablish(establish_crds=False)
     assert ensure_crd(kube) is True
-    assert len(kube.writes) == 2  # each CRD once
+    assert len(kube.writes) == 3  # each CRD once

@@ -68,7 +68,11 @@ def test_configmaps_keep_a_content_hash_and_revisions_their_number() -> None:
     cm = {"metadata": {"name": "c", "namespace": "ns", "annotations": {"big": "x" * 100}},
           "data": {"config.yaml": "a: 1"}}  # fmt: skip
     kept = trim("configmaps", cm)
-    assert kept == {"metadata": {"name": "c", "namespace": "ns"}, "hash": config_hash(cm)}
+    assert kept == {
+        "metadata": {"name": "c", "namespace": "ns"},
+        "hash": config_hash(cm),
+        "keys": ["config.yaml"],  # driver config ConfigMaps mount one file per key
+    }
     edited = {**cm, "data": {"config.yaml": "a: 2"}}
     assert trim("configmaps", edited)["hash"] != kept["hash"]
     rev = {"metadata": {"name": "r", "annotations": {APPLIED_HASH: "h"}}, "revision": 4,

@@ -13,7 +13,9 @@ import pytest
 import yaml
 
 from gpu_operator.api import parse_document
+from gpu_operator.api.crd import nvidiadriver_crd
 from gpu_operator.api.gpucluster import parse_gpucluster
+from gpu_operator.api.nvidiadriver import parse_driver_spec
 from gpu_operator.install import bundle, manifests
 from gpu_operator.render import default_policy, render
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE, Facts
@@ -132,7 +134,7 @@ def _schema_at(schema: dict[str, Any], path: str) -> dict[str, Any] | None:
 
 
 def test_descriptors_name_fields_that_exist(csv: dict[str, Any]) -> None:
-    owned = csv["spec"]["customresourcedefinitions"]["owned"][0]
+    owned, _gpucluster, _nvidiadriver = csv["spec"]["customresourcedefinitions"]["owned"]
     assert owned["kind"] == "ClusterPolicy"
     schema = crd_schema()
     spec_paths = {d["path"] for d in owned["specDescriptors"]}
@@ -152,7 +154,7 @@ def test_descriptors_name_fields_that_exist(csv: dict[str, Any]) -> None:
 
 def test_alm_examples_are_json_that_the_crd_and_models_accept(csv: dict[str, Any]) -> None:
     examples = json.loads(csv["metadata"]["annotations"]["alm-examples"])
-    assert [e["kind"] for e in examples] == ["ClusterPolicy", "GPUCluster"]
+    assert [e["kind"] for e in examples] == ["ClusterPolicy", "GPUCluster", "NVIDIADriver"]
     schema = strict(crd_schema())
     jsonschema.validate(prune_nulls(examples[0]), schema)
     parse_document(examples[0])
@@ -160,6 +162,10 @@ def test_alm_examples_are_json_that_the_crd_and_models_accept(csv: dict[str, Any
     gc_schema = strict(gc_crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
     jsonschema.validate(prune_nulls(examples[1]), gc_schema)
     parse_gpucluster(examples[1])
+    nvd_schema = strict(nvidiadriver_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    nvd_schema["properties"]["spec"].pop("required")  # defaulted by the API server
+    jsonschema.validate(prune_nulls(examples[2]), nvd_schema)
+    parse_driver_spec(examples[2]["spec"])
 
 
 def test_alm_example_with_a_typo_is_refused() -> None:
@@ -178,6 +184,7 @@ def test_other_manifests_validate_against_kubernetes() -> None:
         assert "namespace" not in obj["metadata"], "OLM chooses the namespace"
         kinds.append(obj["kind"])
     assert sorted(kinds) == [
+        "CustomResourceDefinition",
         "CustomResourceDefinition",
         "CustomResourceDefinition",
         "PodDisruptionBudget",
@@ -244,6 +251,7 @@ def test_bundle_files_are_the_tree_operator_sdk_expects() -> None:
         "manifests/gpu-operator.clusterserviceversion.yaml",
         "manifests/nvidia.com_clusterpolicies.yaml",
         "manifests/nvidia.com_gpuclusters.yaml",
+        "manifests/nvidia.com_nvidiadrivers.yaml",
         "manifests/gpu-operator-metrics_v1_service.yaml",
         "manifests/gpu-operator_policy_v1_poddisruptionbudget.yaml",
         "metadata/annotations.yaml",
@@ -270,7 +278,7 @@ def test_related_images_cover_what_a_default_policy_pulls(csv: dict[str, Any]) -
 
 
 def test_owned_resources_name_real_objects(csv: dict[str, Any]) -> None:
-    owned = csv["spec"]["customresourcedefinitions"]["owned"][0]
+    owned, _gpucluster, _nvidiadriver = csv["spec"]["customresourcedefinitions"]["owned"]
     refs = owned["resources"]
     assert all(r["kind"] and r["name"] and r["version"] for r in refs)
     assert {"kind": "DaemonSet", "name": "nvidia-device-plugin-daemonset", "version": "v1"} in refs

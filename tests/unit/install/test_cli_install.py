@@ -61,6 +61,7 @@ def test_bundle_prints_its_manifests(capsys: pytest.CaptureFixture[str]) -> None
         "ClusterServiceVersion",
         "CustomResourceDefinition",
         "CustomResourceDefinition",
+        "CustomResourceDefinition",
         "Service",
         "PodDisruptionBudget",
     ]

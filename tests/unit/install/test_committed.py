@@ -18,6 +18,7 @@ from tests.paths import REPO
 DEPLOY = REPO / "deploy"
 CHART = REPO / helm.CHART_DIR
 BUNDLE = REPO / "bundle"
+CRD_FILES = (bundle.CRD_FILE, bundle.GPUCLUSTER_CRD_FILE, bundle.NVIDIADRIVER_CRD_FILE)
 EXAMPLE = REPO / "examples" / "clusterpolicy.yaml"
 REGENERATE = "run `make manifests`"
 
@@ -64,16 +65,14 @@ def test_deploy_and_bundle_run_the_same_operator() -> None:
     deploy_docs = [
         d for p in sorted(DEPLOY.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text())
     ]
-    deploy = {
-        d["kind"]: d for d in deploy_docs if d["metadata"]["name"] != "gpuclusters.nvidia.com"
-    }
+    deploy = {d["kind"]: d for d in deploy_docs if d["kind"] != "CustomResourceDefinition"}
     csv = yaml.safe_load((BUNDLE / bundle.CSV_FILE).read_text())
     install = csv["spec"]["install"]["spec"]
     assert install["deployments"][0]["spec"] == deploy["Deployment"]["spec"]
     assert install["clusterPermissions"][0]["rules"] == deploy["ClusterRole"]["rules"]
     assert install["permissions"][0]["rules"] == deploy["Role"]["rules"]
-    crd = yaml.safe_load((BUNDLE / bundle.CRD_FILE).read_text())
-    assert crd == deploy["CustomResourceDefinition"]
+    crds = [yaml.safe_load((BUNDLE / f).read_text()) for f in (CRD_FILES)]
+    assert crds == [d for d in deploy_docs if d["kind"] == "CustomResourceDefinition"]
     service = yaml.safe_load((BUNDLE / bundle.SERVICE_FILE).read_text())
     deploy["Service"]["metadata"].pop("namespace")
     assert service == deploy["Service"]
@@ -85,4 +84,8 @@ def test_deploy_and_bundle_run_the_same_operator() -> None:
 def test_committed_alm_example_is_examples_clusterpolicy() -> None:
     csv = yaml.safe_load((BUNDLE / bundle.CSV_FILE).read_text())
     examples = json.loads(csv["metadata"]["annotations"]["alm-examples"])
-    assert examples == [yaml.safe_load(EXAMPLE.read_text()), gpucluster.example_document()]
+    assert examples == [
+        yaml.safe_load(EXAMPLE.read_text()),
+        gpucluster.example_document(),
+        bundle.NVIDIADRIVER_EXAMPLE,
+    ]

@@ -16,7 +16,8 @@ from gpu_operator.agent.inventory import Inventory
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simulated_nvml
 from gpu_operator.api import ClusterPolicySpec, parse_document
-from gpu_operator.api.crd import clusterpolicy_crd
+from gpu_operator.api.crd import clusterpolicy_crd, nvidiadriver_crd
+from gpu_operator.api.nvidiadriver import parse_driver_spec
 from gpu_operator.install.manifests import NAMESPACE
 from gpu_operator.render import render
 from gpu_operator.render.facts import Facts, NodeOS
@@ -55,6 +56,7 @@ def test_the_expected_examples_exist() -> None:
     assert NAMES == [
         "clusterpolicy.yaml",
         "mig-mixed.yaml",
+        "nvidiadriver-pools.yaml",
         "private-registry.yaml",
         "time-slicing.yaml",
         "upgrade-policy.yaml",
@@ -69,6 +71,11 @@ def test_every_document_validates(name: str) -> None:
         kinds.append(doc["kind"])
         if doc["kind"] == "ClusterPolicy":
             jsonschema.validate(prune_nulls(doc), schema)
+        elif doc["kind"] == "NVIDIADriver":
+            nvd = strict(nvidiadriver_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+            nvd["properties"]["spec"].pop("required")  # all defaulted by the API server
+            jsonschema.validate(prune_nulls(doc), nvd)
+            parse_driver_spec(doc["spec"])
         else:
             assert validate_kubernetes(doc), doc["kind"]
             assert doc["metadata"].get("namespace") == NAMESPACE, "configs live with the operator"

@@ -143,6 +143,9 @@ def _filled(obj: Any, namespace: str, image: str) -> Any:
     return json.loads(text.replace(json.dumps(helm.IMAGE), json.dumps(image)))
 
 
+CRD_FILES = ("clusterpolicy.yaml", "gpucluster.yaml", "nvidiadriver.yaml")
+
+
 def test_the_charts_operator_objects_are_deploys() -> None:
     """One source: the committed template embeds exactly what deploy/ applies."""
     (objects,) = _embedded("operator.yaml")
@@ -159,10 +162,7 @@ def test_the_charts_operator_objects_are_deploys() -> None:
     assert sorted(_filled(objects, manifests.NAMESPACE, image), key=json.dumps) == sorted(
         wanted, key=json.dumps
     )
-    crds = [
-        yaml.safe_load((CHART / "crds" / f).read_text())
-        for f in ("clusterpolicy.yaml", "gpucluster.yaml")
-    ]
+    crds = [yaml.safe_load((CHART / "crds" / f).read_text()) for f in CRD_FILES]
     assert crds == list(yaml.safe_load_all((REPO / "deploy" / "01-crd.yaml").read_text()))
 
 

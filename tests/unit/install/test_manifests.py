@@ -61,12 +61,12 @@ def test_objects_come_in_creation_order() -> None:
 
 
 def test_crd_is_the_committed_one() -> None:
-    objects = by_kind(manifests.deploy_objects())
-    assert objects["CustomResourceDefinition"] == yaml.safe_load(CRD_FILE.read_text())
-    gpucluster = CRD_FILE.parent / "gpucluster.yaml"
-    assert objects["CustomResourceDefinition/gpuclusters.nvidia.com"] == yaml.safe_load(
-        gpucluster.read_text()
-    )
+    crds = [o for o in manifests.deploy_objects() if o["kind"] == "CustomResourceDefinition"]
+    committed = [
+        CRD_FILE.with_name(f)
+        for f in ("clusterpolicy.yaml", "gpucluster.yaml", "nvidiadriver.yaml")
+    ]
+    assert crds == [yaml.safe_load(path.read_text()) for path in committed]
 
 
 def test_namespace_allows_privileged_operands() -> None:

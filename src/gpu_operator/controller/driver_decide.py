@@ -1,0 +1,425 @@
+"""The NVIDIADriver pass's decisions (pure): one snapshot in, every write out.
+
+With ``driver.useNvidiaDriverCRD: true`` in the active ClusterPolicy, each NVIDIADriver drives
+its pool of GPU nodes (``controller.pools``): one DaemonSet per OS (and kernel, for precompiled
+drivers) among them, its upgrades under its own ``upgradePolicy`` through the fleet planner,
+and its status. Upgrades of all pools together stay within the ClusterPolicy's own
+``driver.upgradePolicy`` limits when it sets them (the cluster-wide budget). Without the flag
+every NVIDIADriver is ``ignored`` and owns nothing. With the flag and no NVIDIADriver at all,
+a ``default`` one is created from the ClusterPolicy's ``driver`` section, as NVIDIA's chart
+does, so switching the flag on keeps the driver version and settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gpu_operator.api import ClusterPolicySpec, PolicyError, parse_spec
+from gpu_operator.api import nvidiadriver as api
+from gpu_operator.api.nvidiadriver import NVIDIADriverSpec, parse_driver_spec
+from gpu_operator.controller.actions import Action, Apply, Create, Patch, Prune, Stage
+from gpu_operator.controller.config import OperatorConfig
+from gpu_operator.controller.decide import _upgrade_stage
+from gpu_operator.controller.nodes import is_gpu_node
+from gpu_operator.controller.plan import Observed, Owner, plan_changes, stamp
+from gpu_operator.controller.pools import (
+    Assignment,
+    DriverSelector,
+    assign,
+    driver_pod_nodes,
+    label_patch,
+)
+from gpu_operator.controller.readiness import by_owner, daemonset_readiness
+from gpu_operator.controller.snapshot import Snapshot
+from gpu_operator.controller.status import active_policy, condition
+from gpu_operator.events import event_body
+from gpu_operator.render.driver import (
+    POOL_LABEL,
+    ExtraConfig,
+    Pool,
+    driver_names,
+    render_driver,
+)
+from gpu_operator.upgrade import Policy, UpgradePlan, fleet_from_objects, plan
+from gpu_operator.upgrade.model import scaled_max_unavailable
+from gpu_operator.views import pod_ready
+
+EVENT_SOURCE = "gpu-operator"
+DRIVER_KINDS = frozenset(
+    {"ConfigMap", "DaemonSet", "ServiceAccount", "Role", "RoleBinding", "ClusterRole",
+     "ClusterRoleBinding"}
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DriverSnapshot:
+    """What an NVIDIADriver pass decides from; ``base`` is the ClusterPolicy loop's snapshot
+    shape (nodes, DaemonSets, pods, revisions, workload pods, ClusterPolicies)."""
+
+    base: Snapshot
+    drivers: tuple[Mapping[str, Any], ...]
+    managed: tuple[Observed, ...] = ()  # objects owned by NVIDIADrivers
+    configmap_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PoolUpgrade:
+    driver: str
+    plan: UpgradePlan
+
+
+@dataclass(frozen=True)
+class DriverDecision:
+    stages: tuple[Stage, ...] = ()
+    requeue_at: float | None = None
+    upgrades: tuple[PoolUpgrade, ...] = ()
+    assignment: Assignment | None = None
+
+    @property
+    def actions(self) -> list[Action]:
+        return [a for s in self.stages for a in s.actions]
+
+
+def decide_drivers(snap: DriverSnapshot, config: OperatorConfig) -> DriverDecision:
+    base = snap.base
+    drivers = [d for d in snap.drivers if not d["metadata"].get("deletionTimestamp")]
+    policy = _active_spec(base)
+    if policy is None or not policy.driver.use_nvidia_driver_crd:
+        return _ignored(snap, drivers, config)
+    if not snap.drivers:
+        return DriverDecision((Stage((Create(default_driver(policy)),)),))
+
+    specs: dict[str, NVIDIADriverSpec] = {}
+    problems: dict[str, list[str]] = {}
+    for driver in drivers:
+        try:
+            specs[driver["metadata"]["name"]] = parse_driver_spec(driver.get("spec"))
+        except PolicyError as err:
+            problems[driver["metadata"]["name"]] = err.problems
+    gpu_nodes = [n for n in base.nodes if is_gpu_node(n)]
+    selectors = [
+        DriverSelector(
+            name,
+            dict(spec.node_selector or {}),
+            spec.default,
+            max(1, _pool_policy(spec, policy).max_parallel_upgrades),
+        )
+        for name, spec in specs.items()
+    ]
+    assignment = assign(
+        gpu_nodes,
+        selectors,
+        legacy_driver_nodes=_legacy_driver_nodes(base),
+        new_driver_ready=_driver_ready_nodes(base),
+    )
+    by_name = {d["metadata"]["name"]: d for d in drivers}
+    desired: list[dict[str, Any]] = []
+    unpooled: dict[str, list[str]] = {}
+    extra = ExtraConfig(
+        namespace=config.namespace,
+        configmap_keys=snap.configmap_keys,
+        image_env=config.image_env,
+        gpu_taint_key=policy.gpu_node_taint.key,
+    )
+    nodes = {n.name: n for n in gpu_nodes}
+    for name, spec in sorted(specs.items()):
+        meta = by_name[name]["metadata"]
+        owner = Owner(api.API_VERSION, api.KIND, name, meta["uid"])
+        pools: dict[tuple[str, str | None], Pool] = {}
+        for node_name in assignment.nodes_of(name):
+            pool = Pool.of_node(nodes[node_name].labels, bool(spec.use_precompiled), name)
+            if pool is None:
+                unpooled.setdefault(name, []).append(node_name)
+                continue
+            pools.setdefault((pool.os_tag, pool.kernel), pool)
+        for _, pool in sorted(pools.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+            names = driver_names(name, meta["uid"], spec, pool)
+            try:
+                objects = render_driver(spec, pool, names, extra)
+            except ValueError as err:
+                problems.setdefault(name, []).append(str(err))
+                continue
+            desired += stamp(objects, owner)
+    changes = plan_changes(desired, snap.managed, None, DRIVER_KINDS)
+    object_stages = [
+        Stage(tuple(Apply(o) for o in changes.apply if o["kind"] != "DaemonSet")),
+        Stage(tuple(Apply(o) for o in changes.apply if o["kind"] == "DaemonSet")),
+        Stage(tuple(Prune(k) for k in changes.prune)),
+    ]
+    labels = Stage(
+        tuple(
+            Patch("Node", node, label_patch(value), "labels")
+            for node, value in sorted(assignment.label_patches.items())
+        )
+    )
+    upgrades = _upgrades(snap, specs, policy, by_name)
+    upgrade_stages = [_upgrade_stage(u.plan, base, config) for u in upgrades]
+    status: list[Action] = []
+    for driver in drivers:
+        name = driver["metadata"]["name"]
+        status += _status_actions(
+            driver,
+            _driver_status(driver, snap, assignment, problems.get(name), unpooled.get(name),
+                           next((u.plan for u in upgrades if u.driver == name), None), config),
+            base.stamp,
+            config,
+        )  # fmt: skip
+    deadlines = [u.plan.next_deadline for u in upgrades if u.plan.next_deadline is not None]
+    stages = [*object_stages, labels, *upgrade_stages, Stage(tuple(status), concurrent=False)]
+    return DriverDecision(
+        tuple(s for s in stages if s.actions),
+        requeue_at=min(deadlines) if deadlines else None,
+        upgrades=tuple(upgrades),
+        assignment=assignment,
+    )
+
+
+def _active_spec(base: Snapshot) -> ClusterPolicySpec | None:
+    name = active_policy(base.policies)
+    active = next((p for p in base.policies if p["metadata"]["name"] == name), None)
+    if active is None:
+        return None
+    try:
+        return parse_spec(active.get("spec"))
+    except PolicyError:
+        return None
+
+
+def _ignored(
+    snap: DriverSnapshot, drivers: Sequence[Mapping[str, Any]], config: OperatorConfig
+) -> DriverDecision:
+    """Without the flag the ClusterPolicy drives every node: NVIDIADrivers own nothing."""
+    prunes = Stage(tuple(Prune(o.key) for o in snap.managed))
+    labels = Stage(
+        tuple(
+            Patch("Node", n.name, label_patch(None), "labels")
+            for n in snap.base.nodes
+            if POOL_LABEL in n.labels
+        )
+    )
+    status: list[Action] = []
+    for driver in drivers:
+        new = {
+            "state": "ignored",
+            "namespace": config.namespace,
+            "conditions": _conditions(
+                driver,
+                snap.base.stamp,
+                ready=("False", "Ignored", "the ClusterPolicy does not set "
+                       "driver.useNvidiaDriverCRD: true; its own driver section applies"),
+                error=None,
+                selection=None,
+            ),
+        }  # fmt: skip
+        status += _status_actions(driver, new, snap.base.stamp, config)
+    return DriverDecision(tuple(s for s in (prunes, labels, Stage(tuple(status))) if s.actions))
+
+
+def default_driver(policy: ClusterPolicySpec) -> dict[str, Any]:
+    """The ``default`` NVIDIADriver: the ClusterPolicy's driver section, field for field."""
+    spec = {"default": True, **api.spec_from_clusterpolicy(policy.driver)}
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {"name": api.DEFAULT_NAME},
+        "spec": spec,
+    }
+
+
+def _pool_policy(spec: NVIDIADriverSpec, policy: ClusterPolicySpec) -> Policy:
+    """The CR's own upgradePolicy; absent, the ClusterPolicy's."""
+    return Policy.from_spec(spec.upgrade_policy or policy.driver.upgrade_policy)
+
+
+def _legacy_driver_nodes(base: Snapshot) -> set[str]:
+    """Nodes that run the ClusterPolicy's driver pod (handed over gradually)."""
+    return driver_pod_nodes(base.daemonsets, base.pods, "ClusterPolicy")
+
+
+def _driver_ready_nodes(base: Snapshot) -> set[str]:
+    ready = [p for p in base.pods if pod_ready(p)]
+    return driver_pod_nodes(base.daemonsets, ready, api.KIND)
+
+
+def _upgrades(
+    snap: DriverSnapshot,
+    specs: Mapping[str, NVIDIADriverSpec],
+    policy: ClusterPolicySpec,
+    by_name: Mapping[str, Mapping[str, Any]],
+) -> list[PoolUpgrade]:
+    """Each pool's plan under its own policy, all pools within the cluster-wide budget.
+
+    A first plan per pool measures what is in progress, unavailable and waiting; what is left
+    of the cluster's maxParallelUpgrades and maxUnavailable (the ClusterPolicy's
+    driver.upgradePolicy, when it sets one) is then shared out among the waiting pools.
+    """
+    base = snap.base
+    fleets = {}
+    policies = {}
+    for name, spec in sorted(specs.items()):
+        uid = by_name[name]["metadata"]["uid"]
+        daemonsets = [d for d in base.daemonsets if uid in _owner_uids_of(d)]
+        nodes = [n for n in base.nodes if n.labels.get(POOL_LABEL) == name]
+        if not daemonsets or not nodes:
+            continue
+        fleets[name] = fleet_from_objects(
+            nodes, daemonsets, base.pods, base.revisions, base.workload_pods
+        )
+        policies[name] = _pool_policy(spec, policy)
+    first = {name: plan(fleets[name], policies[name], base.now) for name in fleets}
+    cluster = policy.driver.upgrade_policy
+    parallel_left: float = float("inf")
+    room_left: float = float("inf")
+    if cluster is not None:
+        limits = Policy.from_spec(cluster)
+        total = sum(p.summary.total for p in first.values())
+        busy = sum(p.summary.in_progress for p in first.values())
+        unavailable = sum(p.summary.unavailable for p in first.values())
+        if limits.max_parallel_upgrades:
+            parallel_left = max(0, limits.max_parallel_upgrades - busy)
+        room_left = max(0, scaled_max_unavailable(limits.max_unavailable, total) - unavailable)
+    # New starts are shared out one at a time, pool by pool, so two pools that both wait
+    # upgrade together instead of the first in name order taking the whole cluster budget.
+    want = {n: min(p.summary.budget_slots, p.summary.pending) for n, p in first.items()}
+    share = dict.fromkeys(first, 0)
+    allowed = min(parallel_left, room_left)
+    while allowed > 0 and any(share[n] < want[n] for n in share):
+        for name in sorted(share):
+            if allowed > 0 and share[name] < want[name]:
+                share[name] += 1
+                allowed -= 1
+    out = []
+    for name in sorted(fleets):
+        summary = first[name].summary
+        pool_policy = policies[name]
+        if share[name] < want[name]:
+            capped = summary.unavailable + share[name]
+            pool_policy = replace(pool_policy, max_unavailable=capped)
+        out.append(PoolUpgrade(name, plan(fleets[name], pool_policy, base.now)))
+    return out
+
+
+def _owner_uids_of(obj: Mapping[str, Any]) -> set[str]:
+    return {r.get("uid", "") for r in (obj.get("metadata") or {}).get("ownerReferences") or ()}
+
+
+def _driver_status(
+    driver: Mapping[str, Any],
+    snap: DriverSnapshot,
+    assignment: Assignment,
+    problems: Sequence[str] | None,
+    unpooled: Sequence[str] | None,
+    upgrade: UpgradePlan | None,
+    config: OperatorConfig,
+) -> dict[str, Any]:
+    name = driver["metadata"]["name"]
+    uid = driver["metadata"]["uid"]
+    base = snap.base
+    pods = by_owner(base.pods)
+    revisions = by_owner(base.revisions)
+    readiness = [
+        daemonset_readiness(d, pods.get(d["metadata"]["uid"], ()),
+                            revisions.get(d["metadata"]["uid"], ()))
+        for d in base.daemonsets
+        if uid in _owner_uids_of(d)
+    ]  # fmt: skip
+    conflicts = assignment.conflicts_of(name)
+    error = None
+    if problems:
+        error = ("InvalidSpec", "; ".join(problems))
+    elif conflicts:
+        others = sorted({d for n in conflicts for d in assignment.conflicts[n]} - {name})
+        error = (
+            "NodeSelectorConflict",
+            f"nodes selected by this and {', '.join(others)} get no driver until only one "
+            f"selects them: {', '.join(conflicts)}",
+        )
+    nodes = assignment.nodes_of(name)
+    not_ready = [r for r in readiness if not r.ready]
+    if error is not None:
+        ready = ("False", error[0], error[1])
+    elif not nodes:
+        ready = ("False", "NoNodes", "no GPU node is selected")
+    elif unpooled:
+        ready = ("False", "MissingNodeLabels", "nodes without the NFD OS labels (is NFD "
+                 f"running?): {', '.join(unpooled)}")  # fmt: skip
+    elif not readiness or not_ready:
+        detail = "; ".join(f"{r.name}: {r.message}" for r in not_ready) or "rendering"
+        ready = ("False", "DriverNotReady", detail)
+    else:
+        ready = ("True", "Ready", f"{len(nodes)} nodes in {len(readiness)} DaemonSets")
+    unselected = assignment.unselected
+    selection = (
+        (
+            "True",
+            "NodesWithoutDriver",
+            f"GPU nodes no NVIDIADriver selects: {', '.join(unselected)}",
+        )
+        if unselected
+        else ("False", "AllNodesSelected", "")
+    )
+    status: dict[str, Any] = {
+        "state": "ready" if ready[0] == "True" else "notReady",
+        "namespace": config.namespace,
+        "conditions": _conditions(
+            driver, base.stamp, ready=ready, error=error, selection=selection
+        ),
+    }
+    if upgrade is not None and upgrade.line:
+        status["conditions"].append(
+            condition(
+                (driver.get("status") or {}).get("conditions") or [],
+                "Upgrade",
+                "True" if upgrade.summary.in_progress else "False",
+                "InProgress" if upgrade.summary.in_progress else "Idle",
+                upgrade.line,
+                base.stamp,
+                int(driver["metadata"].get("generation") or 0),
+            )
+        )
+    return status
+
+
+def _conditions(
+    driver: Mapping[str, Any],
+    now: str,
+    *,
+    ready: tuple[str, str, str],
+    error: tuple[str, str] | None,
+    selection: tuple[str, str, str] | None,
+) -> list[dict[str, Any]]:
+    previous = (driver.get("status") or {}).get("conditions") or []
+    generation = int(driver["metadata"].get("generation") or 0)
+    out = [condition(previous, "Ready", *ready, now, generation)]
+    err = ("True", *error) if error else ("False", "NoError", "")
+    out.append(condition(previous, "Error", *err, now, generation))
+    if selection is not None:
+        out.append(condition(previous, "NodeSelection", *selection, now, generation))
+    return out
+
+
+def _status_actions(
+    driver: Mapping[str, Any], new: dict[str, Any], now: str, config: OperatorConfig
+) -> list[Action]:
+    """The status patch when it changes, and a Warning Event when a problem appears."""
+    current = driver.get("status") or {}
+    if new == current:
+        return []
+    name = driver["metadata"]["name"]
+    actions: list[Action] = [Patch(api.KIND, name, {"status": new}, "status", subresource="status")]
+    before = {c["type"]: c for c in current.get("conditions") or []}
+    about = {"apiVersion": api.API_VERSION, "kind": api.KIND, **driver}
+    for cond in new["conditions"]:
+        if cond["type"] not in ("Error", "NodeSelection") or cond["status"] != "True":
+            continue
+        old = before.get(cond["type"])
+        if old and old.get("message") == cond["message"]:
+            continue
+        body = event_body(
+            about, "Warning", cond["reason"], cond["message"],
+            component=EVENT_SOURCE, instance=config.identity, stamp=now,
+        )  # fmt: skip
+        actions.append(Create(body))
+    return actions

@@ -1,0 +1,104 @@
+"""The NVIDIADriver loop's imperative shell: observe, decide (``driver_decide``), execute.
+
+It runs beside the ClusterPolicy loop on the same watches (kopf's indexes): any change wakes
+both, and each decides only about what it owns. Everything it must remember is in the cluster
+(node pool labels, upgrade state labels, status), so a restarted operator carries on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from gpu_operator.api import nvidiadriver as api
+from gpu_operator.controller.clusterpolicy import Inbox
+from gpu_operator.controller.config import OperatorConfig
+from gpu_operator.controller.driver_decide import DRIVER_KINDS, DriverSnapshot, decide_drivers
+from gpu_operator.controller.execute import Executor
+from gpu_operator.controller.loop import Loop
+from gpu_operator.controller.metrics import PrometheusMetrics
+from gpu_operator.controller.snapshot import Snapshot
+from gpu_operator.controller.watch import Watched, owned_children
+from gpu_operator.events import now_iso
+from gpu_operator.kinds import KINDS
+from gpu_operator.kube import Kube
+from gpu_operator.upgrade import emptying_nodes
+from gpu_operator.views import NodeView
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 2.0  # a pass with refused writes looks again this soon
+
+
+class NVIDIADriverController:
+    def __init__(self, kube: Kube, config: OperatorConfig, metrics: PrometheusMetrics) -> None:
+        self.kube = kube
+        self.config = config
+        self.indexes: Mapping[str, Any] = {}
+        self.inbox = Inbox()  # only to tell node heartbeats from changes
+        self.executor = Executor(kube, config.write_concurrency, metrics)
+        self.loop = Loop("nvidiadriver", self.run_pass, config, metrics)
+
+    def notify(self, watched: Watched, body: Mapping[str, Any], indexes: Mapping[str, Any]) -> None:
+        if not self.indexes:
+            self.indexes = dict(indexes)
+            self.loop.ready.set()
+        if watched.kind.kind == "Node" and not self.inbox.node_changed(NodeView.from_k8s(body)):
+            return  # a heartbeat
+        self.loop.wake.set()
+
+    async def run_pass(self, resync: bool) -> float | None:
+        snapshot = await self.observe()
+        decision = decide_drivers(snapshot, self.config)
+        outcomes = await self.executor.run(decision.stages)
+        refused = [o for o in outcomes if not o.ok and not o.skipped]
+        if refused:
+            log.info("nvidiadriver pass: %d of %d actions refused", len(refused), len(outcomes))
+            return time.time() + RETRY_S
+        if outcomes:
+            log.info("nvidiadriver pass wrote %d objects", len(outcomes))
+        return decision.requeue_at
+
+    async def observe(self) -> DriverSnapshot:
+        nodes = tuple(self._values("nodes"))
+        drivers = tuple(self._values("nvidiadrivers"))
+        pooled = [n for n in nodes if n.labels.get("nvidia.com/gpu.driver-pool")]
+        listed = await asyncio.gather(
+            *(
+                self.executor.call(
+                    self.kube.list_objects, "Pod", field_selector=f"spec.nodeName={name}"
+                )
+                for name in emptying_nodes(pooled)
+            )
+        )
+        base = Snapshot(
+            now=time.time(),
+            stamp=now_iso(),
+            policies=tuple(self._values("clusterpolicies")),
+            nodes=nodes,
+            daemonsets=tuple(self._values("daemonsets")),
+            pods=tuple(self._values("pods")),
+            revisions=tuple(self._values("controllerrevisions")),
+            workload_pods=tuple(p for pods in listed for p in pods),
+        )
+        managed = owned_children(
+            {k: self._values(KINDS[k].plural) for k in DRIVER_KINDS},
+            (api.API_VERSION, api.KIND),
+        )
+        return DriverSnapshot(base, drivers, tuple(managed), self._configmap_keys())
+
+    def _configmap_keys(self) -> dict[str, tuple[str, ...]]:
+        """The keys of the operator namespace's ConfigMaps (repo, certs, kernel modules are
+        mounted one file per key)."""
+        return {
+            cm["metadata"]["name"]: tuple(cm.get("keys") or ())
+            for cm in self._values("configmaps")
+            if cm["metadata"].get("namespace") == self.config.namespace
+        }
+
+    def _values(self, index: str) -> list[Any]:
+        idx = self.indexes.get(index) or {}
+        return [value for store in idx.values() for value in store]

@@ -1,0 +1,139 @@
+"""Which NVIDIADriver drives which GPU node (pure).
+
+Each NVIDIADriver selects GPU nodes by its ``nodeSelector`` (empty: every GPU node); a
+``default: true`` NVIDIADriver takes the GPU nodes no other one selects. A node selected by two
+NVIDIADrivers gets neither (both report it); a GPU node selected by none is reported too.
+
+The decision reaches the nodes as one label, ``nvidia.com/gpu.driver-pool``: the driver's name,
+or ``""`` for a GPU node that no driver may take (conflict, or selected by none). Every driver
+DaemonSet selects on that label, so a node's pool changes by one label write, and the DaemonSet
+controller moves the driver pod. A node that runs the ClusterPolicy's own driver is handed
+over a few at a time (``handover``): its pool label is written only while fewer than that many
+handed-over nodes wait for their new driver pod to be Ready, so no node is driverless for
+longer than one driver restart, as in an upgrade step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_operator.labels import COMPONENT
+from gpu_operator.render.driver import POOL_LABEL
+from gpu_operator.upgrade.fleet import DRIVER_COMPONENTS
+from gpu_operator.views import NodeView, owner_uids
+
+
+@dataclass(frozen=True)
+class DriverSelector:
+    """What pool assignment needs of one NVIDIADriver."""
+
+    name: str
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    default: bool = False
+    handover: int = 1  # nodes handed over from the ClusterPolicy's driver at once
+
+    def selects(self, node: NodeView) -> bool:
+        return all(node.labels.get(k) == v for k, v in self.node_selector.items())
+
+
+@dataclass(frozen=True)
+class Assignment:
+    pool_of: Mapping[str, str]  # node -> driver name (where the node should end up)
+    conflicts: Mapping[str, tuple[str, ...]]  # node -> the drivers that all select it
+    unselected: tuple[str, ...]  # GPU nodes no driver selects
+    label_patches: Mapping[str, str | None]  # node -> new pool label value (None: remove)
+    waiting: tuple[str, ...] = ()  # nodes whose handover waits for room
+
+    def nodes_of(self, driver: str) -> tuple[str, ...]:
+        return tuple(sorted(n for n, d in self.pool_of.items() if d == driver))
+
+    def conflicts_of(self, driver: str) -> tuple[str, ...]:
+        return tuple(sorted(n for n, ds in self.conflicts.items() if driver in ds))
+
+
+def assign(
+    gpu_nodes: Sequence[NodeView],
+    drivers: Sequence[DriverSelector],
+    *,
+    legacy_driver_nodes: Iterable[str] = (),
+    new_driver_ready: Iterable[str] = (),
+) -> Assignment:
+    """Pools, conflicts and the label writes that move nodes towards them.
+
+    ``legacy_driver_nodes``: nodes running the ClusterPolicy's driver pod, which must be handed
+    over gradually; ``new_driver_ready``: nodes whose NVIDIADriver pod is Ready.
+    """
+    explicit = [d for d in drivers if not d.default]
+    defaults = sorted((d for d in drivers if d.default), key=lambda d: d.name)
+    pool_of: dict[str, str] = {}
+    conflicts: dict[str, tuple[str, ...]] = {}
+    unselected: list[str] = []
+    for node in sorted(gpu_nodes, key=lambda n: n.name):
+        chosen = tuple(sorted(d.name for d in explicit if d.selects(node)))
+        if not chosen and defaults:
+            chosen = tuple(d.name for d in defaults)
+        if len(chosen) == 1:
+            pool_of[node.name] = chosen[0]
+        elif chosen:
+            conflicts[node.name] = chosen
+        else:
+            unselected.append(node.name)
+
+    legacy = set(legacy_driver_nodes)
+    ready = set(new_driver_ready)
+    handover = {d.name: max(1, d.handover) for d in drivers}
+    # Nodes already handed over whose new driver is not Ready yet hold a handover slot.
+    busy: dict[str, int] = {}
+    for node in gpu_nodes:
+        current = node.labels.get(POOL_LABEL)
+        if current and node.name not in ready:
+            busy[current] = busy.get(current, 0) + 1
+    patches: dict[str, str | None] = {}
+    waiting: list[str] = []
+    for node in sorted(gpu_nodes, key=lambda n: n.name):
+        want = pool_of.get(node.name, "")
+        current = node.labels.get(POOL_LABEL)
+        if current == want:
+            continue
+        if want and node.name in legacy and not current:
+            if busy.get(want, 0) >= handover.get(want, 1):
+                waiting.append(node.name)
+                continue
+            busy[want] = busy.get(want, 0) + 1
+        patches[node.name] = want
+    return Assignment(pool_of, conflicts, tuple(unselected), patches, tuple(waiting))
+
+
+def driver_pod_nodes(
+    daemonsets: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], owner_kind: str
+) -> set[str]:
+    """Nodes running a pod of a driver DaemonSet owned by ``owner_kind`` (ClusterPolicy: the
+    legacy driver to hand over; NVIDIADriver: the pools' drivers)."""
+    uids = {
+        d["metadata"]["uid"]
+        for d in daemonsets
+        if (d["metadata"].get("labels") or {}).get(COMPONENT) in DRIVER_COMPONENTS
+        and any(r.get("kind") == owner_kind for r in d["metadata"].get("ownerReferences") or ())
+    }
+    return {
+        str((p.get("spec") or {}).get("nodeName"))
+        for p in pods
+        if any(u in uids for u in owner_uids(p, "DaemonSet"))
+    }
+
+
+def handover_pending(
+    nodes: Iterable[NodeView],
+    daemonsets: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+) -> bool:
+    """Some node without a pool still runs the ClusterPolicy's driver: keep it there."""
+    legacy = driver_pod_nodes(daemonsets, pods, "ClusterPolicy")
+    return any(n.name in legacy and POOL_LABEL not in n.labels for n in nodes)
+
+
+def label_patch(value: str | None) -> dict[str, object]:
+    """The node merge patch that sets (or removes) the pool label."""
+    return {"metadata": {"labels": {POOL_LABEL: value}}}

@@ -1,0 +1,45 @@
+"""The NVIDIADriver shell on the fake API: it creates the default NVIDIADriver, labels the
+pool, applies its DaemonSet, writes status, and then stays silent."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gpu_operator.controller.driver_loop import NVIDIADriverController
+from gpu_operator.controller.metrics import PrometheusMetrics
+from gpu_operator.controller.watch import Watched
+from gpu_operator.kinds import KINDS
+from gpu_operator.labels import DRIVER_POOL
+from tests.unit.controller.builders import CONFIG, gpu_node, node_object, policy
+from tests.unit.controller.fakes import FakeKube
+from tests.unit.controller.test_clusterpolicy import refresh
+
+
+def test_default_driver_created_applied_and_then_silent() -> None:
+    kube = FakeKube().add(
+        policy(spec={"driver": {"useNvidiaDriverCRD": True, "version": "570.172.08"}},
+               finalizers=()),
+        node_object(gpu_node("gpu-1")),
+    )  # fmt: skip
+    controller = NVIDIADriverController(kube, CONFIG, PrometheusMetrics())
+    indexes = refresh(kube, {})
+    controller.notify(Watched(KINDS["ConfigMap"]), {}, indexes)
+    writes = []
+    with asyncio.Runner() as runner:
+        for _ in range(6):
+            before = len(kube.writes)
+            runner.run(controller.run_pass(False))
+            for created in kube.of_kind("NVIDIADriver"):  # the API server gives each a uid
+                created["metadata"].setdefault("uid", "uid-default")
+            refresh(kube, indexes)
+            writes.append(len(kube.writes) - before)
+            if writes[-1] == 0:
+                break
+    assert writes[-1] == 0, writes
+    (default,) = kube.of_kind("NVIDIADriver")
+    assert default["spec"]["default"] is True and default["spec"]["version"] == "570.172.08"
+    node = kube.get("Node", "gpu-1") or {}
+    assert node["metadata"]["labels"][DRIVER_POOL] == "default"
+    (ds,) = [d for d in kube.of_kind("DaemonSet") if d["metadata"]["name"].startswith("nvidia-gpu")]
+    assert ds["metadata"]["ownerReferences"][0]["kind"] == "NVIDIADriver"
+    assert (default.get("status") or {}).get("state") == "notReady"  # no pod has run yet

@@ -1,0 +1,195 @@
+"""Pools, conflicts and handover: which NVIDIADriver drives which node (pure decisions)."""
+
+from __future__ import annotations
+
+from gpu_operator.controller.actions import Create, Patch, Prune
+from gpu_operator.controller.config import OperatorConfig
+from gpu_operator.controller.driver_decide import decide_drivers
+from gpu_operator.controller.plan import Observed
+from gpu_operator.controller.pools import DriverSelector, assign
+from gpu_operator.render.driver import POOL_LABEL
+from tests.unit.nvidiadriver.fleet import (
+    THREE_POOLS,
+    applied,
+    driver,
+    node,
+    policy,
+    snapshot,
+    twelve_nodes,
+)
+
+CONFIG = OperatorConfig(namespace="gpu-operator", identity="test")
+
+
+def label_patches(decision: object) -> dict[str, str | None]:
+    return {
+        a.name: a.body["metadata"]["labels"][POOL_LABEL]
+        for a in decision.actions  # type: ignore[attr-defined]
+        if isinstance(a, Patch) and a.kind == "Node"
+    }
+
+
+def status_of(decision: object, name: str) -> dict[str, object]:
+    (patch,) = [
+        a
+        for a in decision.actions  # type: ignore[attr-defined]
+        if isinstance(a, Patch) and a.kind == "NVIDIADriver" and a.name == name
+    ]
+    return dict(patch.body["status"])
+
+
+def events(decision: object) -> list[dict[str, object]]:
+    return [dict(a.obj) for a in decision.actions if isinstance(a, Create)]  # type: ignore[attr-defined]
+
+
+def test_three_pools_get_exactly_their_daemonsets() -> None:
+    decision = decide_drivers(snapshot(twelve_nodes()), CONFIG)
+    names = sorted(ds["metadata"]["name"] for ds in applied(decision, "DaemonSet"))
+    assert [n.rsplit("-", 1)[0] for n in names] == [
+        "nvidia-gpu-driver-rhel9.4",
+        "nvidia-gpu-driver-ubuntu22.04",
+        "nvidia-gpu-driver-ubuntu24.04",
+    ]
+    images = {
+        ds["spec"]["template"]["spec"]["nodeSelector"][POOL_LABEL]: ds["spec"]["template"]["spec"][
+            "containers"
+        ][0]["image"]
+        for ds in applied(decision, "DaemonSet")
+    }
+    assert images == {
+        "a100": "nvcr.io/nvidia/driver:570.172.08-ubuntu22.04",
+        "h100": "nvcr.io/nvidia/driver:570-5.14.0-427.13.1.el9_4.x86_64-rhel9.4",
+        "t4": "nvcr.io/nvidia/driver:535.261.03-ubuntu24.04",
+    }
+    patches = label_patches(decision)
+    assert len(patches) == 12 and {patches[f"h100-{i}"] for i in range(4)} == {"h100"}
+
+
+def test_every_daemonset_is_owned_by_its_nvidiadriver() -> None:
+    decision = decide_drivers(snapshot(twelve_nodes()), CONFIG)
+    for ds in applied(decision, "DaemonSet"):
+        (ref,) = ds["metadata"]["ownerReferences"]
+        pool = ds["spec"]["template"]["spec"]["nodeSelector"][POOL_LABEL]
+        assert (ref["kind"], ref["name"], ref["uid"]) == ("NVIDIADriver", pool, f"uid-{pool}")
+
+
+def test_overlap_gives_the_node_neither_and_both_report_it() -> None:
+    nodes = [*twelve_nodes(), node("mixed-0", "A100", "ubuntu", "22.04", canary="true")]
+    drivers = (*THREE_POOLS, driver("canary", version="580.95.05", nodeSelector={"canary": "true"}))
+    decision = decide_drivers(snapshot(nodes, drivers), CONFIG)
+    assert label_patches(decision)["mixed-0"] == ""
+    for name in ("a100", "canary"):
+        status = status_of(decision, name)
+        error = next(c for c in status["conditions"] if c["type"] == "Error")  # type: ignore[union-attr]
+        assert error["status"] == "True" and "mixed-0" in error["message"]
+        assert error["reason"] == "NodeSelectorConflict"
+    warned = {e["involvedObject"]["name"] for e in events(decision)}  # type: ignore[index]
+    assert {"a100", "canary"} <= warned
+
+
+def test_a_gpu_node_selected_by_none_is_reported() -> None:
+    nodes = [*twelve_nodes(), node("l4-0", "L4", "ubuntu", "22.04")]
+    decision = decide_drivers(snapshot(nodes), CONFIG)
+    assert label_patches(decision)["l4-0"] == ""
+    selection = next(
+        c
+        for c in status_of(decision, "t4")["conditions"]
+        if c["type"] == "NodeSelection"  # type: ignore[union-attr]
+    )
+    assert selection["status"] == "True" and "l4-0" in selection["message"]
+
+
+def test_default_driver_takes_the_nodes_nobody_selects() -> None:
+    nodes = [*twelve_nodes(), node("l4-0", "L4", "ubuntu", "22.04")]
+    drivers = (*THREE_POOLS, driver("default", version="580.95.05", default=True))
+    decision = decide_drivers(snapshot(nodes, drivers), CONFIG)
+    assert label_patches(decision)["l4-0"] == "default"
+    assert label_patches(decision)["a100-0"] == "a100"
+
+
+def test_flag_on_and_no_nvidiadriver_creates_default_from_the_clusterpolicy() -> None:
+    cp = policy(version="570.172.08", repoConfig={"configMapName": "repos"}, rdma={"enabled": True})
+    decision = decide_drivers(snapshot(twelve_nodes(), (), cluster_policy=cp), CONFIG)
+    (create,) = decision.actions
+    assert isinstance(create, Create)
+    assert create.obj["metadata"]["name"] == "default"
+    spec = create.obj["spec"]
+    assert spec["default"] is True and spec["version"] == "570.172.08"
+    assert spec["repoConfig"] == {"name": "repos"} and spec["rdma"] == {"enabled": True}
+
+
+def test_flag_off_ignores_drivers_and_releases_everything() -> None:
+    cp = policy(useNvidiaDriverCRD=False)
+    nodes = twelve_nodes(**{"a100-0": "a100"})
+    managed = (Observed(("DaemonSet", "gpu-operator", "nvidia-gpu-driver-ubuntu22.04-x"), "h", 1),)
+    decision = decide_drivers(snapshot(nodes, cluster_policy=cp, managed=managed), CONFIG)
+    assert [a.key for a in decision.actions if isinstance(a, Prune)] == [managed[0].key]
+    assert label_patches(decision) == {"a100-0": None}
+    assert status_of(decision, "a100")["state"] == "ignored"
+
+
+def test_invalid_driver_is_reported_and_renders_nothing() -> None:
+    drivers = (driver("bad", driverType="cpu", nodeSelector={"x": "y"}),)
+    decision = decide_drivers(snapshot(twelve_nodes(), drivers), CONFIG)
+    assert not applied(decision, "DaemonSet")
+    error = next(c for c in status_of(decision, "bad")["conditions"] if c["type"] == "Error")  # type: ignore[union-attr]
+    assert "driverType" in error["message"]
+
+
+def test_handover_moves_legacy_nodes_a_few_at_a_time() -> None:
+    nodes = twelve_nodes()
+    legacy = {n.name for n in nodes}
+    selectors = [
+        DriverSelector("a100", {"nvidia.com/gpu.product": "A100"}, handover=1),
+        DriverSelector("h100", {"nvidia.com/gpu.product": "H100"}, handover=2),
+        DriverSelector("t4", {"nvidia.com/gpu.product": "T4"}, handover=1),
+    ]
+    first = assign(nodes, selectors, legacy_driver_nodes=legacy)
+    assert sorted(first.label_patches) == ["a100-0", "h100-0", "h100-1", "t4-0"]
+    assert len(first.waiting) == 8
+    # a100-0 handed over and Ready on its new driver: the next one goes.
+    moved = twelve_nodes(**{"a100-0": "a100", "h100-0": "h100", "h100-1": "h100", "t4-0": "t4"})
+    second = assign(moved, selectors, legacy_driver_nodes=legacy - {"a100-0"},
+                    new_driver_ready={"a100-0"})  # fmt: skip
+    assert sorted(second.label_patches) == ["a100-1"]
+
+
+def test_nodes_without_a_legacy_driver_join_at_once() -> None:
+    selectors = [DriverSelector("a100", {"nvidia.com/gpu.product": "A100"}, handover=1)]
+    result = assign(twelve_nodes(), selectors)
+    assert sorted(v for v in result.label_patches.values() if v) == ["a100"] * 4
+
+
+def test_an_unchanged_cluster_writes_nothing_but_status_once() -> None:
+    nodes = twelve_nodes(**{f"{g}-{i}": g for g in ("a100", "h100", "t4") for i in range(4)})
+    decision = decide_drivers(snapshot(nodes), CONFIG)
+    assert label_patches(decision) == {}
+
+
+def test_clusterpolicy_keeps_its_driver_only_on_nodes_not_handed_over() -> None:
+    from gpu_operator.api import parse_spec
+    from gpu_operator.render import Facts, render
+
+    spec = parse_spec({"driver": {"useNvidiaDriverCRD": True}})
+    assert not [o for o in render(spec, Facts()) if o["kind"] == "DaemonSet"
+                and o["metadata"]["name"].startswith("nvidia-driver")]  # fmt: skip
+    (legacy,) = [
+        o
+        for o in render(spec, Facts(driver_handover=True))
+        if o["kind"] == "DaemonSet" and o["metadata"]["name"].startswith("nvidia-driver")
+    ]
+    affinity = legacy["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    terms = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"key": POOL_LABEL, "operator": "DoesNotExist"} in terms[0]["matchExpressions"]
+
+
+def test_handover_is_pending_while_an_unpooled_node_runs_the_legacy_driver() -> None:
+    from gpu_operator.controller.pools import handover_pending
+
+    ds = {"metadata": {"uid": "d1", "labels": {"app.kubernetes.io/component": "driver"},
+                       "ownerReferences": [{"kind": "ClusterPolicy", "uid": "cp"}]}}  # fmt: skip
+    pod = {"metadata": {"ownerReferences": [{"kind": "DaemonSet", "uid": "d1"}]},
+           "spec": {"nodeName": "a100-0"}}  # fmt: skip
+    assert handover_pending(twelve_nodes(), [ds], [pod])
+    assert not handover_pending(twelve_nodes(**{"a100-0": "a100"}), [ds], [pod])
+    assert not handover_pending(twelve_nodes(), [ds], [])
