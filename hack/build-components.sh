@@ -421,8 +421,40 @@ build_image() {
   echo "$archive"
 }
 
+# Stand-ins for NVIDIA's operand images (gpu_operator.testenv.standins says which, and what they
+# run): one image FROM the project's, then each stand-in named and given its entrypoint; one OCI
+# archive for all of them, images/standins.oci.tar.
+build_standins() {
+  local py=${PYTHON:-$REPO_ROOT/.venv/bin/python} base ctx="$IMAGE_DIR/standins-context" list
+  local name entrypoint ctr archive
+  [ -x "$py" ] || py=python3
+  base=$(operator_image_name)
+  buildah_cmd inspect --type image "$base" >/dev/null 2>&1 || { log "build the image first: make image"; return 3; }
+  rm -rf "$ctx" && mkdir -p "$ctx"
+  list=$(PYTHONPATH="$REPO_ROOT/src" "$py" -m gpu_operator.testenv.standins "$ctx" "$base")
+  step "building the stand-ins' common image FROM $base" \
+    buildah_cmd bud --quiet --layers --pull=never --isolation chroot -f "$ctx/Containerfile" \
+    -t localhost/testenv/standins:latest "$ctx"
+  # One OCI layout holding every stand-in (the layers once), archived for load-image.
+  archive="$IMAGE_DIR/standins.oci.tar"
+  rm -rf "$ctx/layout" && mkdir -p "$ctx/layout"
+  while IFS=$'\t' read -r name entrypoint; do
+    ctr=$(buildah_cmd from --quiet --pull=never localhost/testenv/standins:latest)
+    buildah_cmd config --cmd '[]' --entrypoint "$entrypoint" \
+      --label org.opencontainers.image.title="SIMULATED stand-in for $name (gpu-operator testenv)" "$ctr"
+    buildah_cmd commit --quiet --rm "$ctr" "$name" >/dev/null
+    step "adding $name (SIMULATED) to $archive" \
+      buildah_cmd push --quiet --disable-compression "$name" "oci:$ctx/layout:$name"
+  done <<<"$list"
+  tar -C "$ctx/layout" -cf "$archive.tmp" . && mv "$archive.tmp" "$archive"
+  rm -rf "$ctx"
+  log "stand-ins: $(($(stat -c %s "$archive") >> 20)) MiB archive"
+  echo "$archive"
+}
+
 case "${1:-all}" in
   image) build_image ;;
+  standins) build_standins ;;
   all) mkdir -p "$BIN" "$WORK"; build_etcd; build_kwok; build_helm; build_k8s; echo "$BIN" ;;
   etcd) mkdir -p "$BIN" "$WORK"; build_etcd; echo "$BIN" ;;
   kwok) mkdir -p "$BIN" "$WORK"; build_kwok; echo "$BIN" ;;
