@@ -391,8 +391,20 @@ operator_image_name() {
 build_image() {
   command -v buildah >/dev/null || { log "buildah not found: install Debian's buildah (make packages)"; return 3; }
   mkdir -p "$IMAGE_DIR"
-  local name base archive="$IMAGE_DIR/gpu-operator.oci.tar" size id
+  local name base archive="$IMAGE_DIR/gpu-operator.oci.tar" size key
   name=$(operator_image_name)
+  # What the build reads; unchanged since the last build: nothing to do. (Not buildah's layer
+  # cache: buildah 1.28 reuses a `RUN --mount=...,from=<stage>` step even when that stage
+  # changed, so the final image would keep the old wheels.)
+  key=$(cd "$REPO_ROOT" && find Dockerfile .dockerignore pyproject.toml setup.py README.md src templates \
+    -type f ! -name '*.pyc' ! -path '*/__pycache__/*' ! -path '*.egg-info/*' -print0 |
+    sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)
+  if [ -f "$archive" ] && [ "$(cat "$archive.key" 2>/dev/null)" = "$key" ] &&
+    buildah_cmd inspect --type image "$name" >/dev/null 2>&1; then
+    log "image $name current (sources unchanged): $archive"
+    echo "$archive"
+    return
+  fi
   for base in $(from_images); do
     if buildah_cmd inspect --type image "$base" >/dev/null 2>&1; then
       log "base image $base: the local stand-in is in the store"
@@ -405,17 +417,13 @@ build_image() {
   local ca=() bundle=/etc/ssl/certs/ca-certificates.crt
   [ -f "$bundle" ] && ca=(--volume "$bundle:$bundle:ro")
   step "building $name from Dockerfile (buildah bud, no image pulled)" \
-    buildah_cmd bud --quiet --layers --pull=never --isolation chroot --network host "${ca[@]}" \
+    buildah_cmd bud --quiet --layers=false --pull=never --isolation chroot --network host "${ca[@]}" \
     -f "$REPO_ROOT/Dockerfile" -t "$name" "$REPO_ROOT"
-  id=$(buildah_cmd inspect --type image --format '{{.FromImageID}}' "$name")
-  if [ -f "$archive" ] && [ "$(cat "$archive.id" 2>/dev/null)" = "$id" ]; then
-    log "image unchanged: $archive is current"
-  else
-    rm -f "$archive.tmp"
-    step "writing $archive" buildah_cmd push --quiet "$name" "oci-archive:$archive.tmp:$name"
-    mv "$archive.tmp" "$archive"
-    echo "$id" >"$archive.id"
-  fi
+  rm -f "$archive.tmp"
+  step "writing $archive" buildah_cmd push --quiet "$name" "oci-archive:$archive.tmp:$name"
+  mv "$archive.tmp" "$archive"
+  echo "$key" >"$archive.key"
+  buildah_cmd rmi --prune >/dev/null 2>&1 || true  # the previous builds' untagged images
   size=$(buildah_cmd images --format '{{.Size}}' "$name" | head -1)
   log "image $name: $size in the store, $(($(stat -c %s "$archive") >> 20)) MiB archive"
   echo "$archive"
@@ -426,17 +434,23 @@ build_image() {
 # archive for all of them, images/standins.oci.tar.
 build_standins() {
   local py=${PYTHON:-$REPO_ROOT/.venv/bin/python} base ctx="$IMAGE_DIR/standins-context" list
-  local name entrypoint ctr archive
+  local name entrypoint ctr archive id
   [ -x "$py" ] || py=python3
   base=$(operator_image_name)
   buildah_cmd inspect --type image "$base" >/dev/null 2>&1 || { log "build the image first: make image"; return 3; }
+  archive="$IMAGE_DIR/standins.oci.tar"
+  id=$(buildah_cmd images --noheading --no-trunc --format '{{.ID}}' "$base")
+  if [ -f "$archive" ] && [ "$(cat "$archive.id" 2>/dev/null)" = "$id" ]; then
+    log "stand-ins current for $base: $archive"
+    echo "$archive"
+    return
+  fi
   rm -rf "$ctx" && mkdir -p "$ctx"
   list=$(PYTHONPATH="$REPO_ROOT/src" "$py" -m gpu_operator.testenv.standins "$ctx" "$base")
   step "building the stand-ins' common image FROM $base" \
     buildah_cmd bud --quiet --layers --pull=never --isolation chroot -f "$ctx/Containerfile" \
     -t localhost/testenv/standins:latest "$ctx"
   # One OCI layout holding every stand-in (the layers once), archived for load-image.
-  archive="$IMAGE_DIR/standins.oci.tar"
   rm -rf "$ctx/layout" && mkdir -p "$ctx/layout"
   while IFS=$'\t' read -r name entrypoint; do
     ctr=$(buildah_cmd from --quiet --pull=never localhost/testenv/standins:latest)
@@ -447,6 +461,7 @@ build_standins() {
       buildah_cmd push --quiet --disable-compression "$name" "oci:$ctx/layout:$name"
   done <<<"$list"
   tar -C "$ctx/layout" -cf "$archive.tmp" . && mv "$archive.tmp" "$archive"
+  echo "$id" >"$archive.id"
   rm -rf "$ctx"
   log "stand-ins: $(($(stat -c %s "$archive") >> 20)) MiB archive"
   echo "$archive"
