@@ -1,6 +1,8 @@
 """The stack in real containers on real kubelets: the project's image built from its Dockerfile
 (`make image`) and the SIMULATED stand-ins for NVIDIA's images (`make standins`) loaded into the
-real nodes, the operator reconciling NVIDIA's Helm-default ClusterPolicy. Every agent runs from
+real nodes, the operator reconciling examples/clusterpolicy.yaml (the project's defaults, whose
+agents run the project's image; NVIDIA's Helm defaults name NVIDIA's agent images, which have
+no stand-ins yet). Every agent runs from
 the rendered DaemonSet (its probes, hostPaths, securityContext, ServiceAccount token, the
 `nvidia` RuntimeClass): discovery labels its node from inside its container, the validator's
 readiness probe passes only once its checks have, and the exporter reads the kubelet's real
@@ -23,7 +25,7 @@ from gpu_operator import testenv
 from gpu_operator.controller.runner import OperatorThread
 from gpu_operator.kube import Kube
 from tests.e2e.support import policy_status, service_account_config, start_operator, wait_for
-from tests.paths import NVIDIA_REFERENCE
+from tests.paths import REPO
 
 pytestmark = pytest.mark.real_nodes
 
@@ -51,11 +53,8 @@ class Stack:
     started: float
 
 
-def _helm_default() -> dict[str, Any]:
-    path = NVIDIA_REFERENCE / "clusterpolicy-helm-default.yaml"
-    if not path.is_file():
-        pytest.skip(f"{path} not found")
-    doc: dict[str, Any] = yaml.safe_load(path.read_text())
+def _example_policy() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((REPO / "examples" / "clusterpolicy.yaml").read_text())
     return doc
 
 
@@ -88,7 +87,7 @@ def stack(
             pytest.fail(f"the project's image could not be built: {exc} (log {log_path})")
     for archive in archives:
         real_cluster.load_image(archive)
-    policy = _helm_default()
+    policy = _example_policy()
     with real_cluster.api_client() as api:
         kube = Kube(api)
         operator = start_operator(service_account_config(real_cluster, NS, "gpu-operator"), NS)

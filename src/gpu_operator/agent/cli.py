@@ -254,7 +254,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     validator = validate.Validator(
         read_inventory=read_inventory,
         read_node=read_node,
-        runtime_configs=args.runtime_config or validate.RUNTIME_CONFIGS,
+        runtime_configs=args.runtime_config or validate.host_runtime_configs(args.host_root),
         directory=Path(args.output_dir),
         components=components,
         driver_root=args.driver_root,
@@ -478,6 +478,12 @@ def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
         action="append",
         default=None,
         help="container runtime config to check (repeatable; globs allowed)",
+    )
+    p.add_argument(
+        "--host-root",
+        default=os.environ.get("HOST_ROOT_MOUNT") or validate.default_host_root(),
+        help="where the host's / is mounted, to read its container runtime config (env "
+        "HOST_ROOT_MOUNT; default /host when mounted, as in the validator's DaemonSet)",
     )
     p.add_argument("--driver-root", default=os.environ.get("NVIDIA_DRIVER_ROOT", "/"))
     p.add_argument("--interval", type=float, default=10.0)
