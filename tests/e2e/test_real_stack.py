@@ -27,7 +27,8 @@ from gpu_operator.kube import Kube
 from tests.e2e.support import policy_status, service_account_config, start_operator, wait_for
 from tests.paths import REPO
 
-pytestmark = pytest.mark.real_nodes
+# The first run builds the image and the stand-ins (minutes; a changed tree rebuilds them).
+pytestmark = [pytest.mark.real_nodes, pytest.mark.timeout(1800)]
 
 NS = "gpu-operator"
 POLICY = "cluster-policy"

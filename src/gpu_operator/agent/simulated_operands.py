@@ -18,6 +18,7 @@ Every line they print starts with SIMULATED.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -25,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from gpu_operator import labels
-from gpu_operator.agent.simnvml import ENV_SIMULATE, ENV_STATE, build_simulated_nvml
+from gpu_operator.agent.simnvml import ENV_SEED, ENV_SIMULATE, ENV_STATE, build_simulated_nvml
 
 BANNER = "SIMULATED"
 TOOLKIT_DROP_IN = "99-nvidia-simulated.toml"
@@ -39,9 +40,10 @@ class SimulationError(RuntimeError):
     """The simulated operand cannot do its job; the message says what is missing."""
 
 
-def descriptor_text(spec: str, state_file: str) -> str:
-    """`KEY=value` lines: the environment a container needs for the node's simulated NVML."""
-    return f"{ENV_SIMULATE}={spec}\n{ENV_STATE}={state_file}\n"
+def descriptor_text(spec: str, state_file: str, seed: str) -> str:
+    """`KEY=value` lines: the environment a container needs for the node's simulated NVML (the
+    seed makes every container on the node see the same GPU UUIDs, as on a real machine)."""
+    return f"{ENV_SIMULATE}={spec}\n{ENV_STATE}={state_file}\n{ENV_SEED}={seed}\n"
 
 
 def parse_descriptor(text: str) -> dict[str, str]:
@@ -75,7 +77,8 @@ def install_driver(profile_file: Path, driver_root: Path, sim_dir: Path) -> dict
     spec = read_profile(profile_file)
     state_file = f"{labels.SIMULATED_GPUS_DIR}/{labels.SIMULATED_NVML_STATE}"
     # The state file as this container sees it (sim_dir is the node's SIMULATED_GPUS_DIR).
-    sim = build_simulated_nvml(spec, state_file=sim_dir / labels.SIMULATED_NVML_STATE)
+    seed = os.environ.get("NODE_NAME") or os.uname().nodename
+    sim = build_simulated_nvml(spec, state_file=sim_dir / labels.SIMULATED_NVML_STATE, seed=seed)
     driver_root.mkdir(parents=True, exist_ok=True)
     (driver_root / "README.SIMULATED").write_text(
         "SIMULATED NVIDIA driver root (gpu-operator testenv): no kernel module, no libraries;\n"
@@ -83,7 +86,7 @@ def install_driver(profile_file: Path, driver_root: Path, sim_dir: Path) -> dict
     )
     descriptor = driver_root / labels.SIMULATED_NVML_DESCRIPTOR
     tmp = descriptor.with_name(descriptor.name + ".tmp")
-    tmp.write_text(descriptor_text(spec, state_file))
+    tmp.write_text(descriptor_text(spec, state_file, seed))
     tmp.replace(descriptor)
     version = sim.node.driver_version
     return {"spec": spec, "driver_version": version, "gpus": str(len(sim.node.gpus))}
@@ -128,7 +131,9 @@ def load_descriptor(driver_root: Path) -> dict[str, str]:
 def smi_lines(env: Mapping[str, str], state_dir: Path) -> list[str]:
     """What `nvidia-smi -L` prints, for the simulated GPUs of the descriptor."""
     sim = build_simulated_nvml(
-        env[ENV_SIMULATE], state_file=state_dir / labels.SIMULATED_NVML_STATE
+        env[ENV_SIMULATE],
+        state_file=state_dir / labels.SIMULATED_NVML_STATE,
+        seed=env.get(ENV_SEED),
     )
     return [f"GPU {g.index}: {g.model.name} (UUID: {g.uuid})" for g in sim.node.gpus]
 

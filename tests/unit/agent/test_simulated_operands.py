@@ -12,7 +12,7 @@ import pytest
 from gpu_operator import labels
 from gpu_operator.agent import simulated_operands as sim
 from gpu_operator.agent import validate
-from gpu_operator.agent.simnvml import ENV_SIMULATE, ENV_STATE
+from gpu_operator.agent.simnvml import ENV_SEED, ENV_SIMULATE, ENV_STATE, build_simulated_nvml
 
 
 def _host(tmp_path: Path, spec: str = "a100-40gb:2") -> Path:
@@ -23,8 +23,9 @@ def _host(tmp_path: Path, spec: str = "a100-40gb:2") -> Path:
 
 
 def test_driver_installs_the_descriptor_and_removes_it_when_stopped(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("NODE_NAME", "real-node-7")
     sim_dir = _host(tmp_path)
     root = tmp_path / "driver"
     stop = threading.Event()
@@ -45,6 +46,7 @@ def test_driver_installs_the_descriptor_and_removes_it_when_stopped(
         assert env == {
             ENV_SIMULATE: "a100-40gb:2",
             ENV_STATE: f"{labels.SIMULATED_GPUS_DIR}/{labels.SIMULATED_NVML_STATE}",
+            ENV_SEED: "real-node-7",  # every agent on the node sees the same GPU UUIDs
         }
         assert (sim_dir / labels.SIMULATED_NVML_STATE).exists()  # the agents' shared MIG state
         assert sim.main_smi(root, sim_dir) == 0
@@ -76,3 +78,15 @@ def test_toolkit_drop_in_is_what_the_validator_recognises(tmp_path: Path) -> Non
     assert not validate.runtime_configured(text, "other")
     assert sim.run_toolkit(config, "nvidia", stop) == 0
     assert not (config.parent / "conf.d" / sim.TOOLKIT_DROP_IN).exists()
+
+
+def test_the_seed_gives_pods_without_node_name_the_node_s_uuids(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The device plugin's pod has no NODE_NAME: without the seed its GPU UUIDs would be its
+    pod's, and the exporter could not match PodResources' device IDs to GPUs."""
+    monkeypatch.setenv("NODE_NAME", "real-node-0")
+    expected = [g.uuid for g in build_simulated_nvml("t4:2").node.gpus]
+    monkeypatch.delenv("NODE_NAME")
+    monkeypatch.setenv(ENV_SEED, "real-node-0")
+    assert [g.uuid for g in build_simulated_nvml("t4:2").node.gpus] == expected
