@@ -273,3 +273,67 @@ def test_agents_run_as_rendered(stack: Stack) -> None:
         assert pod["spec"]["containers"][0]["image"] == "ghcr.io/gpu-operator/gpu-operator:v0.1.0"
     plugin = _pods(stack, "nvidia-device-plugin-daemonset", node)[0]
     assert plugin["spec"]["containers"][0]["image"] == "nvcr.io/nvidia/k8s-device-plugin:v0.17.4"
+
+
+def test_mig_reconfiguration_on_a_real_node_pauses_and_resumes_the_operands(
+    stack: Stack,
+) -> None:
+    """The MIG manager in its container changes the layout through the node's shared simulated
+    NVML state: discovery and the device plugin, in their own containers, see the MIG devices."""
+    node = stack.cluster.real_nodes[0]  # A100 40GB x8
+    seen: list[dict[str, str]] = []
+
+    def state() -> str | None:
+        labels = _real_labels(stack.kube, node)
+        seen.append(labels)
+        return labels.get("nvidia.com/mig.config.state")
+
+    stack.kube.merge_patch(
+        "Node", node, {"metadata": {"labels": {"nvidia.com/mig.config": "all-1g.5gb"}}}
+    )
+    try:
+        wait_for(
+            "the new layout applied after a pause",
+            lambda: (
+                state() == "success"
+                and any(s.get("nvidia.com/mig.config.state") == "pending" for s in seen)
+            ),
+            timeout=300,
+        )
+        paused = [s for s in seen if s.get("nvidia.com/mig.config.state") == "pending"]
+        assert any(
+            s.get("nvidia.com/gpu.deploy.device-plugin") == "paused-for-mig-change" for s in paused
+        )
+        labels = wait_for(
+            "discovery in its container sees the MIG devices",
+            lambda: (
+                (got := _real_labels(stack.kube, node))
+                .get("nvidia.com/gpu.product", "")
+                .endswith("-MIG-1g.5gb")
+                and got
+            ),
+            timeout=300,
+        )
+        assert labels["nvidia.com/gpu.count"] == "56"
+        wait_for(
+            "the device plugin in its container advertises 56 MIG GPUs",
+            lambda: (
+                ((stack.kube.get("Node", node) or {}).get("status") or {})
+                .get("allocatable", {})
+                .get("nvidia.com/gpu")
+                == "56"
+            ),
+            timeout=300,
+        )
+    finally:
+        stack.kube.merge_patch(
+            "Node", node, {"metadata": {"labels": {"nvidia.com/mig.config": "all-disabled"}}}
+        )
+        wait_for(
+            "MIG disabled again",
+            lambda: (
+                _real_labels(stack.kube, node).get("nvidia.com/gpu.count") == "8"
+                and _real_labels(stack.kube, node).get("nvidia.com/mig.config.state") == "success"
+            ),
+            timeout=300,
+        )
