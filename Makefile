@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 
 ## demo: a simulated GPU cluster running the whole stack, left up (hack/testenv down stops it)
 demo: $(STAMP) testenv
-	$(BIN)/python -m gpu_operator.testenv.demo
+	$(BIN)/python -m gpu_operator.testenv.demo $(DEMO_ARGS)
 
 ## test: every check and test, e2e against a real local control plane
 test: lint typecheck testenv
@@ -64,6 +64,7 @@ bench: $(STAMP)
 ## bundle/ after changing the API, RBAC or defaults
 manifests: $(STAMP)
 	$(BIN)/gpu-operator crd > crds/clusterpolicy.yaml.tmp && mv crds/clusterpolicy.yaml.tmp crds/clusterpolicy.yaml
+	$(BIN)/gpu-operator crd --kind GPUCluster > crds/gpucluster.yaml.tmp && mv crds/gpucluster.yaml.tmp crds/gpucluster.yaml
 	$(BIN)/gpu-operator deploy --output deploy/
 	$(BIN)/gpu-operator chart --output deploy/helm/gpu-operator --readme README.md
 	$(BIN)/gpu-operator bundle --version $$($(BIN)/python -c 'import gpu_operator; print(gpu_operator.__version__)') --output bundle/

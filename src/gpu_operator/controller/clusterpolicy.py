@@ -15,8 +15,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
 from gpu_operator.controller.actions import Key, Outcome
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.decide import APPLIED_KINDS, Decision, Gauges, decide
@@ -87,6 +85,13 @@ class ClusterPolicyController:
         self.memory = Memory()
         self.executor = Executor(kube, config.write_concurrency, metrics)
         self.loop = Loop("clusterpolicy", self.run_pass, config, metrics)
+        self.dra_conflicts: frozenset[str] = frozenset()
+        self.also_wake: list[Loop] = []  # other loops that decide from these indexes
+
+    def set_dra_conflicts(self, nodes: frozenset[str]) -> None:
+        """From the GPUCluster loop: nodes both stacks target (reported in status)."""
+        self.dra_conflicts = nodes
+        self.loop.wake.set()
 
     # -- fed by the watches ------------------------------------------------------------------
 
@@ -94,9 +99,13 @@ class ClusterPolicyController:
         if not self.indexes:
             self.indexes = dict(indexes)
             self.loop.ready.set()
+            for other in self.also_wake:
+                other.ready.set()
         if watched.kind.kind == "Node" and not self.inbox.node_changed(NodeView.from_k8s(body)):
             return  # a heartbeat
         self.loop.wake.set()
+        for other in self.also_wake:
+            other.wake.set()
 
     # -- one pass ----------------------------------------------------------------------------
 
@@ -144,6 +153,11 @@ class ClusterPolicyController:
                 for cm in self._values("configmaps")
                 if cm["metadata"].get("namespace") == namespace
             },
+            mps_configmaps=frozenset(
+                cm["metadata"]["name"]
+                for cm in self._values("configmaps")
+                if cm["metadata"].get("namespace") == namespace and cm.get("mps")
+            ),
             managed=tuple(
                 owned_children({k: self._values(KINDS[k].plural) for k in APPLIED_KINDS})
             ),
@@ -151,6 +165,7 @@ class ClusterPolicyController:
             pods=tuple(self._values("pods")),
             revisions=tuple(self._values("controllerrevisions")),
             workload_pods=tuple(p for pods in listed for p in pods),
+            dra_conflicts=self.dra_conflicts,
         )
 
     async def decide(self, snapshot: Snapshot) -> Decision:
@@ -166,12 +181,8 @@ class ClusterPolicyController:
     async def _read(self, keys: Iterable[Key]) -> dict[Key, str | None]:
         async def one(key: Key) -> tuple[Key, str | None]:
             kind, namespace, name = key
-            try:
-                obj = await self.executor.call(self.kube.get, kind, name, namespace or None)
-            except ApiException as exc:
-                if exc.status != 404:  # an unserved kind answers 404 too
-                    raise
-                obj = None
+            # None when absent (an unserved kind answers 404 too, which ``get`` maps to None).
+            obj = await self.executor.call(self.kube.get, kind, name, namespace or None)
             if obj is None:
                 return key, None
             return key, ((obj.get("metadata") or {}).get("annotations") or {}).get(APPLIED_HASH, "")
@@ -179,6 +190,10 @@ class ClusterPolicyController:
         return dict(await asyncio.gather(*(one(k) for k in keys)))
 
     # -- helpers -------------------------------------------------------------------------------
+
+    def values(self, index: str) -> list[Any]:
+        """What an index holds (for the loops that share these indexes)."""
+        return self._values(index)
 
     def _values(self, index: str) -> list[Any]:
         idx = self.indexes.get(index) or {}

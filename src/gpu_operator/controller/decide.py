@@ -162,8 +162,10 @@ def _decide_active(
         spec,
         namespace=config.namespace,
         configmap_hashes=snap.configmap_hashes,
+        mps_configmaps=snap.mps_configmaps,
         operator_image=config.operator_image,
         image_env=config.image_env,
+        simulate_gpus=config.simulate_gpus,
     )
     parts = render_components(spec, facts)
     owner = Owner(API_VERSION, KIND, meta["name"], meta["uid"])
@@ -203,6 +205,7 @@ def _decide_active(
         apply_error=memory.apply_error,
         unimplemented=tuple(spec.unimplemented_enabled()),
         upgrade=_upgrade_status(upgrade) if upgrade else None,
+        dra_conflicts=tuple(sorted(snap.dra_conflicts)) if spec.device_plugin.enabled else (),
     )
     status_actions, status = _status_actions(policy, observation, snap.stamp, config)
     stages = [*object_stages, labels, upgrade_stage, Stage(tuple(status_actions)), *tail]

@@ -1,12 +1,16 @@
 """`make demo`: a simulated GPU cluster running the whole stack, left up for you to explore.
 
-Starts testenv with GPU nodes of different simulated models, the operator and one discovery
-agent per GPU node as background processes tied to the cluster (`hack/testenv down` ends them
-too), applies examples/clusterpolicy.yaml, waits for `ready` and prints what each node has.
+Starts testenv with GPU nodes of different simulated models, the operator and, per GPU node,
+a discovery agent and the device plugin's simulated capacity (`--kwok-capacity`: the node's
+`nvidia.com/gpu` from the plugin's own computation) as background processes tied to the cluster
+(`hack/testenv down` ends them too), applies examples/clusterpolicy.yaml, waits for `ready`,
+runs one GPU pod per GPU node and prints what each node has and where its GPU pod runs.
+`--short` (what `make test` runs) does the same and then takes the cluster down again.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -22,6 +26,8 @@ from gpu_operator.testenv.processes import spawn
 
 REPO = Path(__file__).resolve().parents[3]
 NAMESPACE = "gpu-operator"
+WORKLOADS = "default"  # where the demo's GPU pods run
+GPU_POD = "gpu-pod-{node}"
 # name -> (simulated GPUs, OS id, OS version)
 GPU_NODES = {
     "gpu-a100": ("a100-40gb:8", "ubuntu", "22.04"),
@@ -61,9 +67,52 @@ def _wait(what: str, probe: Any, timeout: float = 180.0) -> Any:
     raise SystemExit(f"demo: timed out waiting for {what}")
 
 
+def _established(kube: Kube) -> bool:
+    crd = kube.get("CustomResourceDefinition", "clusterpolicies.nvidia.com") or {}
+    return any(
+        c.get("type") == "Established" and c.get("status") == "True"
+        for c in (crd.get("status") or {}).get("conditions") or []
+    )
+
+
+def gpu_pod(node: str) -> dict[str, Any]:
+    """A pod asking for one GPU on ``node`` (tolerating the GPU taint, as the admission plugin
+    ExtendedResourceToleration would add it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": GPU_POD.format(node=node), "namespace": WORKLOADS},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+            "containers": [
+                {
+                    "name": "cuda",
+                    "image": "nvcr.io/nvidia/cuda:12.8.0-base-ubuntu22.04",
+                    "command": ["nvidia-smi", "-L"],
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }
+            ],
+        },
+    }
+
+
+def gpu_pod_state(pod: dict[str, Any] | None) -> str:
+    """``Running`` once bound and started; else the phase, or why it is not scheduled."""
+    if not pod:
+        return "-"
+    status = pod.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return str(condition.get("reason") or "Unschedulable")
+    return str(status.get("phase") or "Pending")
+
+
 def node_table(kube: Kube) -> str:
     pods = kube.list_objects("Pod", NAMESPACE)
-    rows = [("NODE", "PRODUCT", "GPUS", "MEMORY", "DRIVER", "CUDA", "MIG", "TAINT", "READY")]
+    workloads = {p["metadata"]["name"]: p for p in kube.list_objects("Pod", WORKLOADS)}
+    rows = [("NODE", "PRODUCT", "GPUS", "MEMORY", "DRIVER", "CUDA", "MIG", "TAINT", "READY",
+             "ALLOCATABLE", "GPU POD")]  # fmt: skip
     for node in sorted(kube.list_objects("Node"), key=lambda n: n["metadata"]["name"]):
         name = node["metadata"]["name"]
         labels = node["metadata"].get("labels") or {}
@@ -89,6 +138,8 @@ def node_table(kube: Kube) -> str:
             mig,
             "yes" if taint else "no",
             f"{ready}/{len(on_node)}" if gpu else "-",
+            (node.get("status") or {}).get("allocatable", {}).get("nvidia.com/gpu", "-"),
+            gpu_pod_state(workloads.get(GPU_POD.format(node=name))) if gpu else "-",
         ))  # fmt: skip
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(
@@ -96,23 +147,30 @@ def node_table(kube: Kube) -> str:
     )
 
 
-def main() -> int:
-    state_dir = default_state_dir()
-    _say("demo: building or finding the control-plane binaries (first time: many minutes)")
-    bin_dir = binaries.ensure_binaries()
-    t0 = time.monotonic()
-    cluster = start(state_dir, cpu_nodes=1, bin_dir=bin_dir, detach=True)
-    cluster.create_nodes(
-        [nodes.node_manifest(n, gpu=True, os_id=os_id, os_version=ver)
-         for n, (_, os_id, ver) in GPU_NODES.items()]
-    )  # fmt: skip
-    _say(f"demo: control plane with {len(GPU_NODES)} GPU nodes + 1 CPU node up in "
-         f"{time.monotonic() - t0:.1f}s")  # fmt: skip
+def slice_table(kube: Kube) -> str:
+    """What each node publishes for DRA: its pool generation and its devices by kind."""
+    rows = [("NODE", "DRIVER", "GENERATION", "DEVICES")]
+    for s in sorted(kube.list_objects("ResourceSlice"), key=lambda s: s["spec"]["nodeName"]):
+        kinds: dict[str, int] = {}
+        for d in s["spec"].get("devices") or []:
+            attrs = d.get("attributes") or {}
+            what = (attrs.get("profile") or attrs.get("productName") or {}).get("string", "?")
+            kinds[what] = kinds.get(what, 0) + 1
+        rows.append((
+            s["spec"]["nodeName"], s["spec"]["driver"], str(s["spec"]["pool"]["generation"]),
+            ", ".join(f"{n} x {k}" for k, n in sorted(kinds.items())) or "-",
+        ))  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
 
+
+def _run_stack(cluster: Cluster, t0: float) -> None:
+    """The operator and the node agents in the background, the policy, and the wait for ready."""
     python = sys.executable
     kubeconfig = str(cluster.kubeconfig)
     with cluster.api_client() as api:
-        Kube(api).create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        kube = Kube(api)
+        kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     _run_in_background(
         cluster, "gpu-operator",
         [python, "-m", "gpu_operator", "run", "--kubeconfig", kubeconfig,
@@ -121,8 +179,9 @@ def main() -> int:
     )  # fmt: skip
     with cluster.api_client() as api:
         kube = Kube(api)
-        _wait("the ClusterPolicy CRD", lambda: kube.get(
-            "CustomResourceDefinition", "clusterpolicies.nvidia.com"))  # fmt: skip
+        # The operator installs the CRD; a policy created before the CRD is Established gets a
+        # 404, so wait for the condition, not for the object.
+        _wait("the ClusterPolicy CRD Established", lambda: _established(kube))
         kube.create(yaml.safe_load((REPO / "examples" / "clusterpolicy.yaml").read_text()))
         for name, (gpus, _, _) in GPU_NODES.items():
             _run_in_background(
@@ -131,6 +190,15 @@ def main() -> int:
                  "--simulate-state", str(cluster.state_dir / f"{name}.nvml.json")],
                 {"KUBECONFIG": kubeconfig, "NODE_NAME": name, "GPU_OPERATOR_SIMULATE": gpus,
                  "GFD_SLEEP_INTERVAL": "30s", "MIG_STRATEGY": "single"},
+            )  # fmt: skip
+
+            # The device plugin's capacity on the simulated node (kwok plays its kubelet).
+            _run_in_background(
+                cluster, f"device-plugin-{name}",
+                [python, "-m", "gpu_operator", "agent", "device-plugin", "--kwok-capacity",
+                 "--simulate-state", str(cluster.state_dir / f"{name}.nvml.json")],
+                {"KUBECONFIG": kubeconfig, "NODE_NAME": name, "GPU_OPERATOR_SIMULATE": gpus,
+                 "MIG_STRATEGY": "single"},
             )  # fmt: skip
 
         # MIG managers on the MIG-capable models, reading the layouts the operator deployed.
@@ -163,11 +231,73 @@ def main() -> int:
             return labelled and mig_done and (policy.get("status") or {}).get("state") == "ready"
 
         _wait("ClusterPolicy ready and every GPU node discovered", ready)
-        _say(f"demo: ClusterPolicy ready {time.monotonic() - t0:.1f}s after start\n")
+        _say(f"demo: ClusterPolicy ready {time.monotonic() - t0:.1f}s after start")
+
+        # One GPU pod per GPU node, placed by the real scheduler on the simulated capacity.
+        for name in GPU_NODES:
+            kube.create(gpu_pod(name))
+
+        def running() -> bool:
+            return all(
+                gpu_pod_state(kube.get("Pod", GPU_POD.format(node=n), WORKLOADS)) == "Running"
+                for n in GPU_NODES
+            )
+
+        _wait("one running GPU pod per GPU node", running)
+        _say(f"demo: a GPU pod runs on each GPU node {time.monotonic() - t0:.1f}s after start\n")
         _say(node_table(kube))
+
+        # DRA: each GPU node's pool published by the DRA plugin's own process (publish-only:
+        # kwok has no kubelet to serve), following the node's simulated NVML and MIG state.
+        for name, (gpus, _, _) in GPU_NODES.items():
+            _run_in_background(
+                cluster, f"dra-plugin-{name}",
+                [python, "-m", "gpu_operator", "agent", "dra-plugin", "--publish-only",
+                 "--interval", "5",
+                 "--simulate-state", str(cluster.state_dir / f"{name}.nvml.json")],
+                {"KUBECONFIG": kubeconfig, "NODE_NAME": name, "GPU_OPERATOR_SIMULATE": gpus},
+            )  # fmt: skip
+        _wait(
+            "every GPU node's ResourceSlices",
+            lambda: (
+                {s["spec"]["nodeName"] for s in kube.list_objects("ResourceSlice")}
+                >= set(GPU_NODES)
+            ),
+        )
+        _say("\n" + slice_table(kube))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make demo", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--short", action="store_true", help="take the cluster down after the table (for tests)"
+    )
+    args = parser.parse_args(argv)
+    state_dir = default_state_dir()
+    _say("demo: building or finding the control-plane binaries (first time: many minutes)")
+    bin_dir = binaries.ensure_binaries()
+    t0 = time.monotonic()
+    cluster = start(state_dir, cpu_nodes=1, bin_dir=bin_dir, detach=True)
+    cluster.create_nodes(
+        [nodes.node_manifest(n, gpu=True, os_id=os_id, os_version=ver)
+         for n, (_, os_id, ver) in GPU_NODES.items()]
+    )  # fmt: skip
+    _say(f"demo: control plane with {len(GPU_NODES)} GPU nodes + 1 CPU node up in "
+         f"{time.monotonic() - t0:.1f}s")  # fmt: skip
+
+    try:
+        _run_stack(cluster, t0)
+    finally:
+        if args.short:
+            cluster.stop(remove_state=True)
+    if args.short:
+        _say("\ndemo: done; the cluster is down again (--short)")
+        return 0
+    kubeconfig = cluster.kubeconfig
     _say(
         f"\nThe cluster stays up. Reach it with:\n  export KUBECONFIG={kubeconfig}\n"
         "  kubectl get clusterpolicy,nodes; kubectl -n gpu-operator get daemonsets\n"
+        "  kubectl get resourceslices -o yaml   # the GPUs as DRA devices\n"
         f"Logs: {cluster.state_dir / 'logs'}\nStop everything with:\n  hack/testenv down"
     )
     return 0

@@ -1,0 +1,159 @@
+"""What is watched, what its indexes keep, which objects are the operator's, kopf wiring."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kopf
+import pytest
+from kubernetes import client as k8s
+
+from gpu_operator.api import API_VERSION, KIND
+from gpu_operator.controller.plan import Observed
+from gpu_operator.controller.watch import (
+    INDEXES,
+    WATCHED,
+    Watched,
+    build_registry,
+    configure,
+    connection_info,
+    index_value,
+    owned_children,
+    trim,
+)
+from gpu_operator.kinds import KINDS
+from gpu_operator.labels import APPLIED_HASH, MANAGED_BY, MANAGED_SELECTOR, OPERATOR_NAME
+from gpu_operator.render import config_hash
+from gpu_operator.views import NodeView
+from tests.unit.controller.builders import gpu_node, node_object, pod, policy
+
+OURS = {"apiVersion": API_VERSION, "kind": KIND, "name": "cluster-policy", "uid": "u"}
+
+
+def child(
+    name: str, *, managed: bool = True, owners: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    labels = {MANAGED_BY: OPERATOR_NAME} if managed else {MANAGED_BY: "Helm"}
+    return {"metadata": {"name": name, "namespace": "ns", "labels": labels, "generation": 2,
+                         "annotations": {APPLIED_HASH: "h"},
+                         "ownerReferences": [OURS] if owners is None else owners}}  # fmt: skip
+
+
+def test_only_objects_owned_by_a_clusterpolicy_and_labelled_ours_are_children() -> None:
+    objects = {
+        "ServiceAccount": [
+            child("mine"),
+            child("helms", managed=False),  # managed-by alone is not ours to delete
+            child("orphan", owners=[]),
+            child("other-owner", owners=[{**OURS, "kind": "Deployment", "apiVersion": "apps/v1"}]),
+            {"metadata": {"name": "bare"}},
+        ],
+        "ClusterRole": [child("cluster-wide")],
+    }
+    assert owned_children(objects) == [
+        Observed(("ServiceAccount", "ns", "mine"), "h", 2),
+        Observed(("ClusterRole", "ns", "cluster-wide"), "h", 2),
+    ]
+
+
+def test_nodes_are_indexed_as_views_and_policies_whole() -> None:
+    node = node_object(gpu_node())
+    assert index_value("nodes", node) == NodeView.from_k8s(node)
+    cp = policy(status={"state": "ready"})
+    assert index_value("clusterpolicies", cp) == cp
+
+
+def test_configmaps_keep_a_content_hash_and_revisions_their_number() -> None:
+    cm = {"metadata": {"name": "c", "namespace": "ns", "annotations": {"big": "x" * 100}},
+          "data": {"config.yaml": "a: 1"}}  # fmt: skip
+    kept = trim("configmaps", cm)
+    assert kept == {"metadata": {"name": "c", "namespace": "ns"}, "hash": config_hash(cm)}
+    edited = {**cm, "data": {"config.yaml": "a: 2"}}
+    assert trim("configmaps", edited)["hash"] != kept["hash"]
+    rev = {"metadata": {"name": "r", "annotations": {APPLIED_HASH: "h"}}, "revision": 4,
+           "data": {"spec": {"template": {"huge": True}}}}  # fmt: skip
+    assert trim("controllerrevisions", rev) == {
+        "metadata": {"name": "r", "annotations": {APPLIED_HASH: "h"}}, "revision": 4,
+    }  # fmt: skip
+
+
+def test_an_unscheduled_daemonset_pod_keeps_its_node_affinity() -> None:
+    pinned = {"key": "metadata.name", "operator": "In", "values": ["gpu-1"]}
+    terms = {"nodeSelectorTerms": [{"matchFields": [pinned]}]}
+    affinity = {"requiredDuringSchedulingIgnoredDuringExecution": terms}
+    body = pod("p", node="")
+    body["spec"] = {"affinity": {"nodeAffinity": affinity, "podAntiAffinity": {"x": 1}}}
+    body["status"] = {"phase": "Pending", "initContainerStatuses": [{"restartCount": 3, "x": 1}]}
+    kept = trim("pods", body)
+    assert kept["spec"] == {"nodeName": None, "affinity": {"nodeAffinity": affinity}}
+    assert kept["status"]["initContainerStatuses"] == [{"restartCount": 3}]
+    assert kept["status"]["conditions"] == [] and kept["status"]["containerStatuses"] == []
+
+
+def test_what_is_watched() -> None:
+    kinds = {w.kind.kind: w for w in WATCHED}
+    # the operator's own objects by label; policies, nodes and (user) ConfigMaps all
+    assert kinds["DaemonSet"].selector == MANAGED_SELECTOR
+    assert kinds["Node"].selector is None and kinds["ConfigMap"].selector is None
+    assert not kinds["ControllerRevision"].wakes
+    assert kinds["Node"].resource == ("v1", "nodes")
+    assert kinds[KIND].resource == ("nvidia.com", "v1", "clusterpolicies")
+    assert {w.index for w in WATCHED} == INDEXES
+
+
+def test_the_registry_indexes_every_kind_and_hands_changes_to_the_sink() -> None:
+    got: list[tuple[Watched, Any, Any]] = []
+    registry = build_registry(lambda w, body, indexes: got.append((w, body, indexes)))
+    indexers = {h.id: h for h in registry._indexing.get_all_handlers()}
+    watchers = {h.id: h for h in registry._watching.get_all_handlers()}
+    assert set(indexers) == INDEXES
+    assert set(watchers) == {f"wake-{w.index}" for w in WATCHED if w.wakes}
+
+    node = node_object(gpu_node())
+    value = asyncio.run(indexers["nodes"].fn(body=node, namespace=None, name="gpu-1"))
+    assert value == {("", "gpu-1"): NodeView.from_k8s(node)}
+    cm = {"metadata": {"name": "c", "namespace": "ns"}, "data": {}}
+    value = asyncio.run(indexers["configmaps"].fn(body=cm, namespace="ns", name="c"))
+    assert value == {("ns", "c"): trim("configmaps", cm)}
+
+    asyncio.run(watchers["wake-nodes"].fn(body=node, nodes={"x": 1}, pods={"y": 2}, logger=None))
+    ((watched, body, indexes),) = got
+    assert watched.kind == KINDS["Node"] and body == node
+    assert indexes == {"nodes": {"x": 1}, "pods": {"y": 2}}  # only the indexes, not kopf's kwargs
+
+
+def test_configure_quiets_kopf_and_selects_on_the_server() -> None:
+    settings = kopf.OperatorSettings()
+    configure(settings)
+    assert settings.posting.enabled is False
+    assert settings.scanning.disabled is True
+    assert settings.watching.server_timeout < settings.watching.client_timeout
+    selectors = {s.any_name: v for s, v in settings.watching.label_selectors.items()}
+    assert selectors["daemonsets"] == MANAGED_SELECTOR
+    assert "nodes" not in selectors and "clusterpolicies" not in selectors
+
+
+@pytest.mark.parametrize(
+    ("api_key", "token", "scheme"),
+    [
+        ({"authorization": "Bearer abc"}, "abc", "Bearer"),
+        ({"authorization": "bearer abc"}, "abc", "Bearer"),
+        ({"BearerToken": "xyz"}, "xyz", "Bearer"),
+        ({}, None, None),  # client certificates instead
+    ],
+)
+def test_connection_info_uses_the_clients_credentials(
+    api_key: dict[str, str], token: str | None, scheme: str | None
+) -> None:
+    config = k8s.Configuration(host="https://api:6443", api_key=api_key)
+    config.ssl_ca_cert = "/ca.crt"
+    config.cert_file, config.key_file = "/c.crt", "/c.key"
+    info = connection_info(config)
+    assert (info.server, info.token, info.scheme) == ("https://api:6443", token, scheme)
+    assert (info.ca_path, info.certificate_path, info.private_key_path) == (
+        "/ca.crt",
+        "/c.crt",
+        "/c.key",
+    )
+    assert info.insecure is False
