@@ -23,9 +23,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-# Templates and the simulated GPU profiles are package data inside the wheel.
+# Templates and the simulated GPU profiles are package data inside the wheel. The kubernetes
+# client's asyncio copy (kubernetes/aio, a third of the image) is never imported: removed.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     pip install --no-cache-dir --no-index --find-links=/wheels "gpu-operator==${VERSION}" \
+    && python -c "import pathlib, shutil, kubernetes; shutil.rmtree(pathlib.Path(kubernetes.__file__).parent / 'aio', ignore_errors=True)" \
     && groupadd --gid 65532 nonroot \
     && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin nonroot

@@ -11,7 +11,7 @@ SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 endif
 PYTEST := $(BIN)/pytest -q -p randomly --randomly-seed=$(SEED)
 
-.PHONY: demo test lint typecheck unit e2e testenv packages bench manifests clean
+.PHONY: demo test lint typecheck unit e2e testenv packages bench manifests clean image standins
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -50,12 +50,22 @@ testenv: $(STAMP)
 	hack/testenv build
 
 ## packages: as root, install the Debian packages real nodes need (one line and no change otherwise)
-NODE_PACKAGES := runc containernetworking-plugins iptables buildah busybox-static
+NODE_PACKAGES := runc containernetworking-plugins iptables buildah busybox-static mmdebstrap
 packages:
 	@if [ "$$(id -u)" != 0 ]; then echo "packages: not root, not installing $(NODE_PACKAGES)"; \
 	elif ! command -v apt-get >/dev/null; then echo "packages: no apt-get, install $(NODE_PACKAGES) by hand"; \
 	elif dpkg -s $(NODE_PACKAGES) >/dev/null 2>&1; then echo "packages: $(NODE_PACKAGES) installed"; \
 	else apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(NODE_PACKAGES); fi
+
+## image: the project's image from the Dockerfile with buildah, as an OCI archive in the testenv
+## cache (no registry: the FROM image is a local Debian bookworm + python3 stand-in)
+image:
+	hack/build-components.sh image
+
+## standins: stand-ins for NVIDIA's operand images (driver, toolkit, device plugin, DCGM) built
+## FROM the project's image; they run the project's SIMULATED operands (testenv and demo only)
+standins: image
+	hack/build-components.sh standins
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done

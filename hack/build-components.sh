@@ -11,6 +11,13 @@
 #                                    (containerd v2, CDI built in), a static pause and the two
 #                                    images (pause, a busybox shell) as OCI archives made with
 #                                    buildah; prints the node directory on its last line
+#   image                            the project's image from its Dockerfile with buildah, offline
+#                                    but for PyPI: each FROM image is a stand-in made locally
+#                                    (Debian bookworm + python3 from the Debian archive, with
+#                                    mmdebstrap) and tagged with the FROM name; prints the OCI
+#                                    archive's path on its last line
+#   standins                         the stand-ins for NVIDIA's operand images, FROM the project's
+#                                    image (SIMULATED operands); prints their archive's path
 set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-v1.34.4}
@@ -29,9 +36,17 @@ NODE_DIR="$CACHE_ROOT/$NODE_KEY"
 NODE_BIN="$NODE_DIR/bin"
 NODE_IMAGES="$NODE_DIR/images"
 NODE_WORK="$NODE_DIR/src"
+# The project's image and the stand-ins: buildah's store and the archives (not versioned by key:
+# a rebuild reuses buildah's layer cache, and a changed tree makes a new image).
+IMAGE_DIR="$CACHE_ROOT/images"
+# Bump when the base stand-in's recipe (build_base_standin) changes.
+BASE_RECIPE_VERSION=${BASE_RECIPE_VERSION:-1}
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 
-command -v go >/dev/null || { echo "testenv: Go toolchain not found on PATH" >&2; exit 3; }
+case "${1:-all}" in
+  image | standins) ;;
+  *) command -v go >/dev/null || { echo "testenv: Go toolchain not found on PATH" >&2; exit 3; } ;;
+esac
 
 log() { echo "testenv: $*" >&2; }
 
@@ -316,7 +331,145 @@ build_images_with_buildah() {
   rm -rf "$rootfs" "$store"
 }
 
+# -- the project's image ------------------------------------------------------------------------
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+buildah_cmd() {
+  buildah --root "$IMAGE_DIR/store" --runroot "$IMAGE_DIR/run" --storage-driver "${BUILDAH_DRIVER:-overlay}" "$@"
+}
+
+# The FROM images of the Dockerfile (not its stage names, not scratch).
+from_images() {
+  awk 'toupper($1) == "FROM" {
+         img = ""; for (i = 2; i <= NF; i++) if ($i !~ /^--/) { img = $i; break }
+         if (toupper($(i + 1)) == "AS") stage[tolower($(i + 2))] = 1
+         if (img != "scratch" && !(tolower(img) in stage)) print img
+       }' "$REPO_ROOT/Dockerfile" | sort -u
+}
+
+# A local stand-in for a python:3.11-slim-bookworm image: Debian bookworm (minbase, merged /usr)
+# with Debian's python3 and pip from the Debian archive, pip usable system-wide as in the
+# official image (no EXTERNALLY-MANAGED), `python`/`pip` on PATH; docs, man pages and locales
+# left out. Tagged with the exact FROM name, so the Dockerfile builds unchanged.
+build_base_standin() {
+  local name=$1 rootfs ctr
+  rootfs="$IMAGE_DIR/base-bookworm-python3-r$BASE_RECIPE_VERSION.tar"
+  command -v mmdebstrap >/dev/null || {
+    log "mmdebstrap not found: install Debian's mmdebstrap (make packages) to make the base image stand-in"
+    return 3
+  }
+  if [ ! -f "$rootfs" ]; then
+    step "making the stand-in for $name: Debian bookworm + python3 + pip (mmdebstrap)" \
+      mmdebstrap --quiet --variant=minbase --include=python3,python3-pip,ca-certificates \
+      --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
+      --aptopt='APT::Install-Recommends "false"' \
+      --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*' \
+      --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+      --dpkgopt='path-exclude=/usr/share/locale/*' \
+      --customize-hook='rm -f "$1"/usr/lib/python3.*/EXTERNALLY-MANAGED' \
+      --customize-hook='ln -sf /usr/bin/python3 "$1"/usr/local/bin/python' \
+      --customize-hook='ln -sf /usr/bin/pip3 "$1"/usr/local/bin/pip' \
+      bookworm "$rootfs.tmp" "${DEBIAN_MIRROR:-http://deb.debian.org/debian}" \
+      >"$IMAGE_DIR/mmdebstrap.log" 2>&1 || { tail -20 "$IMAGE_DIR/mmdebstrap.log" >&2; return 1; }
+    mv "$rootfs.tmp" "$rootfs"
+  fi
+  ctr=$(buildah_cmd from --quiet scratch)
+  step "importing the stand-in rootfs as $name" buildah_cmd add --quiet "$ctr" "$rootfs" /
+  buildah_cmd config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --env LANG=C.UTF-8 --cmd '["python3"]' \
+    --label org.opencontainers.image.title="local stand-in for $name" \
+    --label org.opencontainers.image.description="Debian bookworm minbase with Debian's python3 and pip, made by hack/build-components.sh (mmdebstrap); not the official image" \
+    "$ctr"
+  buildah_cmd commit --quiet --rm "$ctr" "$name" >/dev/null
+}
+
+operator_image_name() {
+  local version
+  version=$(awk -F'"' '/^__version__/{print $2}' "$REPO_ROOT/src/gpu_operator/__init__.py")
+  echo "ghcr.io/gpu-operator/gpu-operator:v$version"
+}
+
+build_image() {
+  command -v buildah >/dev/null || { log "buildah not found: install Debian's buildah (make packages)"; return 3; }
+  mkdir -p "$IMAGE_DIR"
+  local name base archive="$IMAGE_DIR/gpu-operator.oci.tar" size key
+  name=$(operator_image_name)
+  # What the build reads; unchanged since the last build: nothing to do. (Not buildah's layer
+  # cache: buildah 1.28 reuses a `RUN --mount=...,from=<stage>` step even when that stage
+  # changed, so the final image would keep the old wheels.)
+  key=$(cd "$REPO_ROOT" && find Dockerfile .dockerignore pyproject.toml setup.py README.md src templates \
+    -type f ! -name '*.pyc' ! -path '*/__pycache__/*' ! -path '*.egg-info/*' -print0 |
+    sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)
+  if [ -f "$archive" ] && [ "$(cat "$archive.key" 2>/dev/null)" = "$key" ] &&
+    buildah_cmd inspect --type image "$name" >/dev/null 2>&1; then
+    log "image $name current (sources unchanged): $archive"
+    echo "$archive"
+    return
+  fi
+  for base in $(from_images); do
+    if buildah_cmd inspect --type image "$base" >/dev/null 2>&1; then
+      log "base image $base: the local stand-in is in the store"
+    else
+      build_base_standin "$base"
+    fi
+  done
+  # The host's CA bundle is bound over the image's for the RUN steps only (never in a layer):
+  # pip reaches PyPI through whatever TLS proxy this machine trusts.
+  local ca=() bundle=/etc/ssl/certs/ca-certificates.crt
+  [ -f "$bundle" ] && ca=(--volume "$bundle:$bundle:ro")
+  step "building $name from Dockerfile (buildah bud, no image pulled)" \
+    buildah_cmd bud --quiet --layers=false --pull=never --isolation chroot --network host "${ca[@]}" \
+    -f "$REPO_ROOT/Dockerfile" -t "$name" "$REPO_ROOT"
+  rm -f "$archive.tmp"
+  step "writing $archive" buildah_cmd push --quiet "$name" "oci-archive:$archive.tmp:$name"
+  mv "$archive.tmp" "$archive"
+  echo "$key" >"$archive.key"
+  buildah_cmd rmi --prune >/dev/null 2>&1 || true  # the previous builds' untagged images
+  size=$(buildah_cmd images --format '{{.Size}}' "$name" | head -1)
+  log "image $name: $size in the store, $(($(stat -c %s "$archive") >> 20)) MiB archive"
+  echo "$archive"
+}
+
+# Stand-ins for NVIDIA's operand images (gpu_operator.testenv.standins says which, and what they
+# run): one image FROM the project's, then each stand-in named and given its entrypoint; one OCI
+# archive for all of them, images/standins.oci.tar.
+build_standins() {
+  local py=${PYTHON:-$REPO_ROOT/.venv/bin/python} base ctx="$IMAGE_DIR/standins-context" list
+  local name entrypoint ctr archive id
+  [ -x "$py" ] || py=python3
+  base=$(operator_image_name)
+  buildah_cmd inspect --type image "$base" >/dev/null 2>&1 || { log "build the image first: make image"; return 3; }
+  archive="$IMAGE_DIR/standins.oci.tar"
+  id=$(buildah_cmd images --noheading --no-trunc --format '{{.ID}}' "$base")
+  if [ -f "$archive" ] && [ "$(cat "$archive.id" 2>/dev/null)" = "$id" ]; then
+    log "stand-ins current for $base: $archive"
+    echo "$archive"
+    return
+  fi
+  rm -rf "$ctx" && mkdir -p "$ctx"
+  list=$(PYTHONPATH="$REPO_ROOT/src" "$py" -m gpu_operator.testenv.standins "$ctx" "$base")
+  step "building the stand-ins' common image FROM $base" \
+    buildah_cmd bud --quiet --layers --pull=never --isolation chroot -f "$ctx/Containerfile" \
+    -t localhost/testenv/standins:latest "$ctx"
+  # One OCI layout holding every stand-in (the layers once), archived for load-image.
+  rm -rf "$ctx/layout" && mkdir -p "$ctx/layout"
+  while IFS=$'\t' read -r name entrypoint; do
+    ctr=$(buildah_cmd from --quiet --pull=never localhost/testenv/standins:latest)
+    buildah_cmd config --cmd '[]' --entrypoint "$entrypoint" \
+      --label org.opencontainers.image.title="SIMULATED stand-in for $name (gpu-operator testenv)" "$ctr"
+    buildah_cmd commit --quiet --rm "$ctr" "$name" >/dev/null
+    step "adding $name (SIMULATED) to $archive" \
+      buildah_cmd push --quiet --disable-compression "$name" "oci:$ctx/layout:$name"
+  done <<<"$list"
+  tar -C "$ctx/layout" -cf "$archive.tmp" . && mv "$archive.tmp" "$archive"
+  echo "$id" >"$archive.id"
+  rm -rf "$ctx"
+  log "stand-ins: $(($(stat -c %s "$archive") >> 20)) MiB archive"
+  echo "$archive"
+}
+
 case "${1:-all}" in
+  image) build_image ;;
+  standins) build_standins ;;
   all) mkdir -p "$BIN" "$WORK"; build_etcd; build_kwok; build_helm; build_k8s; echo "$BIN" ;;
   etcd) mkdir -p "$BIN" "$WORK"; build_etcd; echo "$BIN" ;;
   kwok) mkdir -p "$BIN" "$WORK"; build_kwok; echo "$BIN" ;;
@@ -327,5 +480,5 @@ case "${1:-all}" in
     build_containerd; build_node_tools; build_node_images
     echo "$NODE_DIR"
     ;;
-  *) echo "usage: $0 [all|etcd|kwok|kubernetes|helm|nodes]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|etcd|kwok|kubernetes|helm|nodes|image|standins]" >&2; exit 2 ;;
 esac

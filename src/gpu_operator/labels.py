@@ -69,3 +69,15 @@ STACK_ANNOTATIONS = frozenset(
 def is_true(value: str | None) -> bool:
     """Label and annotation booleans, as people write them (``true``, ``True``, `` true``)."""
     return (value or "").strip().lower() == "true"
+
+
+# -- simulated GPUs on the testenv's real nodes: where the harness, the SIMULATED driver stand-in
+# and the node's `nvidia` runtime stand-in meet (paths on the node, never used on real clusters)
+SIMULATED_GPUS_ANNOTATION = "gpu-operator.testenv/simulated-gpus"
+SIMULATED_GPUS_DIR = "/run/gpu-operator-sim"  # the node's GPUs in <dir>/profile (`a100-40gb:8`)
+SIMULATED_GPUS_PROFILE = "profile"
+SIMULATED_NVML_STATE = "nvml-state.json"  # MIG state the node's agents share, in the same dir
+# What the SIMULATED driver leaves in the driver root (as the real one leaves libnvidia-ml): the
+# environment that gives a container the node's simulated NVML.
+SIMULATED_DRIVER_ROOT = "/run/nvidia/driver"
+SIMULATED_NVML_DESCRIPTOR = "gpu-operator-simulated-nvml.env"

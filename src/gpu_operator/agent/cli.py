@@ -19,6 +19,7 @@ import yaml
 
 # Light imports only: each command imports what it alone needs (pydantic, prometheus_client),
 # so a feature-discovery pod does not carry the exporter's or the MIG manager's memory.
+from gpu_operator import labels
 from gpu_operator.agent import discovery, kube, validate
 from gpu_operator.agent.deviceplugin.settings import ENV_NAMES as PLUGIN_ENV
 from gpu_operator.agent.deviceplugin_config import MigStrategy, load_device_plugin_config
@@ -406,7 +407,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     validator = validate.Validator(
         read_inventory=read_inventory,
         read_node=read_node,
-        runtime_configs=args.runtime_config or validate.RUNTIME_CONFIGS,
+        runtime_configs=args.runtime_config or validate.host_runtime_configs(args.host_root),
         directory=Path(args.output_dir),
         components=components,
         driver_root=args.driver_root,
@@ -464,6 +465,26 @@ def _cmd_nvml_info(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+# -- SIMULATED operands (the testenv's stand-ins for NVIDIA's images) ----------------------------
+def _cmd_simulate_driver(args: argparse.Namespace) -> int:
+    from gpu_operator.agent import simulated_operands as sim
+
+    _setup(args)
+    host = Path(args.host_root)
+    sim_dir = host / labels.SIMULATED_GPUS_DIR.lstrip("/")
+    driver_root = Path(args.driver_root)
+    if args.action == "smi":
+        return sim.main_smi(driver_root, sim_dir)
+    return sim.run_driver(sim_dir / labels.SIMULATED_GPUS_PROFILE, driver_root, sim_dir)
+
+
+def _cmd_simulate_toolkit(args: argparse.Namespace) -> int:
+    from gpu_operator.agent import simulated_operands as sim
+
+    _setup(args)
+    return sim.run_toolkit(Path(args.containerd_config), args.runtime_class)
 
 
 # -- wiring -------------------------------------------------------------------------------------
@@ -678,11 +699,37 @@ def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="container runtime config to check (repeatable; globs allowed)",
     )
+    p.add_argument(
+        "--host-root",
+        default=os.environ.get("HOST_ROOT_MOUNT") or validate.default_host_root(),
+        help="where the host's / is mounted, to read its container runtime config (env "
+        "HOST_ROOT_MOUNT; default /host when mounted, as in the validator's DaemonSet)",
+    )
     p.add_argument("--driver-root", default=os.environ.get("NVIDIA_DRIVER_ROOT", "/"))
     p.add_argument("--interval", type=float, default=10.0)
     p.add_argument("--oneshot", action="store_true")
     p.add_argument("--node-name", default=None, help="default: env NODE_NAME")
     p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser(
+        "simulate-driver",
+        help="SIMULATED NVIDIA driver container (testenv stand-in images only)",
+    )
+    p.add_argument("action", nargs="?", choices=["init", "smi"], default="init")
+    p.add_argument("--host-root", default=os.environ.get("HOST_ROOT", "/host"))
+    p.add_argument("--driver-root", default=labels.SIMULATED_DRIVER_ROOT)
+    p.set_defaults(func=_cmd_simulate_driver)
+
+    p = sub.add_parser(
+        "simulate-toolkit",
+        help="SIMULATED NVIDIA container toolkit (testenv stand-in images only)",
+    )
+    p.add_argument(
+        "--containerd-config",
+        default=os.environ.get("CONTAINERD_CONFIG", "/etc/containerd/config.toml"),
+    )
+    p.add_argument("--runtime-class", default=os.environ.get("CONTAINERD_RUNTIME_CLASS", "nvidia"))
+    p.set_defaults(func=_cmd_simulate_toolkit)
 
     p = sub.add_parser("nvml-info", help="print the GPU inventory as YAML")
     _add_common(p)

@@ -22,7 +22,7 @@ from typing import Any
 
 from gpu_operator.agent.inventory import Inventory
 from gpu_operator.agent.kube import NodeView
-from gpu_operator.agent.nvml import NvmlError
+from gpu_operator.agent.nvml import NvmlError, NvmlUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,20 @@ def check_plugin(node: NodeView | None, error: str = "") -> CheckResult:
 
 
 # -- running them --------------------------------------------------------------------------------
+HOST_ROOT_MOUNT = "/host"  # where the validator's DaemonSet mounts the host's /
+
+
+def default_host_root() -> str:
+    """The host's / as this process sees it: the DaemonSet's /host mount, else / (on a host)."""
+    return HOST_ROOT_MOUNT if Path(HOST_ROOT_MOUNT, "etc").is_dir() else "/"
+
+
+def host_runtime_configs(host_root: str) -> list[str]:
+    """The container runtime's config files on the host: inside a pod, the validator's own
+    /etc/containerd is the image's, not the node's."""
+    return [str(Path(host_root, p.lstrip("/"))) for p in RUNTIME_CONFIGS]
+
+
 def read_runtime_configs(patterns: Sequence[str]) -> list[tuple[Path, str]]:
     found = []
     for pattern in patterns:
@@ -153,6 +167,9 @@ class Validator:
     directory: Path = VALIDATIONS_DIR
     components: Sequence[str] = COMPONENTS
     driver_root: str = "/"
+    # The last pass found no NVML at all. A container gets the driver's NVML from the runtime
+    # when it is created, so one created before the driver can never see it: see run_validator.
+    nvml_unavailable: bool = False
 
     def _run(self, name: str, inventory: Inventory | None, error: str) -> CheckResult:
         if name == "driver":
@@ -184,10 +201,12 @@ class Validator:
         self.directory.mkdir(parents=True, exist_ok=True)
         inventory: Inventory | None = None
         error = ""
+        self.nvml_unavailable = False
         try:
             inventory = self.read_inventory()
         except NvmlError as exc:
             error = str(exc)
+            self.nvml_unavailable = isinstance(exc, NvmlUnavailable)
         results: list[CheckResult] = []
         failed = False
         for name in COMPONENTS:
@@ -225,6 +244,10 @@ def run_validator(
     """Validate until everything passes, then keep re-checking (the marker tracks the state).
 
     ``oneshot``: one pass; exit status 0 when all passed, 1 otherwise.
+
+    Without NVML (no driver yet) it exits with 1 instead of waiting: NVML reaches a container
+    when it is created (NVIDIA's runtime mounts it from the driver root), so only a new
+    container, which the kubelet makes on restart, can see the driver once it is there.
     """
     stop = stop or threading.Event()
     while True:
@@ -236,5 +259,8 @@ def run_validator(
             log.info("%s: %s (%s)", result.name, "ok" if result.ok else "FAILED", result.message)
         if oneshot:
             return 0 if ok else 1
+        if validator.nvml_unavailable:
+            log.error("no NVML in this container; exiting so that the container is recreated")
+            return 1
         if stop.wait(interval_s):
             return 0 if ok else 1

@@ -149,6 +149,23 @@ def _run_script(target: str, log: IO[str] | None) -> Path:
     return Path(lines[-1])
 
 
+def images_dir() -> Path:
+    """Where `make image` / `make standins` leave the project's image and the stand-ins."""
+    return _cache_root() / "images"
+
+
+def ensure_project_images(log: IO[str] | None = None) -> list[Path]:
+    """Build (or find current) the project's image from its Dockerfile and the SIMULATED
+    stand-ins for NVIDIA's images; return their OCI archives, for `load_image`. A warm call
+    with an unchanged tree takes seconds; a changed tree rebuilds (PyPI is reached for the
+    Dockerfile's `pip wheel`)."""
+    if build_script() is None:
+        raise BinariesError("hack/build-components.sh not found (run from the checkout)")
+    if shutil.which("buildah") is None:
+        raise BinariesError("buildah not found: install Debian's buildah (`make packages`)")
+    return [_run_script("image", log), _run_script("standins", log)]
+
+
 def ensure_binaries(log: IO[str] | None = None) -> Path:
     """Return the bin dir, building the components first if any is missing (slow when cold).
 

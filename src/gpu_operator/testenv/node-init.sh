@@ -25,6 +25,9 @@ mount --bind "$NODE_DIR/cdi" /run/cdi
 mount --bind "$NODE_DIR/nvidia" /run/nvidia
 mount --bind "$NODE_DIR/gpu-operator-sim" "$SIM_DIR"
 mount --bind "$NODE_DIR/var-log" /var/log
+# NVIDIA's toolkit writes the container runtime's config under /etc/containerd: the node's own.
+mkdir -p /etc/containerd
+mount --bind "$NODE_DIR/etc-containerd" /etc/containerd
 : >/run/xtables.lock
 
 # The node runs in its own cgroup namespace, rooted at its cgroup in every hierarchy (the

@@ -16,10 +16,13 @@ import hashlib
 import ipaddress
 import json
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gpu_operator import labels
 
 from . import nodes
 
@@ -35,10 +38,13 @@ NODE_NAME = "real-node-{index}"
 DEFAULT_GPUS = ("a100-40gb:8", "h100-80gb:8")
 
 REAL_NODE_LABEL = "gpu-operator.testenv/real-node"
-SIMULATED_GPUS_ANNOTATION = "gpu-operator.testenv/simulated-gpus"
+SIMULATED_GPUS_ANNOTATION = labels.SIMULATED_GPUS_ANNOTATION
 # On the node: the simulated GPU profile (`a100-40gb:8`) in <SIM_DIR_ON_NODE>/profile.
-SIM_DIR_ON_NODE = "/run/gpu-operator-sim"
-SIM_PROFILE_FILE = "profile"
+SIM_DIR_ON_NODE = labels.SIMULATED_GPUS_DIR
+SIM_PROFILE_FILE = labels.SIMULATED_GPUS_PROFILE
+# The runtime handler NVIDIA's toolkit adds to containerd (RuntimeClass `nvidia`): here the
+# testenv's stand-in (nvidia_runtime.py), which gives containers the node's simulated NVML.
+NVIDIA_RUNTIME = "nvidia"
 
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 CGROUP_TOP = "gpu-operator-testenv"
@@ -331,9 +337,16 @@ def cni_conflist(node: RealNode) -> dict[str, Any]:
 
 
 def containerd_config(
-    node: RealNode, *, pause_image: str, cni_conf_dir: Path, cni_bin_dir: str, runc: str
+    node: RealNode,
+    *,
+    pause_image: str,
+    cni_conf_dir: Path,
+    cni_bin_dir: str,
+    runc: str,
+    nvidia_runtime: str,
 ) -> dict[str, Any]:
-    """containerd v2 (config version 4) with CRI, CDI from /var/run/cdi, runc on cgroupfs."""
+    """containerd v2 (config version 4) with CRI, CDI from /var/run/cdi, runc on cgroupfs, and
+    the `nvidia` handler (the testenv's stand-in for NVIDIA's runtime, see nvidia_runtime.py)."""
     runtime = "io.containerd.cri.v1.runtime"
     return {
         "version": 4,
@@ -362,7 +375,11 @@ def containerd_config(
                         "runc": {
                             "runtime_type": "io.containerd.runc.v2",
                             "options": {"BinaryName": runc, "SystemdCgroup": False},
-                        }
+                        },
+                        NVIDIA_RUNTIME: {
+                            "runtime_type": "io.containerd.runc.v2",
+                            "options": {"BinaryName": nvidia_runtime, "SystemdCgroup": False},
+                        },
                     },
                 },
                 "cni": {"bin_dirs": [cni_bin_dir], "conf_dir": str(cni_conf_dir)},
@@ -396,6 +413,14 @@ def init_env(
         "IMAGES": " ".join(str(p) for p in images),
         "SIM_DIR": SIM_DIR_ON_NODE,
     }
+
+
+def nvidia_runtime_wrapper(python: str, script: Path, runc: str) -> str:
+    """The executable containerd runs as the `nvidia` handler's runtime binary."""
+    return (
+        "#!/bin/sh\n# testenv stand-in for NVIDIA's container runtime (see nvidia_runtime.py)\n"
+        f'exec {shlex.quote(python)} -I {shlex.quote(str(script))} {shlex.quote(runc)} "$@"\n'
+    )
 
 
 def env_file(env: Mapping[str, str]) -> str:

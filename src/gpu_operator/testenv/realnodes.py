@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,7 +35,9 @@ from .processes import ProcessRecord, start_time
 
 PROCESS_PREFIX = "node/"
 # Debian packages the real nodes use (installed by `make packages` when root).
-DEBIAN_PACKAGES = ("runc", "containernetworking-plugins", "iptables", "buildah", "busybox-static")
+DEBIAN_PACKAGES = (
+    "runc", "containernetworking-plugins", "iptables", "buildah", "busybox-static", "mmdebstrap",
+)  # fmt: skip
 CNI_BIN_DIR = "/usr/lib/cni"
 CNI_PLUGINS = ("bridge", "host-local", "portmap", "loopback")
 TOOLS = ("unshare", "nsenter", "ip", "mount", "iptables", "iptables-restore", "runc")
@@ -211,7 +214,8 @@ def write_node_files(
     """Lay out a fresh node directory (configs, kubeconfigs, the simulated-GPU marker) and
     return its env file for node-init.sh."""
     shutil.rmtree(node.dir, ignore_errors=True)
-    for sub in ("kubelet", "cdi", "nvidia", "gpu-operator-sim", "var-log", "logs", "cni"):
+    for sub in ("kubelet", "cdi", "nvidia", "gpu-operator-sim", "var-log", "logs", "cni",
+                "etc-containerd"):  # fmt: skip
         (node.dir / sub).mkdir(parents=True, exist_ok=True)
     (node.dir / "gpu-operator-sim" / nodeconfig.SIM_PROFILE_FILE).write_text(node.gpus + "\n")
     resolv = node.dir / "resolv.conf"
@@ -232,12 +236,21 @@ def write_node_files(
         json.dumps(nodeconfig.cni_conflist(node), indent=2) + "\n"
     )
     runc = shutil.which("runc") or "runc"
+    nvidia_runtime = node.dir / "nvidia-container-runtime"
+    nvidia_runtime.write_text(
+        nodeconfig.nvidia_runtime_wrapper(
+            sys.executable, Path(str(resources.files("gpu_operator.testenv") /
+                                     "nvidia_runtime.py")), runc
+        )
+    )  # fmt: skip
+    nvidia_runtime.chmod(0o755)
     ctd = nodeconfig.containerd_config(
         node,
         pause_image=binaries.node_image_name("pause"),
         cni_conf_dir=node.dir / "cni",
         cni_bin_dir=CNI_BIN_DIR,
         runc=runc,
+        nvidia_runtime=str(nvidia_runtime),
     )
     (node.dir / "containerd.toml").write_text(nodeconfig.to_toml(ctd))
     env = nodeconfig.init_env(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pynvml
 import pytest
@@ -151,3 +152,25 @@ def test_plugin_without_api_access_fails(simulate: Simulate, tmp_path: Path) -> 
     simulate("l4:1")
     validator = Validator(read_inventory, None, [], tmp_path, components=["driver", "plugin"])
     assert validator.validate_once()[-1].message.startswith("cannot read the Node")
+
+
+def test_without_nvml_the_validator_exits_so_its_container_is_recreated(tmp_path: Path) -> None:
+    """NVML reaches a container when it is created: one made before the driver never sees it,
+    so the validator does not wait in it."""
+    from gpu_operator.agent.nvml import NvmlUnavailable
+
+    def no_nvml() -> Any:
+        raise NvmlUnavailable(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "nvmlInit")
+
+    validator = Validator(no_nvml, None, [], tmp_path / "v")
+    assert run_validator(validator, interval_s=3600) == 1
+    assert validator.nvml_unavailable
+    assert files(tmp_path / "v") == set()
+
+
+def test_runtime_configs_are_read_from_the_host_root() -> None:
+    """In its pod the validator sees the host's / at /host; its own /etc is the image's."""
+    configs = validate.host_runtime_configs("/host")
+    assert configs[0] == "/host/etc/containerd/config.toml"
+    assert "/host/etc/containerd/conf.d/*.toml" in configs
+    assert validate.host_runtime_configs("/") == list(validate.RUNTIME_CONFIGS)

@@ -171,7 +171,7 @@ def test_containerd_config_round_trips_as_toml() -> None:
     node = _plan(1)[0]
     doc = nodeconfig.containerd_config(
         node, pause_image="localhost/testenv/pause:1", cni_conf_dir=Path("/n/cni"),
-        cni_bin_dir="/usr/lib/cni", runc="/usr/sbin/runc",
+        cni_bin_dir="/usr/lib/cni", runc="/usr/sbin/runc", nvidia_runtime="/n/nvidia-runtime",
     )  # fmt: skip
     parsed = tomllib.loads(nodeconfig.to_toml(doc))
     assert parsed == doc
@@ -181,6 +181,8 @@ def test_containerd_config_round_trips_as_toml() -> None:
     assert cri["cdi_spec_dirs"] == ["/var/run/cdi"]
     runc = cri["containerd"]["runtimes"]["runc"]
     assert runc["options"] == {"BinaryName": "/usr/sbin/runc", "SystemdCgroup": False}
+    nvidia = cri["containerd"]["runtimes"]["nvidia"]  # RuntimeClass nvidia's handler
+    assert nvidia["options"] == {"BinaryName": "/n/nvidia-runtime", "SystemdCgroup": False}
     assert cri["cni"] == {"bin_dirs": ["/usr/lib/cni"], "conf_dir": "/n/cni"}
     images = parsed["plugins"]["io.containerd.cri.v1.images"]
     assert images["pinned_images"] == {"sandbox": "localhost/testenv/pause:1"}

@@ -23,6 +23,9 @@ from .profiles import GpuModel, parse_spec
 
 ENV_SIMULATE = "GPU_OPERATOR_SIMULATE"
 ENV_STATE = "GPU_OPERATOR_SIMULATE_STATE"
+# What GPU UUIDs derive from, when not the node's name: set where NODE_NAME is not (a pod
+# without it would otherwise see other UUIDs than its node's other agents).
+ENV_SEED = "GPU_OPERATOR_SIMULATE_SEED"
 DEFAULT_DRIVER = "580.95.05"
 DEFAULT_CUDA = 13000  # the 580 branch ships CUDA 13.0
 
@@ -42,13 +45,18 @@ def build_simulated_nvml(
 
     ``spec``: ``"a100-40gb:8"``, ``"a100-40gb:4,t4:2"``, a list of such strings, or models.
     ``state_file``: MIG state shared with the node's other processes (read, or written now).
-    ``seed``: what GPU UUIDs derive from; the node's name (``NODE_NAME``, else the host name).
+    ``seed``: what GPU UUIDs derive from; ``GPU_OPERATOR_SIMULATE_SEED``, else the node's name
+    (``NODE_NAME``), else the host name.
     """
     if isinstance(spec, str) or (spec and isinstance(spec[0], str)):
         models = parse_spec(spec)  # type: ignore[arg-type]
     else:
         models = list(spec)  # type: ignore[arg-type]
-    node_name = seed if seed is not None else os.environ.get("NODE_NAME") or os.uname().nodename
+    node_name = (
+        seed
+        if seed is not None
+        else os.environ.get(ENV_SEED) or os.environ.get("NODE_NAME") or os.uname().nodename
+    )
     node = SimNode(
         new_gpus(models, node_name),
         driver_version=driver_version,

@@ -1,0 +1,116 @@
+"""The operator itself in a container: deploy/ applied unchanged (its image reference is the
+project's image, built from the Dockerfile and loaded into the real nodes) on a cluster of two
+real nodes. Its two replicas run under deploy/'s securityContext (non-root, read-only root
+filesystem) with deploy/'s ServiceAccount, exactly one holds the Lease and says so on /healthz,
+and it converges the example ClusterPolicy with every operand in a real container."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes.stream import stream
+
+from gpu_operator import testenv
+from gpu_operator.kube import Kube
+from tests.e2e.support import policy_status, wait_for
+from tests.paths import REPO
+
+# The first run builds the image and the stand-ins (minutes; a changed tree rebuilds them).
+pytestmark = [pytest.mark.real_nodes, pytest.mark.timeout(1800)]
+
+NS = "gpu-operator"
+LEASE = "gpu-operator-leader"
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    real_nodes_runtime: Path, testenv_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[testenv.Cluster]:
+    """Two real nodes and no kwok node: every operator replica really runs."""
+    log_path = tmp_path_factory.mktemp("images") / "build.log"
+    with log_path.open("w") as log:
+        try:
+            archives = testenv.binaries.ensure_project_images(log)
+        except testenv.binaries.BinariesError as exc:
+            pytest.fail(f"the project's image could not be built: {exc} (log {log_path})")
+    state = testenv.default_state_dir() / f"oper-{uuid.uuid4().hex[:8]}"
+    cluster = testenv.start(state, real_nodes=2, bin_dir=testenv_bin_dir)
+    try:
+        for archive in archives:
+            cluster.load_image(archive)
+        yield cluster
+    finally:
+        cluster.stop(remove_state=True)
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def _healthz(core: k8s.CoreV1Api, pod: str) -> dict[str, Any]:
+    fetch = (
+        "import urllib.request; print(urllib.request.urlopen("
+        "'http://127.0.0.1:8080/healthz', timeout=10).read().decode())"
+    )
+    out: str = stream(
+        core.connect_get_namespaced_pod_exec, pod, NS, command=["python3", "-c", fetch],
+        stderr=True, stdin=False, stdout=True, tty=False,
+    )  # fmt: skip
+    doc: dict[str, Any] = json.loads(out)
+    return doc
+
+
+def test_deploy_runs_two_replicas_one_leader_and_converges_the_example(
+    cluster: testenv.Cluster,
+) -> None:
+    with cluster.api_client() as api:
+        kube = Kube(api)
+        core = k8s.CoreV1Api(api)
+        for path in sorted((REPO / "deploy").glob("*.yaml")):
+            for doc in yaml.safe_load_all(path.read_text()):
+                if doc and doc["kind"] == "Deployment":  # not a kind the operator handles
+                    k8s.AppsV1Api(api).create_namespaced_deployment(NS, doc)
+                elif doc:
+                    kube.apply(doc)
+
+        def operators() -> list[dict[str, Any]]:
+            return kube.list_objects(
+                "Pod", NS, label_selector="app.kubernetes.io/name=gpu-operator"
+            )
+
+        pods = wait_for(
+            "both operator replicas Ready",
+            lambda: len(ready := [p for p in operators() if _ready(p)]) == 2 and ready,
+            timeout=300,
+        )
+        assert {p["spec"]["nodeName"] for p in pods} <= set(cluster.real_nodes)
+        names = sorted(p["metadata"]["name"] for p in pods)
+        lease = wait_for(
+            "the leader Lease held",
+            lambda: ((kube.get("Lease", LEASE, NS) or {}).get("spec") or {}).get("holderIdentity"),
+            timeout=120,
+        )
+        leader = [n for n in names if lease.startswith(f"{n}-")]
+        assert len(leader) == 1, (lease, names)
+        roles = {n: _healthz(core, n)["role"] for n in names}
+        assert sorted(roles.values()) == ["leader", "standby"], roles
+        assert roles[leader[0]] == "leader"
+
+        kube.apply(yaml.safe_load((REPO / "examples" / "clusterpolicy.yaml").read_text()))
+        status = wait_for(
+            "the example ClusterPolicy ready",
+            lambda: (s := policy_status(kube, "cluster-policy")).get("state") == "ready" and s,
+            timeout=600,
+        )
+        assert status["namespace"] == NS
+        for name in cluster.real_nodes:
+            labels = (kube.get("Node", name) or {})["metadata"]["labels"]
+            assert labels.get("nvidia.com/gpu.count") == "8", name  # discovery, in its pod

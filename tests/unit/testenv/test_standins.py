@@ -1,0 +1,78 @@
+"""The stand-ins carry exactly the names the rendered defaults give NVIDIA's images, and the
+testenv's `nvidia` runtime hands the simulated driver's NVML to containers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpu_operator import labels
+from gpu_operator.cli import main as cli_main
+from gpu_operator.testenv import nodeconfig, nvidia_runtime, standins
+
+
+def test_standins_are_named_as_the_rendered_default_images(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli_main(["render", "--node-os", standins.node_os_tag(), "-o", "yaml"]) == 0
+    rendered = set()
+    for doc in yaml.safe_load_all(capsys.readouterr().out):
+        if doc and doc["kind"] == "DaemonSet":
+            for c in doc["spec"]["template"]["spec"]["containers"]:
+                rendered.add((c["image"], tuple(c.get("command") or ())))
+    for standin in standins.standins():
+        commands = {cmd for image, cmd in rendered if image == standin.reference}
+        assert commands, f"{standin.reference} is not rendered by default"
+        for command in commands:  # the command the DaemonSet runs is one the stand-in has
+            assert not command or command[0] in standins.COMMANDS
+
+
+def test_context_marks_every_command_simulated(tmp_path: Path) -> None:
+    standins.write_context(tmp_path, "ghcr.io/gpu-operator/gpu-operator:v0.1.0")
+    assert (
+        (tmp_path / "Containerfile")
+        .read_text()
+        .startswith("FROM ghcr.io/gpu-operator/gpu-operator:v0.1.0\n")
+    )
+    for command in standins.COMMANDS:
+        assert "SIMULATED" in (tmp_path / "bin" / command).read_text()
+
+
+def _spec(*env: str) -> dict:  # type: ignore[type-arg]
+    return {"process": {"env": ["PATH=/bin", *env]}, "mounts": [{"destination": "/proc"}]}
+
+
+def test_nvidia_runtime_adds_the_descriptor_env_and_the_shared_state_dir() -> None:
+    spec = _spec("GPU_OPERATOR_SIMULATE=stale")
+    env = ["GPU_OPERATOR_SIMULATE=a100-40gb:8", "GPU_OPERATOR_SIMULATE_STATE=/run/x/s.json"]
+    assert nvidia_runtime.patch_spec(spec, env, labels.SIMULATED_GPUS_DIR)
+    assert spec["process"]["env"] == ["PATH=/bin", *env]
+    assert spec["mounts"][-1]["destination"] == labels.SIMULATED_GPUS_DIR
+    assert spec["mounts"][-1]["source"] == labels.SIMULATED_GPUS_DIR
+
+
+def test_nvidia_runtime_leaves_containers_alone_without_a_driver_or_when_opted_out() -> None:
+    env = ["GPU_OPERATOR_SIMULATE=a100-40gb:8"]
+    assert not nvidia_runtime.patch_spec(_spec(), [], "/run/s")
+    assert not nvidia_runtime.patch_spec(_spec("NVIDIA_VISIBLE_DEVICES=void"), env, "/run/s")
+
+
+def test_nvidia_runtime_finds_the_bundle_of_create_only() -> None:
+    argv = ["--root", "/r", "--log", "l.json", "create", "--bundle", "/b", "--pid-file", "p", "id"]
+    assert nvidia_runtime.bundle_of(argv) == "/b"
+    assert nvidia_runtime.bundle_of(["--root", "/r", "start", "id"]) is None
+    assert nvidia_runtime.bundle_of(["create", "--bundle=/c", "id"]) == "/c"
+
+
+def test_nvidia_runtime_wrapper_execs_the_script_with_runc(tmp_path: Path) -> None:
+    text = nodeconfig.nvidia_runtime_wrapper(
+        "/v/python", Path("/p/nvidia_runtime.py"), "/sbin/runc"
+    )
+    assert text.splitlines()[-1] == 'exec /v/python -I /p/nvidia_runtime.py /sbin/runc "$@"'
+    descriptor = tmp_path / labels.SIMULATED_NVML_DESCRIPTOR
+    descriptor.write_text("# c\nGPU_OPERATOR_SIMULATE=t4:1\n")
+    assert nvidia_runtime.descriptor_env(tmp_path) == ["GPU_OPERATOR_SIMULATE=t4:1"]
+    assert json.dumps(nvidia_runtime.descriptor_env(tmp_path / "none")) == "[]"
