@@ -26,7 +26,7 @@ import yaml
 from gpu_operator import testenv
 from gpu_operator.kube import Kube
 from gpu_operator.labels import MANAGED_SELECTOR
-from gpu_operator.testenv.faults import FaultProxy, Toxiproxy
+from gpu_operator.testenv.faults import Fault, FaultProxy, Toxiproxy
 from tests.e2e.support import policy_api_served, service_account_config, wait_for
 
 NS = "gpu-operator"
@@ -445,3 +445,132 @@ def compare(outcome: Outcome, baseline: dict[str, Any], now: dict[str, Any]) -> 
         [f"{k} x{v}" for k, v in pods_now.items() if v > 1] + sorted(objects_now - objects_before)
     )
     return outcome
+
+
+# -- the faults ------------------------------------------------------------------------------
+FAULT_S = 20.0  # how long the HTTP-level faults and the latency last
+
+
+def sigkill_apiserver(env: ChaosEnv) -> None:
+    env.cluster.restart_apiserver(down_s=3.0)
+
+
+def sigstop_apiserver(env: ChaosEnv) -> None:
+    env.cluster.signal_apiserver(signal.SIGSTOP)
+    try:
+        time.sleep(LEASE_SECONDS * 2)  # longer than the Lease
+    finally:
+        env.cluster.signal_apiserver(signal.SIGCONT)
+
+
+def toxic(kind: str, seconds: float, **attributes: int) -> Callable[[ChaosEnv], None]:
+    def fault(env: ChaosEnv) -> None:
+        with env.toxiproxy.toxic("op-a", kind, **attributes):
+            time.sleep(seconds)
+
+    return fault
+
+
+def http_fault(fault: Fault) -> Callable[[ChaosEnv], None]:
+    def run(env: ChaosEnv) -> None:
+        env.proxy.inject(fault)
+        try:
+            wait_for(
+                "the fault to end", lambda: not env.proxy.active, timeout=fault.duration_s + 30
+            )
+        finally:
+            env.proxy.clear()
+
+    return run
+
+
+FAULTS: dict[str, Callable[[ChaosEnv], None]] = {
+    "apiserver SIGKILL + restart": sigkill_apiserver,
+    f"apiserver SIGSTOP {LEASE_SECONDS * 2}s (Lease {LEASE_SECONDS}s)": sigstop_apiserver,
+    "30s of connection resets": toxic("reset_peer", 30.0, timeout=0),
+    "2s latency on every request": toxic("latency", FAULT_S, latency=2000),
+    "20% of writes 409": http_fault(Fault(409, 0.2, writes_only=True, duration_s=FAULT_S)),
+    "10% of requests 429 + Retry-After": http_fault(
+        Fault(429, 0.1, retry_after_s=1, duration_s=FAULT_S)
+    ),
+    "every watch ended with 410 Gone": http_fault(
+        Fault(410, 1.0, watches_only=True, duration_s=FAULT_S)
+    ),
+}
+
+
+def kill_at_every_upgrade_state(env: ChaosEnv) -> tuple[Outcome, list[str]]:
+    """The operator SIGKILLed the first time any node is seen in each upgrade state (its
+    supervisor starts a new process, which waits for the Lease to expire)."""
+    killed_at: list[str] = []
+    stop = threading.Event()
+
+    def killer() -> None:
+        operator = env.operators["a"]
+        while not stop.is_set():
+            try:
+                nodes = env.kube.list_objects("Node")
+            except Exception:
+                time.sleep(0.2)
+                continue
+            states = {n["metadata"].get("labels", {}).get(STATE) for n in nodes}
+            for state in IN_PROGRESS:
+                if state in states and state not in killed_at:
+                    killed_at.append(state)
+                    operator.kill(signal.SIGKILL)
+                    break
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    try:
+        outcome = env.run("operator SIGKILL at every upgrade state", thread.start)
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join(10)
+    outcome.notes.append(f"killed at {killed_at}")
+    return outcome, killed_at
+
+
+@dataclass
+class Handover:
+    seconds: float  # from the cut to the new leader's first write
+    old_leader_writes_after: int  # writes of the old leader after the new one's first (0)
+    new_leader_writes: int
+
+
+def leader_network_cut(env: ChaosEnv) -> tuple[Outcome, Handover]:
+    """Replica b stands by; replica a (leading) loses its network (requests and answers black-
+    holed) until b leads and a Lease period more. From the audit log: when b first wrote, and
+    whether a wrote after that."""
+    standby = env.start_operator("b")
+    wait_for("the standby is up", lambda: standby.healthz()[1].get("role") == "standby")
+    cut: dict[str, datetime] = {}
+
+    def fault() -> None:
+        cut["start"] = datetime.now(UTC)
+        with env.toxiproxy.toxic("op-a", "timeout", both=True, timeout=0):
+            wait_for(
+                "the standby to lead",
+                lambda: standby.healthz()[1].get("role") == "leader",
+                timeout=LEASE_SECONDS * 6,
+            )
+            time.sleep(LEASE_SECONDS)
+        cut["end"] = datetime.now(UTC)
+
+    try:
+        outcome = env.run("leader network cut, standby healthy", fault)
+        writes = env.writes({env.user("a"), env.user("b")}, cut["start"], datetime.now(UTC))
+    finally:
+        standby.stop()
+        del env.operators["b"]
+    a = [e for e in writes if e["user"]["username"] == env.user("a")]
+    b = [e for e in writes if e["user"]["username"] == env.user("b")]
+    first_b = min((stamp(e) for e in b), default=datetime.now(UTC))
+    handover = Handover(
+        seconds=round((first_b - cut["start"]).total_seconds(), 1),
+        old_leader_writes_after=sum(1 for e in a if stamp(e) >= first_b),
+        new_leader_writes=len(b),
+    )
+    outcome.handover_s = handover.seconds
+    return outcome, handover

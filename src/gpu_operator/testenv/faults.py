@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
 from .processes import free_ports
 
@@ -208,14 +208,18 @@ class FaultProxy:
         async with upstream:
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
             for key, value in upstream.headers.items():
-                if key.lower() not in _HOP and key.lower() != "content-encoding":
+                if key.lower() not in _HOP:  # the body goes through as is, compressed or not
                     response.headers[key] = value
             await response.prepare(request)
-            with contextlib.suppress(OSError, TimeoutError, ConnectionError):
+            try:
                 async for chunk in upstream.content.iter_any():
                     await response.write(chunk)
-            with contextlib.suppress(OSError, ConnectionError):
                 await response.write_eof()
+            except (ClientError, OSError, TimeoutError):
+                # The API server went away mid-answer (a watch when it is killed): cut the
+                # client's connection too, as it would see without a proxy in between.
+                if request.transport is not None:
+                    request.transport.close()
             return response
 
     async def _serve(self) -> None:

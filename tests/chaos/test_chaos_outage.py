@@ -1,0 +1,54 @@
+"""The API server down for 5 minutes (issue 16), longer than kopf's 9 request attempts: the
+operator keeps retrying or exits non-zero and is restarted, never stays alive but deaf, and
+``/healthz`` says which. A scenario of its own (its own cluster), apart from the others so the
+rest of the suite stays short; ``CHAOS_OUTAGE_S`` shortens the outage for a quick local run.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from tests.chaos.harness import ChaosEnv
+
+OUTAGE_S = float(os.environ.get("CHAOS_OUTAGE_S") or 300)
+
+
+def test_five_minutes_without_an_api_server(env: ChaosEnv) -> None:
+    operator = env.operators["a"]
+    samples: list[tuple[int, str]] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        while not stop.wait(2.0):
+            code, body = operator.healthz()
+            samples.append((code, str(body.get("status", ""))))
+
+    def outage() -> None:
+        thread = threading.Thread(target=probe, daemon=True)
+        thread.start()
+        try:
+            env.cluster.restart_apiserver(down_s=OUTAGE_S)
+        finally:
+            stop.set()
+            thread.join(10)
+
+    started = time.monotonic()
+    outcome = env.run(f"apiserver down {OUTAGE_S:.0f}s", outage)
+    print(
+        f"\noutage of {OUTAGE_S:.0f}s: converged {outcome.converge_s}s after it, exits "
+        f"{outcome.exits}, /healthz samples {sorted(set(samples))} "
+        f"({time.monotonic() - started:.0f}s in all)"
+    )
+    answered = [s for s in samples if s[0]]
+    # Every answer says what the operator is doing: retrying (200), deaf (503, then it exits),
+    # or a restarted process waiting as a standby / leading again.
+    assert all(status in ("ok", "retrying", "deaf") for _, status in answered), samples
+    assert all((code == 503) == (status == "deaf") for code, status in answered), samples
+    deaf = any(status == "deaf" for _, status in answered)
+    if deaf:
+        assert any(code != 0 for code in outcome.exits), "deaf but never exited non-zero"
+    assert all(code != 0 for code in outcome.exits), f"an exit reported success: {outcome.exits}"
+    assert outcome.user_changes == []
+    assert outcome.upgraded_twice == []
