@@ -396,9 +396,20 @@ class ChaosEnv:
         )
         self.extra_nodes.append(name)
 
+    def retire_extra_node(self) -> None:
+        """Delete the last run's new node and let the operator settle, so that every run
+        starts from the same 6 nodes (and upgrades the same number)."""
+        if not self.extra_nodes:
+            return
+        name = self.extra_nodes.pop()
+        self.kube.delete("Node", name)
+        wait_for(f"{name} gone", lambda: self.kube.get("Node", name) is None)
+        self.converge(f"settling after {name} went")
+
     def run(self, name: str, fault: Callable[[], None] | None) -> Outcome:
         """The workload, then ``fault`` (which returns when the fault is over), then
         convergence; judged by the end state and the API writes it took."""
+        self.retire_extra_node()
         users = {self.user(r) for r in self.operators}
         exits_before = {r: len(op.exits) for r, op in self.operators.items()}
         since = datetime.now(UTC)
