@@ -459,7 +459,7 @@ def compare(outcome: Outcome, baseline: dict[str, Any], now: dict[str, Any]) -> 
 
 
 # -- the faults ------------------------------------------------------------------------------
-FAULT_S = 20.0  # how long the HTTP-level faults and the latency last
+FAULT_S = 10.0  # how long the HTTP-level faults and the latency last
 
 
 def sigkill_apiserver(env: ChaosEnv) -> None:
