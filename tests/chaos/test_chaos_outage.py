@@ -1,7 +1,10 @@
 """The API server down for 5 minutes (issue 16), longer than kopf's 9 request attempts: the
 operator keeps retrying or exits non-zero and is restarted, never stays alive but deaf, and
-``/healthz`` says which. A scenario of its own (its own cluster), apart from the others so the
-rest of the suite stays short; ``CHAOS_OUTAGE_S`` shortens the outage for a quick local run.
+``/healthz`` says which.
+
+A scenario of its own (its own cluster, about 7 minutes): it runs when ``CHAOS_OUTAGE_S`` is set
+(300 for the issue's 5 minutes, less for a quick local run) and is skipped with one line
+otherwise, so that ``make test`` stays within its time budget.
 """
 
 from __future__ import annotations
@@ -10,11 +13,14 @@ import os
 import threading
 import time
 
+import pytest
+
 from tests.chaos.harness import ChaosEnv
 
-OUTAGE_S = float(os.environ.get("CHAOS_OUTAGE_S") or 300)
+OUTAGE_S = float(os.environ.get("CHAOS_OUTAGE_S") or 0)
 
 
+@pytest.mark.skipif(not OUTAGE_S, reason="set CHAOS_OUTAGE_S=300 for the 5-minute outage")
 def test_five_minutes_without_an_api_server(env: ChaosEnv) -> None:
     operator = env.operators["a"]
     samples: list[tuple[int, str]] = []
