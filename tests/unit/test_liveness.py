@@ -66,3 +66,35 @@ def test_healthz_is_503_with_the_reason_when_deaf() -> None:
     )
     assert deaf[0] == 503 and deaf[1]["status"] == "deaf"
     assert deaf[1]["reason"].startswith("watcher for nodes.v1 ended")
+
+
+def test_why_the_operator_stops() -> None:
+    """Only being asked to stop is not a failure; everything else exits non-zero, named."""
+    from gpu_operator.controller.runner import _failure
+
+    async def returns(value: object) -> object:
+        return value
+
+    async def fails() -> None:
+        raise RuntimeError("boom")
+
+    async def scenario() -> list[str]:
+        tasks = {
+            "stop": asyncio.create_task(returns(True), name="stop"),
+            "lease": asyncio.create_task(returns(None), name="lease"),
+            "liveness": asyncio.create_task(returns("watcher for nodes.v1 ended"), name="liveness"),
+            "kopf": asyncio.create_task(fails(), name="kopf"),
+        }
+        await asyncio.wait(tasks.values())
+        return [
+            _failure({tasks["stop"]}),
+            _failure({tasks["lease"]}),
+            _failure({tasks["liveness"]}),
+            _failure({tasks["kopf"], tasks["stop"]}),
+        ]
+
+    stop, lease, deaf, kopf = asyncio.run(scenario())
+    assert stop == ""
+    assert lease == "leadership lost"
+    assert deaf == "deaf: watcher for nodes.v1 ended"
+    assert kopf == "kopf ended: RuntimeError('boom')"

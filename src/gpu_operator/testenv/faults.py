@@ -210,14 +210,15 @@ class FaultProxy:
             for key, value in upstream.headers.items():
                 if key.lower() not in _HOP:  # the body goes through as is, compressed or not
                     response.headers[key] = value
-            await response.prepare(request)
             try:
+                await response.prepare(request)
                 async for chunk in upstream.content.iter_any():
                     await response.write(chunk)
                 await response.write_eof()
             except (ClientError, OSError, TimeoutError):
                 # The API server went away mid-answer (a watch when it is killed): cut the
-                # client's connection too, as it would see without a proxy in between.
+                # client's connection too, as it would see without a proxy in between. (Or the
+                # client went away: nothing to tell it.)
                 if request.transport is not None:
                     request.transport.close()
             return response
