@@ -377,10 +377,16 @@ class ChaosEnv:
     def converge(self, what: str, timeout: float = 240.0) -> float:
         version, marker = self.target()
         started = time.monotonic()
-        wait_for(
-            what, lambda: not self.pending(version, marker) or None, timeout=timeout, every=0.5
-        )
-        return time.monotonic() - started
+        last = "not looked yet"
+        while time.monotonic() - started < timeout:
+            try:
+                last = self.pending(version, marker)
+            except Exception as exc:  # the API server may still be coming back
+                last = f"cannot read: {exc!r}"[:300]
+            if not last:
+                return time.monotonic() - started
+            time.sleep(0.5)
+        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last}")
 
     def target(self) -> tuple[str, str]:
         return VERSIONS[self.round % 2], f"r{self.round}"

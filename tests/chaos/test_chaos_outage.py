@@ -21,6 +21,7 @@ OUTAGE_S = float(os.environ.get("CHAOS_OUTAGE_S") or 0)
 
 
 @pytest.mark.skipif(not OUTAGE_S, reason="set CHAOS_OUTAGE_S=300 for the 5-minute outage")
+@pytest.mark.timeout(OUTAGE_S + 900)
 def test_five_minutes_without_an_api_server(env: ChaosEnv) -> None:
     operator = env.operators["a"]
     samples: list[tuple[int, str]] = []

@@ -144,7 +144,9 @@ async def _run(
         ready = asyncio.create_task(controller.loop.ready.wait())
         ready.add_done_callback(lambda _: started.set())
     done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    failure = _failure(done)
+    # Asked to stop (SIGTERM), kopf may stop its watchers before our stop task runs: that is
+    # a graceful stop, not a deaf operator.
+    failure = "" if stop.is_set() else _failure(done)
     if failure:
         kube.fence.set()  # not one more write: another replica may lead soon
         log.error("stopping: %s", failure)
