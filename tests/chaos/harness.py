@@ -27,6 +27,7 @@ from gpu_operator import testenv
 from gpu_operator.kube import Kube
 from gpu_operator.labels import MANAGED_SELECTOR
 from gpu_operator.testenv.faults import Fault, FaultProxy, Toxiproxy
+from gpu_operator.testenv.processes import alive
 from tests.e2e.support import policy_api_served, service_account_config, wait_for
 
 NS = "gpu-operator"
@@ -276,7 +277,12 @@ class ChaosEnv:
         obj = kube.get("ClusterPolicy", POLICY) or {}
         status = obj.get("status") or {}
         if status.get("state") != "ready":
-            return f"policy state {status.get('state')!r}"
+            why = [
+                f"{c.get('type')}={c.get('status')} {c.get('reason')}: {c.get('message')}"
+                for c in status.get("conditions") or []
+            ]
+            down = [p.name for p in self.cluster.processes if not alive(p)]
+            return f"policy state {status.get('state')!r} {why} (processes down: {down})"
         nodes = {n["metadata"]["name"]: n for n in kube.list_objects("Node")}
         for name in self.gpu_nodes():
             node = nodes.get(name)

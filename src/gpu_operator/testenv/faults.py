@@ -322,6 +322,8 @@ class Toxiproxy:
     def proxy(self, name: str, upstream: str) -> str:
         """A proxy from a fresh loopback port to ``upstream`` (host:port); its URL."""
         port = free_ports(1)[0]
+        with contextlib.suppress(urllib.error.HTTPError):  # a proxy of that name from before
+            self._call("DELETE", f"/proxies/{name}")
         self._call(
             "POST",
             "/proxies",
