@@ -7,6 +7,8 @@
 #                                    kube-proxy (all: and helm); prints their bin directory on its
 #                                    last line
 #   helm                             helm, for the Helm chart's tests, into the same bin directory
+#   toxiproxy                        toxiproxy-server, the chaos suite's TCP fault proxy, into the
+#                                    same bin directory (all builds it too)
 #   nodes                            what real nodes add: containerd, containerd-shim-runc-v2, ctr
 #                                    (containerd v2, CDI built in), a static pause and the two
 #                                    images (pause, a busybox shell) as OCI archives made with
@@ -25,6 +27,7 @@ ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 KWOK_VERSION=${KWOK_VERSION:-v0.7.0}
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
 CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.4.2}
+TOXIPROXY_VERSION=${TOXIPROXY_VERSION:-v2.12.0}
 # Bump when the pause/probe programs or the image recipes below change.
 NODE_IMAGES_VERSION=${NODE_IMAGES_VERSION:-1}
 CACHE_ROOT=${TESTENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-operator-testenv}
@@ -174,6 +177,18 @@ build_helm() {
     -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$minor \
     -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$minor" \
     "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+}
+
+# toxiproxy is not part of the cache key either; a cached binary of another version is rebuilt.
+build_toxiproxy() {
+  if [ -x "$BIN/toxiproxy-server" ] && [ "$(cat "$BIN/toxiproxy-server.version" 2>/dev/null)" = "$TOXIPROXY_VERSION" ]; then
+    return
+  fi
+  step "building toxiproxy-server $TOXIPROXY_VERSION" \
+    env GOBIN="$BIN" go install -trimpath -ldflags "-s -w" \
+    "github.com/Shopify/toxiproxy/v2/cmd/server@$TOXIPROXY_VERSION"
+  mv "$BIN/server" "$BIN/toxiproxy-server"
+  echo "$TOXIPROXY_VERSION" >"$BIN/toxiproxy-server.version"
 }
 
 # containerd v2 (its CRI plugin reads CDI specs from /etc/cdi and /var/run/cdi), the runc shim
@@ -470,15 +485,16 @@ build_standins() {
 case "${1:-all}" in
   image) build_image ;;
   standins) build_standins ;;
-  all) mkdir -p "$BIN" "$WORK"; build_etcd; build_kwok; build_helm; build_k8s; echo "$BIN" ;;
+  all) mkdir -p "$BIN" "$WORK"; build_etcd; build_kwok; build_helm; build_toxiproxy; build_k8s; echo "$BIN" ;;
   etcd) mkdir -p "$BIN" "$WORK"; build_etcd; echo "$BIN" ;;
   kwok) mkdir -p "$BIN" "$WORK"; build_kwok; echo "$BIN" ;;
   kubernetes) mkdir -p "$BIN" "$WORK"; build_k8s; echo "$BIN" ;;
   helm) mkdir -p "$BIN" "$WORK"; build_helm; echo "$BIN" ;;
+  toxiproxy) mkdir -p "$BIN" "$WORK"; build_toxiproxy; echo "$BIN" ;;
   nodes)
     mkdir -p "$NODE_BIN" "$NODE_WORK"
     build_containerd; build_node_tools; build_node_images
     echo "$NODE_DIR"
     ;;
-  *) echo "usage: $0 [all|etcd|kwok|kubernetes|helm|nodes|image|standins]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|etcd|kwok|kubernetes|helm|toxiproxy|nodes|image|standins]" >&2; exit 2 ;;
 esac

@@ -2,22 +2,97 @@
 verbs over the official client.
 
 Objects travel as plain dicts. Writes use one field manager. Nothing here decides anything.
+Answers that mean "not now" (429 with its Retry-After, 5xx, a dropped connection; 409 for a
+server-side apply, which cannot conflict otherwise with ``force``) are asked again a few times
+with backoff, within a deadline, so an API server restart or overload costs a delay rather than
+a failed pass. A POST is asked again only when it cannot have arrived (connection refused).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import random
+import threading
+import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from gpu_operator.kinds import KINDS, kind_of
 
 FIELD_MANAGER = "gpu-operator"
-__all__ = ["FIELD_MANAGER", "Kube", "api_configuration", "connect"]
+APPLY_PATCH = "application/apply-patch+yaml"
+__all__ = [
+    "FIELD_MANAGER",
+    "NO_RETRY",
+    "Fenced",
+    "Kube",
+    "Retry",
+    "api_configuration",
+    "connect",
+]
+log = logging.getLogger(__name__)
+
+# Statuses that say "not now": overloaded, restarting, or a proxy in between lost it.
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How often and how long to ask again; ``attempts`` counts the first one too."""
+
+    attempts: int = 6
+    first_delay_s: float = 0.25
+    max_delay_s: float = 8.0
+    deadline_s: float = 40.0
+
+    def delay(self, attempt: int, retry_after: str | None = None) -> float:
+        """Seconds before attempt ``attempt + 1``: the server's Retry-After when it sent one
+        (capped), else exponential backoff with jitter."""
+        if retry_after:
+            try:
+                return min(max(float(retry_after), 0.0), self.max_delay_s)
+            except ValueError:
+                pass  # an HTTP date: rare from an API server; back off as usual
+        backoff: float = min(self.first_delay_s * 2.0 ** (attempt - 1), self.max_delay_s)
+        return backoff * random.uniform(0.5, 1.0)
+
+
+NO_RETRY = Retry(attempts=1)
+
+
+class Fenced(RuntimeError):
+    """A write after :attr:`Kube.fence` was set (e.g. leadership lost): not sent."""
+
+
+def worth_retrying(method: str, content_type: str, error: Exception) -> bool:
+    """Whether asking again may succeed and cannot do a write twice."""
+    if isinstance(error, ApiException):
+        if method == "POST":
+            return (
+                False  # evictions answer 429 for a PodDisruptionBudget; creates are not idempotent
+            )
+        if error.status == 409:
+            return content_type == APPLY_PATCH
+        return error.status in RETRY_STATUSES
+    if isinstance(error, urllib3.exceptions.HTTPError):
+        if method == "POST":
+            return _never_sent(error)
+        return True
+    return False
+
+
+def _never_sent(error: Exception) -> bool:
+    reason = getattr(error, "reason", None)
+    return isinstance(error, urllib3.exceptions.NewConnectionError) or isinstance(
+        reason, urllib3.exceptions.NewConnectionError
+    )
 
 
 def api_configuration(kubeconfig: str | None = None) -> k8s.Configuration:
@@ -37,12 +112,14 @@ def api_configuration(kubeconfig: str | None = None) -> k8s.Configuration:
 
 
 def _body(resp: Any) -> bytes:
-    """The whole body of a response; an ApiException for an error status."""
+    """The whole body of a response; an ApiException (with the headers) for an error status."""
     data: bytes = resp.read()
     if resp.status >= 400:
-        raise ApiException(
+        exc = ApiException(
             status=resp.status, reason=resp.reason, body=data.decode(errors="replace")
         )
+        exc.headers = resp.headers
+        raise exc
     return data
 
 
@@ -53,8 +130,23 @@ def connect(kubeconfig: str | None = None) -> Kube:
 class Kube:
     """Blocking REST calls; the async shell runs them in worker threads."""
 
-    def __init__(self, api: k8s.ApiClient) -> None:
+    def __init__(self, api: k8s.ApiClient, retry: Retry = Retry()) -> None:
         self.api = api
+        self.retry = retry
+        # Set when this process must stop writing (its leadership is gone): every later
+        # write, a retry included, raises Fenced instead of reaching the API server.
+        self.fence = threading.Event()
+        # urllib3 would otherwise sleep whatever Retry-After says on a GET, unbounded, before
+        # this class sees the answer; it keeps retrying refused connections at once.
+        pools = getattr(getattr(api, "rest_client", None), "pool_manager", None)
+        if pools is not None:
+            pools.connection_pool_kw["retries"] = urllib3.Retry(
+                total=3, respect_retry_after_header=False, raise_on_status=False
+            )
+
+    def with_retry(self, retry: Retry) -> Kube:
+        """The same connection, asking again as ``retry`` says (e.g. a Lease: never)."""
+        return Kube(self.api, retry)
 
     def request(
         self,
@@ -66,8 +158,25 @@ class Kube:
         content_type: str = "application/json",
         timeout: float | None = 30.0,
     ) -> Any:
-        data = _body(self._send(method, path, query, body, content_type, timeout))
-        return json.loads(data) if data else None
+        policy = self.retry
+        give_up = time.monotonic() + policy.deadline_s
+        attempt = 1
+        while True:
+            if method != "GET" and self.fence.is_set():
+                raise Fenced(f"{method} {path}: not sent, this process no longer leads")
+            try:
+                data = _body(self._send(method, path, query, body, content_type, timeout))
+                return json.loads(data) if data else None
+            except (ApiException, urllib3.exceptions.HTTPError) as exc:
+                if attempt >= policy.attempts or not worth_retrying(method, content_type, exc):
+                    raise
+                headers = getattr(exc, "headers", None) or {}
+                delay = policy.delay(attempt, headers.get("Retry-After"))
+                if time.monotonic() + delay > give_up:
+                    raise
+                log.debug("%s %s: %s; asking again in %.2fs", method, path, _short(exc), delay)
+                time.sleep(delay)
+                attempt += 1
 
     def _send(
         self,
@@ -180,7 +289,7 @@ class Kube:
             kind.item(meta["name"], meta.get("namespace")),
             query=query,
             body=dict(obj),
-            content_type="application/apply-patch+yaml",
+            content_type=APPLY_PATCH,
         )
         return result
 
@@ -243,3 +352,9 @@ class Kube:
                 "metadata": {"name": name, "namespace": namespace},
             },
         )
+
+
+def _short(exc: Exception) -> str:
+    if isinstance(exc, ApiException):
+        return f"{exc.status} {exc.reason}"
+    return type(exc).__name__

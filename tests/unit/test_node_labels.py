@@ -212,3 +212,35 @@ def test_uninstall_removes_what_the_upgrade_and_mig_manager_left_on_the_node() -
     gone = apply(worked_on, None, uninstall=True)
     assert "nvidia.com/gpu-driver-upgrade-state" not in gone.labels
     assert dict(gone.annotations) == {"team.example.com/owner": "ml"}
+
+
+def test_a_deploy_label_a_person_set_to_false_is_never_overwritten() -> None:
+    """NVIDIA issue 2288: ``gpu.deploy.<c>=false`` set on a labelled node survives everything."""
+    labelled = apply(node(NFD), POLICY)
+    key = "nvidia.com/gpu.deploy.device-plugin"
+    chosen = _view({**labelled.labels, key: "false"}, labelled)
+    steps = [
+        POLICY,  # the next pass
+        NodePolicy(deploy=("driver",), taint=TAINT),  # the component disabled ...
+        POLICY,  # ... and enabled again
+    ]
+    view = chosen
+    for policy in steps:
+        view = apply(view, policy)
+        assert view.labels[key] == "false"
+    operands_off = apply(
+        _view({**view.labels, "nvidia.com/gpu.deploy.operands": "false"}, view), POLICY
+    )
+    assert operands_off.labels[key] == "false"
+    back_on = apply(
+        _view(
+            {k: v for k, v in operands_off.labels.items() if k != "nvidia.com/gpu.deploy.operands"},
+            operands_off,
+        ),
+        POLICY,
+    )
+    assert back_on.labels[key] == "false"
+    gone = apply(back_on, None, uninstall=True)
+    assert gone.labels[key] == "false"
+    assert "nvidia.com/gpu.deploy.driver" not in gone.labels  # ours still goes
+    assert plan_node(apply(chosen, POLICY), POLICY) is None  # and a converged node writes nothing

@@ -411,10 +411,18 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         directory=Path(args.output_dir),
         components=components,
         driver_root=args.driver_root,
+        uvm_device=_uvm_device(args),
     )
     return validate.run_validator(
         validator, interval_s=args.interval, oneshot=args.oneshot, stop=threading.Event()
     )
+
+
+def _uvm_device(args: argparse.Namespace) -> Path | None:
+    """``--uvm-device``; by default /dev/nvidia-uvm, unchecked under simulated NVML."""
+    if args.uvm_device is not None:
+        return Path(args.uvm_device) if args.uvm_device else None
+    return None if getattr(args, "simulate", None) else validate.UVM_DEVICE
 
 
 # -- nvml-info ----------------------------------------------------------------------------------
@@ -706,6 +714,12 @@ def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
         "HOST_ROOT_MOUNT; default /host when mounted, as in the validator's DaemonSet)",
     )
     p.add_argument("--driver-root", default=os.environ.get("NVIDIA_DRIVER_ROOT", "/"))
+    p.add_argument(
+        "--uvm-device",
+        default=os.environ.get("NVIDIA_UVM_DEVICE"),
+        help="device node CUDA needs (default /dev/nvidia-uvm, not checked when simulating; "
+        "'' skips it) (env NVIDIA_UVM_DEVICE)",
+    )
     p.add_argument("--interval", type=float, default=10.0)
     p.add_argument("--oneshot", action="store_true")
     p.add_argument("--node-name", default=None, help="default: env NODE_NAME")

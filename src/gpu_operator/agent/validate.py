@@ -7,12 +7,16 @@ file, so the pod turns Ready exactly when the node is validated. A check that fa
 regresses) removes its file, the marker and every later file, and the loop tries again.
 
 The ``cuda`` check is NVML-level (CUDA driver API version reported, every GPU has a compute
-capability): NVIDIA runs a vectorAdd pod for it, which needs a real GPU.
+capability): NVIDIA runs a vectorAdd pod for it, which needs a real GPU. It also needs
+``/dev/nvidia-uvm``: without the nvidia-uvm module every CUDA program fails although the driver
+answers NVML (NVIDIA issue 2685), so the device node must exist, be a character device and open.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import threading
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,6 +42,7 @@ RUNTIME_CONFIGS = (
     "/etc/crio/crio.conf.d/*",
 )
 RUNTIME_NAME = "nvidia"
+UVM_DEVICE = Path("/dev/nvidia-uvm")
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,25 @@ def check_cuda(inventory: Inventory | None) -> CheckResult:
     return CheckResult(
         "cuda", True, f"CUDA {inventory.cuda_major}.{inventory.cuda_minor} driver API"
     )
+
+
+def check_uvm(device: Path) -> CheckResult:
+    """``device`` exists, is a character device and opens read-write (what CUDA does)."""
+    try:
+        mode = device.stat().st_mode
+    except OSError as exc:
+        return CheckResult(
+            "cuda",
+            False,
+            f"{device} missing ({exc.strerror}): load nvidia-uvm (nvidia-modprobe -u)",
+        )
+    if not stat.S_ISCHR(mode):
+        return CheckResult("cuda", False, f"{device} is not a character device")
+    try:
+        os.close(os.open(device, os.O_RDWR))
+    except OSError as exc:
+        return CheckResult("cuda", False, f"{device} cannot be opened: {exc.strerror}")
+    return CheckResult("cuda", True, f"{device} usable")
 
 
 def gpu_resources(node: NodeView) -> dict[str, int]:
@@ -170,6 +194,7 @@ class Validator:
     # The last pass found no NVML at all. A container gets the driver's NVML from the runtime
     # when it is created, so one created before the driver can never see it: see run_validator.
     nvml_unavailable: bool = False
+    uvm_device: Path | None = UVM_DEVICE  # None: not checked (simulated NVML has no devices)
 
     def _run(self, name: str, inventory: Inventory | None, error: str) -> CheckResult:
         if name == "driver":
@@ -177,7 +202,11 @@ class Validator:
         if name == "toolkit":
             return check_toolkit(read_runtime_configs(self.runtime_configs))
         if name == "cuda":
-            return check_cuda(inventory)
+            result = check_cuda(inventory)
+            if not result.ok or self.uvm_device is None:
+                return result
+            uvm = check_uvm(self.uvm_device)
+            return result if uvm.ok else uvm
         if name == "plugin":
             if self.read_node is None:
                 return check_plugin(None, "no Kubernetes access (NODE_NAME unset?)")

@@ -4,7 +4,8 @@ kopf's own liveness endpoint only exists once kopf runs, i.e. after the Lease is
 standby replica would look dead and be restarted by its liveness probe. This endpoint lives on
 the operator's event loop: it answers while the loop is responsive, whatever the role, and says
 which role that is. A leader whose watches or reconcile loop fail does not linger unhealthy: the
-operator returns and the process exits.
+answer turns 503 with the reason (``controller/liveness.py``), the operator returns and the
+process exits non-zero; while it only retries (API server away) it answers 200 and says so.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from aiohttp import web
+
+from gpu_operator.controller.liveness import OK, Verdict
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int, str]:
@@ -27,14 +30,25 @@ def parse_endpoint(endpoint: str) -> tuple[str, int, str]:
 class HealthServer:
     """A tiny aiohttp server; ``role`` is asked on each request (``leader`` or ``standby``)."""
 
-    def __init__(self, endpoint: str, role: Callable[[], str]) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        role: Callable[[], str],
+        verdict: Callable[[], Verdict] = lambda: OK,
+    ) -> None:
         self.host, self.port, self.path = parse_endpoint(endpoint)
         self._role = role
+        self._verdict = verdict
         self._runner: web.AppRunner | None = None
 
     async def _healthz(self, _: web.Request) -> web.Response:
+        verdict = self._verdict()
+        body: dict[str, str] = {"status": verdict.state, "role": self._role()}
+        if verdict.reason:
+            body["reason"] = verdict.reason
         return web.Response(
-            text=json.dumps({"status": "ok", "role": self._role()}),
+            status=200 if verdict.alive else 503,
+            text=json.dumps(body),
             content_type="application/json",
         )
 

@@ -3,6 +3,13 @@
 The holder renews every ``renew_seconds``; a candidate takes the Lease over only once it has
 gone unrenewed for ``lease_seconds``. Updates carry the resourceVersion they read, so two
 candidates racing for an expired Lease cannot both win.
+
+The holder gives up on its own once no renewal has been confirmed for ``renew_deadline_s``
+(shorter than the Lease), counted from the renew time it last wrote: so it stops acting before
+any other replica can take the Lease over, even when the API server hangs (each renewal waits
+at most until the deadline) or its network is cut. Lease requests are never retried inside the
+client (a stale renewal must not land late); a refused one (409: written meanwhile) is tried
+again soon, re-reading the Lease.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from gpu_operator.kube import Kube
+from gpu_operator.kube import NO_RETRY, Kube
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +59,16 @@ class LeaderElector:
     name: str = "gpu-operator-leader"
     lease_seconds: int = 30
     renew_seconds: float = 10.0
+    renew_deadline_s: float | None = None  # default: two thirds of the Lease
 
-    def _try(self) -> bool:
+    def __post_init__(self) -> None:
+        self.kube = self.kube.with_retry(NO_RETRY)
+        if self.renew_deadline_s is None:
+            self.renew_deadline_s = self.lease_seconds * 2 / 3
+        self.renewed: datetime | None = None  # the renew time last written and confirmed
+
+    def _try(self) -> datetime | None:
+        """Take or renew the Lease: the renew time written, or None when another holds it."""
         now = _now()
         lease = self.kube.get("Lease", self.name, self.namespace)
         if lease is None:
@@ -65,10 +80,10 @@ class LeaderElector:
             }
             try:
                 self.kube.create(body)
-                return True
+                return now
             except ApiException as exc:
                 if exc.status == 409:
-                    return False
+                    return None
                 if exc.status == 404:
                     raise RuntimeError(
                         f"namespace {self.namespace!r} does not exist: create it "
@@ -77,7 +92,7 @@ class LeaderElector:
                 raise
         spec = lease.get("spec") or {}
         if not lease_free(spec, self.identity, now):
-            return False
+            return None
         same = spec.get("holderIdentity") == self.identity
         acquired = _parse(spec.get("acquireTime")) if same else now
         transitions = int(spec.get("leaseTransitions") or 0) + (0 if same else 1)
@@ -87,10 +102,10 @@ class LeaderElector:
         }
         try:
             self.kube.merge_patch("Lease", self.name, patch, self.namespace)
-            return True
+            return now
         except ApiException as exc:
             if exc.status == 409:
-                return False  # someone else wrote it first
+                return None  # someone else wrote it first
             raise
 
     def _spec(self, acquired: datetime, renewed: datetime, transitions: int) -> dict[str, Any]:
@@ -105,27 +120,54 @@ class LeaderElector:
     async def acquire(self) -> None:
         """Wait until this process holds the Lease."""
         logged = False
-        while not await asyncio.to_thread(self._try):
+        while True:
+            try:
+                self.renewed = await asyncio.to_thread(self._try)
+            except RuntimeError:
+                raise  # a missing namespace: nothing to wait for
+            except Exception as exc:  # API trouble: a candidate just keeps asking
+                log.warning("cannot read the Lease: %s", exc)
+            if self.renewed is not None:
+                break
             if not logged:
                 log.info("waiting for leadership (Lease %s/%s)", self.namespace, self.name)
                 logged = True
             await asyncio.sleep(self.renew_seconds / 2)
         log.info("leading as %s", self.identity)
 
+    def remaining(self, now: datetime) -> float:
+        """Seconds left before this holder must stop acting (<= 0: stop now)."""
+        assert self.renewed is not None and self.renew_deadline_s is not None
+        return (self.renewed - now).total_seconds() + self.renew_deadline_s
+
     async def hold(self) -> None:
-        """Renew until renewal has failed for a whole lease period; then return (lost)."""
-        last_ok = _now()
+        """Renew; return (leadership lost) once no renewal was confirmed within the deadline."""
+        if self.renewed is None:
+            self.renewed = _now()
+        pause = self.renew_seconds
         while True:
-            await asyncio.sleep(self.renew_seconds)
+            await asyncio.sleep(max(0.0, min(pause, self.remaining(_now()))))
+            left = self.remaining(_now())
+            if left <= 0:
+                break
+            pause = self.renew_seconds
             try:
-                if await asyncio.to_thread(self._try):
-                    last_ok = _now()
-                    continue
-            except Exception as exc:  # transient API trouble: keep trying until the lease ends
+                renewed = await asyncio.wait_for(asyncio.to_thread(self._try), timeout=left)
+            except TimeoutError:
+                log.warning("lease renewal unanswered within the renew deadline")
+                break
+            except Exception as exc:  # API trouble: try again soon, until the deadline
                 log.warning("lease renewal failed: %s", exc)
-            if _now() - last_ok > timedelta(seconds=self.lease_seconds):
-                log.error("leadership lost")
-                return
+                renewed = None
+            if renewed is not None:
+                self.renewed = renewed
+            else:
+                pause = self.renew_seconds / 4  # refused or failed: re-read and try soon
+        log.error(
+            "leadership lost: no renewal confirmed for %.1fs (Lease %ss)",
+            self.renew_deadline_s,
+            self.lease_seconds,
+        )
 
     def release(self) -> None:
         """Hand the Lease over at once on a graceful shutdown."""

@@ -36,6 +36,8 @@ class Loop:
         self.wake = asyncio.Event()
         self.ready = asyncio.Event()  # set once what the passes read is filled
         self.passes = 0
+        self.pass_started: float | None = None  # monotonic, while a pass runs (liveness)
+        self.failing_since: float | None = None  # monotonic, first of the failing passes
 
     async def run(self) -> None:
         await self.ready.wait()
@@ -52,18 +54,22 @@ class Loop:
                 next_resync = time.monotonic() + self.config.resync_seconds
             await asyncio.sleep(self.config.debounce_seconds)  # let a burst settle
             self.wake.clear()
-            started = time.monotonic()
+            started = self.pass_started = time.monotonic()
             self.metrics.reconciles.inc()
             try:
                 requeue_at = await self.run_pass(resync)
+                self.failing_since = None
             except asyncio.CancelledError:
                 raise
             except Exception:
+                if self.failing_since is None:
+                    self.failing_since = started
                 self.metrics.reconcile_errors.inc()
                 log.exception("%s pass failed; retrying", self.name)
                 await asyncio.sleep(FAILED_PASS_RETRY_S)
                 self.wake.set()
             finally:
+                self.pass_started = None
                 self.passes += 1
                 elapsed = time.monotonic() - started
                 self.metrics.reconcile_seconds.observe(elapsed)

@@ -163,7 +163,7 @@ def plan_node(
     operator. ``uninstall`` also removes the labels and annotations the rest of the GPU stack
     wrote.
     """
-    owned = Owned.parse(node.annotations)
+    owned = _disown_user_choices(node, Owned.parse(node.annotations))
     labels: dict[str, str | None] = {}
     new_owned_labels = set(owned.labels)
     want = desired_labels(node, policy) if policy and is_gpu_node(node) else {}
@@ -200,6 +200,21 @@ def plan_node(
     if not labels and not annotations and taints is None:
         return None
     return NodePatch(labels, annotations, taints, node.resource_version)
+
+
+def _disown_user_choices(node: NodeView, owned: Owned) -> Owned:
+    """A deploy label the operator set to ``true`` and a person then set to ``false`` is the
+    person's from then on (NVIDIA issue 2288): it is never removed or turned back to ``true``,
+    whatever the policy does later (component disabled and re-enabled, operands=false, uninstall).
+    """
+    chosen = {
+        key
+        for key in owned.labels
+        if key.startswith(DEPLOY_PREFIX) and node.labels.get(key, "").lower() == "false"
+    }
+    if not chosen:
+        return owned
+    return Owned(owned.labels - chosen, owned.taints)
 
 
 def _plan_taints(

@@ -22,6 +22,7 @@ from gpu_operator.controller.driver_loop import NVIDIADriverController
 from gpu_operator.controller.gpucluster import GPUClusterController
 from gpu_operator.controller.health import HealthServer
 from gpu_operator.controller.leader import LeaderElector
+from gpu_operator.controller.liveness import OK, Verdict, Watchdog
 from gpu_operator.controller.metrics import PrometheusMetrics
 from gpu_operator.controller.watch import Watched, build_registry, configure, connection_info
 from gpu_operator.kube import Kube, api_configuration
@@ -39,6 +40,11 @@ class RunOptions:
     metrics_port: int | None = 8081
     lease_seconds: int = 30
     renew_seconds: float = 10.0
+    stall_seconds: float = 900.0  # a pass running longer means the operator is stuck
+
+
+class OperatorStopped(RuntimeError):
+    """The operator stopped for another reason than being asked to (exit non-zero)."""
 
 
 async def run_operator(
@@ -57,11 +63,16 @@ async def run_operator(
     if options.metrics_port is not None:
         server, _ = start_http_server(options.metrics_port, registry=metrics.registry)
     health = None
+    watchdog: list[Watchdog] = []  # the leader's, once it leads
+
+    def verdict() -> Verdict:
+        return watchdog[0].verdict if watchdog else OK
+
     try:
         if options.health_endpoint is not None:
-            health = HealthServer(options.health_endpoint, lambda: metrics.role)
+            health = HealthServer(options.health_endpoint, lambda: metrics.role, verdict)
             await health.start()
-        return await _run(options, api_config, kube, stop, started, metrics)
+        return await _run(options, api_config, kube, stop, started, metrics, watchdog)
     finally:
         metrics.set_leading(False)
         if health is not None:
@@ -78,6 +89,7 @@ async def _run(
     stop: asyncio.Event,
     started: threading.Event | None,
     metrics: PrometheusMetrics,
+    watchdog: list[Watchdog],
 ) -> ClusterPolicyController | None:
     config = options.config
     if options.apply_crd:
@@ -114,6 +126,7 @@ async def _run(
         drivers.notify(watched, body, indexes)
 
     registry = build_registry(notify_both)
+    watchdog.append(Watchdog(controller.loop, stall_s=options.stall_seconds))
 
     @kopf.on.startup(registry=registry)
     async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -124,7 +137,7 @@ async def _run(
         return connection_info(api_config)
 
     kopf_stop: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    tasks = {
+    tasks: set[asyncio.Task[Any]] = {
         asyncio.create_task(
             kopf.operator(
                 registry=registry,
@@ -139,15 +152,19 @@ async def _run(
         asyncio.create_task(drivers.loop.run(), name="nvidiadriver"),
         asyncio.create_task(stop.wait(), name="stop"),
     }
+    tasks.add(asyncio.create_task(watchdog[0].run(), name="liveness"))
     if elector is not None:
         tasks.add(asyncio.create_task(elector.hold(), name="lease"))
     if started is not None:
         ready = asyncio.create_task(controller.loop.ready.wait())
         ready.add_done_callback(lambda _: started.set())
     done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    for task in done:
-        if task.get_name() != "stop" and task.exception() is not None:
-            log.error("%s stopped: %s", task.get_name(), task.exception())
+    # Asked to stop (SIGTERM), kopf may stop its watchers before our stop task runs: that is
+    # a graceful stop, not a deaf operator.
+    failure = "" if stop.is_set() else _failure(done)
+    if failure:
+        kube.fence.set()  # not one more write: another replica may lead soon
+        log.error("stopping: %s", failure)
     if not kopf_stop.done():
         kopf_stop.set_result(None)
     for task in pending:
@@ -155,9 +172,29 @@ async def _run(
             task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), timeout=10)
-    if elector is not None:
+    kube.fence.set()
+    if elector is not None and not any(t.get_name() == "lease" for t in done):
         await asyncio.to_thread(elector.release)
+    if failure:
+        raise OperatorStopped(failure)
     return controller
+
+
+def _failure(done: set[asyncio.Task[Any]]) -> str:
+    """Why the operator must stop, unless it was asked to ("" then)."""
+    reasons = []
+    for task in done:
+        name = task.get_name()
+        if name == "stop":
+            continue
+        error = None if task.cancelled() else task.exception()
+        if name == "lease" and error is None:
+            reasons.append("leadership lost")
+        elif name == "liveness" and error is None:
+            reasons.append(f"deaf: {task.result()}")
+        else:
+            reasons.append(f"{name} ended: {error!r}")
+    return "; ".join(sorted(reasons))
 
 
 class OperatorThread:

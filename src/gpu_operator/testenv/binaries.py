@@ -202,3 +202,20 @@ def ensure_node_runtime(log: IO[str] | None = None) -> Path:
     if absent:
         raise BinariesError(f"build finished but {', '.join(absent)} missing in {built}")
     return built
+
+
+def ensure_toxiproxy(bin_dir: Path, log: IO[str] | None = None) -> Path:
+    """toxiproxy-server in ``bin_dir`` (the chaos suite's TCP fault proxy), building it first
+    when it is missing (a minute cold; needs Go)."""
+    binary = bin_dir / "toxiproxy-server"
+    if os.access(binary, os.X_OK):
+        return binary
+    if shutil.which("go") is None or build_script() is None:
+        raise BinariesError(
+            f"toxiproxy-server is not in {bin_dir} and cannot be built here (Go and "
+            "hack/build-components.sh needed): run `hack/build-components.sh toxiproxy`"
+        )
+    built = _run_script("toxiproxy", log) / "toxiproxy-server"
+    if not os.access(built, os.X_OK):
+        raise BinariesError(f"build finished but {built} is missing")
+    return built

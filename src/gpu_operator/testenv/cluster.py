@@ -35,6 +35,7 @@ from . import binaries, nodeconfig, nodes, pki, realnodes
 from .processes import (
     ProcessRecord,
     alive,
+    cmdline,
     find_strays,
     free_ports,
     spawn,
@@ -262,6 +263,59 @@ class Cluster:
                     manifests.append(nodes.node_manifest(name, gpu=is_gpu))
                     count -= 1
         return self.create_nodes(manifests, wait=wait) if manifests else []
+
+    # Faults (the chaos suite) ---------------------------------------------------------------
+
+    def _apiserver(self) -> ProcessRecord:
+        return next(p for p in self.processes if p.name == "kube-apiserver" and alive(p))
+
+    def kill_apiserver(self) -> list[str]:
+        """SIGKILL the API server (no goodbye) and wait until it is gone; its argv, to start
+        it again with :meth:`start_apiserver`."""
+        record = self._apiserver()
+        argv = cmdline(record.pid)
+        os.kill(record.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while alive(record) and time.monotonic() < deadline:
+            for proc in self.popens:
+                proc.poll()  # reap it if it is our child
+            time.sleep(0.05)
+        self.processes.remove(record)
+        wait_ports_free([self.ports["kube-apiserver"]], timeout=30)
+        return argv
+
+    def start_apiserver(self, argv: Sequence[str], timeout: float = 90.0) -> None:
+        """Start the API server again with ``argv`` (same ports, state and audit log) and wait
+        for /readyz."""
+        die_with_parent = threading.current_thread() is threading.main_thread()
+        proc, record = spawn(
+            "kube-apiserver",
+            argv,
+            self.state_dir / "logs" / "kube-apiserver.log",
+            die_with_parent=die_with_parent,
+            cwd=self.state_dir,
+        )
+        self.popens.append(proc)
+        self.processes.append(record)
+        (self.state_dir / STATE_FILE).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        deadline = time.monotonic() + timeout
+        ctx = self.ssl_context()
+        while not _https_ok(self.api_url + "/readyz", ctx):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise TestenvError(
+                    f"kube-apiserver did not come back; last lines of its log:\n{_tail(record.log)}"
+                )
+            time.sleep(0.1)
+
+    def restart_apiserver(self, down_s: float = 0.0) -> None:
+        """SIGKILL the API server, leave it down ``down_s`` seconds, start it again."""
+        argv = self.kill_apiserver()
+        time.sleep(down_s)
+        self.start_apiserver(argv)
+
+    def signal_apiserver(self, sig: int) -> None:
+        """Send ``sig`` to the API server (SIGSTOP freezes it, SIGCONT thaws it)."""
+        os.kill(self._apiserver().pid, sig)
 
     # Lifecycle -----------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from gpu_operator.agent.validate import READY_MARKER, Validator, run_validator
 
 from .conftest import Simulate
 
+DEVNULL = Path(os.devnull)  # a character device that opens, standing in for /dev/nvidia-uvm
 CONTAINERD_V2 = """
 version = 3
 [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.nvidia]
@@ -79,6 +81,7 @@ def test_all_checks_pass_write_every_file_and_the_marker(
         read_node=lambda: node({"nvidia.com/gpu": "8"}),
         runtime_configs=[str(tmp_path / "*.toml")],
         directory=out,
+        uvm_device=DEVNULL,
     )
     results = validator.validate_once()
     assert [(r.name, r.ok) for r in results] == [
@@ -106,7 +109,9 @@ def test_a_failing_check_stops_the_chain_and_withholds_the_marker(
     conf = tmp_path / "config.toml"
     conf.write_text(CONTAINERD_V1_RUNC_ONLY)
     out = tmp_path / "v"
-    validator = Validator(read_inventory, lambda: node({"nvidia.com/gpu": "1"}), [str(conf)], out)
+    validator = Validator(
+        read_inventory, lambda: node({"nvidia.com/gpu": "1"}), [str(conf)], out, uvm_device=DEVNULL
+    )
     results = validator.validate_once()
     assert [(r.name, r.ok) for r in results] == [("driver", True), ("toolkit", False)]
     assert "not configured" in results[1].message and str(conf) in results[1].message
@@ -122,7 +127,9 @@ def test_a_regression_removes_files_and_marker(simulate: Simulate, tmp_path: Pat
     conf = tmp_path / "crio.conf"
     conf.write_text(CRIO)
     out = tmp_path / "v"
-    validator = Validator(read_inventory, lambda: node({"nvidia.com/gpu": "1"}), [str(conf)], out)
+    validator = Validator(
+        read_inventory, lambda: node({"nvidia.com/gpu": "1"}), [str(conf)], out, uvm_device=DEVNULL
+    )
     validator.validate_once()
     assert READY_MARKER in files(out)
     sim.fail("nvmlInitWithFlags", pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
@@ -143,7 +150,9 @@ def test_no_gpu_no_driver_ready(simulate: Simulate, tmp_path: Path) -> None:
 def test_selected_components_only(simulate: Simulate, tmp_path: Path) -> None:
     simulate("l4:1")
     out = tmp_path / "v"
-    validator = Validator(read_inventory, None, [], out, components=["driver", "cuda"])
+    validator = Validator(
+        read_inventory, None, [], out, components=["driver", "cuda"], uvm_device=DEVNULL
+    )
     assert [r.name for r in validator.validate_once()] == ["driver", "cuda"]
     assert files(out) == {"driver-ready", "cuda-ready", READY_MARKER}
 
@@ -174,3 +183,24 @@ def test_runtime_configs_are_read_from_the_host_root() -> None:
     assert configs[0] == "/host/etc/containerd/config.toml"
     assert "/host/etc/containerd/conf.d/*.toml" in configs
     assert validate.host_runtime_configs("/") == list(validate.RUNTIME_CONFIGS)
+
+
+def test_cuda_needs_a_usable_nvidia_uvm_device(simulate: Simulate, tmp_path: Path) -> None:
+    """NVIDIA issue 2685: the driver answers NVML but nvidia-uvm is not loaded: not validated."""
+    simulate("l4:1")
+    out = tmp_path / "v"
+    missing = tmp_path / "nvidia-uvm"
+    validator = Validator(
+        read_inventory, None, [], out, components=["driver", "cuda"], uvm_device=missing
+    )
+    results = validator.validate_once()
+    assert [(r.name, r.ok) for r in results] == [("driver", True), ("cuda", False)]
+    assert str(missing) in results[1].message and "nvidia-modprobe -u" in results[1].message
+    assert files(out) == {"driver-ready"}
+    missing.write_text("")  # a plain file where the device node should be
+    assert "not a character device" in validator.validate_once()[1].message
+    assert READY_MARKER not in files(out)
+    validator.uvm_device = DEVNULL  # the module loaded: the node validates
+    assert all(r.ok for r in validator.validate_once())
+    assert READY_MARKER in files(out)
+    assert validate.check_uvm(Path("/dev/nvidia-uvm")).ok is Path("/dev/nvidia-uvm").exists()

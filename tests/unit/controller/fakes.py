@@ -68,8 +68,14 @@ class FakeKube:
     writes: list[tuple[str, str, str]] = field(default_factory=list)  # (verb, kind, name)
     refusals: dict[tuple[str, str, str], Refusal] = field(default_factory=dict)
     establish_crds: bool = True  # a CRD is Established as soon as it is applied
+    # Set when the operator stops leading: the real wrapper then refuses every write.
+    fence: threading.Event = field(default_factory=threading.Event)
     _version: int = 0
     _names: int = 0
+
+    def with_retry(self, retry: object) -> FakeKube:
+        """The same fake: it never fails on its own, so there is nothing to ask again."""
+        return self
 
     # -- set-up ------------------------------------------------------------------------------
 
