@@ -23,8 +23,6 @@ from tests.chaos.harness import NS, ChaosEnv
 OUTAGE_S = float(os.environ.get("CHAOS_OUTAGE_S") or 0)
 
 
-@pytest.mark.skipif(not OUTAGE_S, reason="set CHAOS_OUTAGE_S=300 for the 5-minute outage")
-@pytest.mark.timeout(OUTAGE_S + 900)
 def revive(env: ChaosEnv, stop: threading.Event) -> None:
     """Stand in for the kubelets: after its node was unreachable for minutes, the node
     lifecycle controller marks a pod NotReady, and kwok (unlike a kubelet) never reports it
@@ -46,6 +44,8 @@ def revive(env: ChaosEnv, stop: threading.Event) -> None:
                         env.kube.delete("Pod", pod["metadata"]["name"], NS)
 
 
+@pytest.mark.skipif(not OUTAGE_S, reason="set CHAOS_OUTAGE_S=300 for the 5-minute outage")
+@pytest.mark.timeout(OUTAGE_S + 900)
 def test_five_minutes_without_an_api_server(env: ChaosEnv) -> None:
     operator = env.operators["a"]
     samples: list[tuple[int, str]] = []
