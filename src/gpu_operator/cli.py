@@ -286,7 +286,7 @@ def _cmd_upgrade_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from gpu_operator.controller.runner import main_run  # kopf is heavy: import it when needed
+    from gpu_operator.controller.runner import main_run  # import the operator only when run
 
     return main_run(
         kubeconfig=args.kubeconfig,

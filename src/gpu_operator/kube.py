@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from gpu_operator.kinds import KINDS, kind_of
 
 FIELD_MANAGER = "gpu-operator"
-__all__ = ["FIELD_MANAGER", "Kube", "api_configuration", "connect"]
+__all__ = ["FIELD_MANAGER", "Kube", "WatchStream", "api_configuration", "connect"]
 
 
 def api_configuration(kubeconfig: str | None = None) -> k8s.Configuration:
@@ -44,6 +44,31 @@ def _body(resp: Any) -> bytes:
             status=resp.status, reason=resp.reason, body=data.decode(errors="replace")
         )
     return data
+
+
+class WatchStream:
+    """The events of one watch request, parsed; :meth:`close` (from any thread) ends it."""
+
+    def __init__(self, response: Any) -> None:
+        self._response = response  # urllib3's HTTPResponse, body not yet read
+
+    def batches(self) -> Iterator[list[dict[str, Any]]]:
+        """The events as they arrive, a batch per chunk read from the stream."""
+        pending = b""
+        try:
+            for chunk in self._response.stream(amt=None, decode_content=False):
+                *lines, pending = (pending + chunk).split(b"\n")
+                events = [json.loads(line) for line in lines if line.strip()]
+                if events:
+                    yield events
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        # shutdown() unblocks a read waiting in another thread; then the socket is dropped.
+        self._response.shutdown()
+        self._response.close()
+        self._response.release_conn()
 
 
 def connect(kubeconfig: str | None = None) -> Kube:
@@ -151,20 +176,50 @@ class Kube:
             query["labelSelector"] = label_selector
         if field_selector:
             query["fieldSelector"] = field_selector
-        items: list[dict[str, Any]] = []
-        for page in self._pages(KINDS[kind].collection(namespace), query):
-            items.extend(page)
-        return items
+        return self.list_with_version(kind, namespace, query)[0]
 
-    def _pages(self, path: str, query: dict[str, str]) -> Iterator[list[dict[str, Any]]]:
-        query = {**query, "limit": "500"}
+    def list_with_version(
+        self, kind: str, namespace: str | None = None, query: Mapping[str, str] | None = None
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Every object (in pages of 500) and the list's resourceVersion, to watch from."""
+        items: list[dict[str, Any]] = []
+        path = KINDS[kind].collection(namespace)
+        paged = {**(query or {}), "limit": "500"}
         while True:
-            data = self.request("GET", path, query=query)
-            yield data.get("items") or []
-            token = (data.get("metadata") or {}).get("continue")
-            if not token:
-                return
-            query["continue"] = token
+            data = self.request("GET", path, query=paged)
+            items.extend(data.get("items") or [])
+            meta = data.get("metadata") or {}
+            if not meta.get("continue"):
+                return items, str(meta.get("resourceVersion") or "")
+            paged["continue"] = meta["continue"]
+
+    def watch(
+        self,
+        kind: str,
+        namespace: str | None,
+        resource_version: str,
+        timeout_s: int,
+        *,
+        label_selector: str | None = None,
+    ) -> WatchStream:
+        """One watch request from ``resource_version`` (with bookmarks), ended by the server
+        after ``timeout_s``; iterate it for the events."""
+        query = {
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": str(timeout_s),
+        }
+        if label_selector:
+            query["labelSelector"] = label_selector
+        path = KINDS[kind].collection(namespace)
+        resp = self._send("GET", path, query, None, "application/json", timeout_s + 30)
+        if resp.status >= 400:
+            try:
+                _body(resp)  # raises
+            finally:
+                resp.response.release_conn()
+        return WatchStream(resp.response)
 
     # -- writes --------------------------------------------------------------------------------
 
@@ -208,7 +263,7 @@ class Kube:
         self,
         kind: str,
         name: str,
-        patch: Mapping[str, Any],
+        patch: Any,
         namespace: str | None = None,
         *,
         subresource: str | None = None,
@@ -222,6 +277,19 @@ class Kube:
             query={"fieldManager": FIELD_MANAGER},
             body=dict(patch),
             content_type="application/merge-patch+json",
+        )
+        return result
+
+    def json_patch(
+        self, kind: str, name: str, operations: Any, namespace: str | None = None
+    ) -> dict[str, Any]:
+        """An RFC 6902 JSON patch: its ``test`` operations make it all-or-nothing (422)."""
+        result: dict[str, Any] = self.request(
+            "PATCH",
+            KINDS[kind].item(name, namespace),
+            query={"fieldManager": FIELD_MANAGER},
+            body=list(operations),
+            content_type="application/json-patch+json",
         )
         return result
 

@@ -119,8 +119,17 @@ def operator_labels(n: dict[str, Any]) -> dict[str, str]:
 
 
 def test_helm_default_converges(env: Env) -> None:
+    start = now()
     env.kube.create(helm_default())
     status = wait_ready(env.kube)
+    # One write per GPU node (labels, ownership and taint together, never retried on a
+    # conflict), none on CPU nodes.
+    node_writes = [
+        w["objectRef"]["name"]
+        for w in audit_writes(env.cluster, SA_USER, start)
+        if w["objectRef"]["resource"] == "nodes"
+    ]
+    assert sorted(node_writes) == GPU_NODES
     assert status["namespace"] == NS
     assert {c["type"]: c["reason"] for c in status["conditions"]}["Ready"] == "Reconciled"
 

@@ -1,1 +1,1 @@
-"""The operator: kopf handlers and Kubernetes I/O around the pure decision modules."""
+"""The operator: watches and Kubernetes I/O around the pure decision modules."""

@@ -25,31 +25,17 @@ from gpu_operator.controller.loop import Loop
 from gpu_operator.controller.memory import Memory, remember
 from gpu_operator.controller.metrics import PrometheusMetrics
 from gpu_operator.controller.snapshot import Snapshot
-from gpu_operator.controller.watch import Watched, owned_children
+from gpu_operator.controller.watch import ObjectKey, Watched, owned_children
 from gpu_operator.events import now_iso
 from gpu_operator.kinds import KINDS
 from gpu_operator.kube import Kube
 from gpu_operator.labels import APPLIED_HASH
 from gpu_operator.upgrade import emptying_nodes
-from gpu_operator.views import NodeView
 
 log = logging.getLogger(__name__)
 
 NODE_RETRY_S = 1.0  # a node whose patch was refused is looked at again this soon
 MAX_DECIDE_ROUNDS = 3  # decide, read what it asks for, decide again
-
-
-def node_fingerprint(node: NodeView) -> tuple[Any, ...]:
-    """What the operator decides on; a heartbeat changes none of it."""
-    return (
-        tuple(sorted(node.labels.items())),
-        tuple(sorted(node.annotations.items())),
-        repr(node.taints),
-        tuple(sorted(node.capacity.items())),
-        node.container_runtime,
-        node.ready,
-        node.unschedulable,
-    )
 
 
 @dataclass
@@ -58,16 +44,6 @@ class Inbox:
 
     look_at_all: bool = True
     changed_nodes: set[str] = field(default_factory=set)
-    fingerprints: dict[str, tuple[Any, ...]] = field(default_factory=dict)
-
-    def node_changed(self, node: NodeView) -> bool:
-        """Record a node event; False when nothing the operator decides on changed."""
-        fingerprint = node_fingerprint(node)
-        if self.fingerprints.get(node.name) == fingerprint:
-            return False
-        self.fingerprints[node.name] = fingerprint
-        self.changed_nodes.add(node.name)
-        return True
 
     def take(self) -> frozenset[str] | None:
         """The changed nodes, or None when every node must be looked at; then empty."""
@@ -90,13 +66,18 @@ class ClusterPolicyController:
 
     # -- fed by the watches ------------------------------------------------------------------
 
-    def notify(self, watched: Watched, body: Mapping[str, Any], indexes: Mapping[str, Any]) -> None:
-        if not self.indexes:
-            self.indexes = dict(indexes)
-            self.loop.ready.set()
-        if watched.kind.kind == "Node" and not self.inbox.node_changed(NodeView.from_k8s(body)):
-            return  # a heartbeat
-        self.loop.wake.set()
+    def watching(self, stores: Mapping[str, Mapping[ObjectKey, Any]]) -> None:
+        """Read from ``stores`` (filled: the loop may start)."""
+        self.indexes = stores
+        self.loop.ready.set()
+
+    def notify(self, watched: Watched, key: ObjectKey) -> None:
+        """Something the operator reads changed (the informer drops events that change
+        nothing it keeps, such as heartbeats)."""
+        if watched.kind.kind == "Node":
+            self.inbox.changed_nodes.add(key[1])
+        if watched.wakes:
+            self.loop.wake.set()
 
     # -- one pass ----------------------------------------------------------------------------
 
@@ -181,8 +162,7 @@ class ClusterPolicyController:
     # -- helpers -------------------------------------------------------------------------------
 
     def _values(self, index: str) -> list[Any]:
-        idx = self.indexes.get(index) or {}
-        return [value for store in idx.values() for value in store]
+        return list((self.indexes.get(index) or {}).values())
 
     def _set_gauges(self, gauges: Gauges) -> None:
         m = self.metrics

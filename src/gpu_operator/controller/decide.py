@@ -265,18 +265,29 @@ def _node_stage(
     snap: Snapshot, memory: Memory, policy: NodePolicy | None, *, uninstall: bool
 ) -> tuple[Stage, Memory]:
     """Label and taint patches: for every node when the node policy changed (or on a full
-    look), else only for nodes that changed since the last pass."""
+    look), else only for nodes that changed since the last pass; never for a node whose last
+    patch the watch has not shown yet (one write per node, not one per pass)."""
     same_policy = memory.node_policy_known and memory.node_policy == policy
     everything = uninstall or not same_policy or snap.changed_nodes is None
     changed = snap.changed_nodes or frozenset()
-    patches = tuple(
-        Patch("Node", node.name, patch.to_merge_patch(), "labels")
-        for node in snap.nodes
-        if everything or node.name in changed
-        if (patch := plan_node(node, policy, uninstall=uninstall)) is not None
+    unseen = {
+        n.name: n.resource_version
+        for n in snap.nodes
+        if memory.patched_nodes.get(n.name) == n.resource_version
+    }
+    patches = []
+    for node in snap.nodes:
+        if node.name in unseen or not (everything or node.name in changed):
+            continue
+        patch = plan_node(node, policy, uninstall=uninstall)
+        if patch is not None:
+            patch_type, body = patch.request()
+            patches.append(Patch("Node", node.name, body, "labels", patch_type=patch_type))
+            unseen[node.name] = node.resource_version
+    remembered = replace(
+        memory, node_policy=policy, node_policy_known=not uninstall, patched_nodes=unseen
     )
-    remembered = replace(memory, node_policy=policy, node_policy_known=not uninstall)
-    return Stage(patches), remembered
+    return Stage(tuple(patches)), remembered
 
 
 def _upgrade(spec: ClusterPolicySpec, snap: Snapshot) -> UpgradePlan:

@@ -104,6 +104,8 @@ class Executor:
             kind, namespace, name = action.key
             return kube.delete(kind, name, namespace or None)
         if isinstance(action, Patch):
+            if action.patch_type == "json":
+                return kube.json_patch(action.kind, action.name, action.body)
             return kube.merge_patch(
                 action.kind, action.name, action.body, subresource=action.subresource
             )

@@ -1,7 +1,7 @@
 """``/healthz`` served by every replica from the moment it starts, leader or standby.
 
-kopf's own liveness endpoint only exists once kopf runs, i.e. after the Lease is taken, so a
-standby replica would look dead and be restarted by its liveness probe. This endpoint lives on
+An endpoint that only existed once the watches run, i.e. after the Lease is taken, would make a
+standby replica look dead and be restarted by its liveness probe. This endpoint lives on
 the operator's event loop: it answers while the loop is responsive, whatever the role, and says
 which role that is. A leader whose watches or reconcile loop fail does not linger unhealthy: the
 operator returns and the process exits.

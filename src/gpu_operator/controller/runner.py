@@ -1,17 +1,16 @@
-"""Start and stop the whole operator: CRD, leadership, kopf watches, the reconcile loop."""
+"""Start and stop the whole operator: CRD, leadership, the watches, the reconcile loop."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import os
 import socket
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
-import kopf
 from kubernetes import client as k8s
 from prometheus_client import start_http_server
 
@@ -19,9 +18,10 @@ from gpu_operator.controller.clusterpolicy import ClusterPolicyController
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.crd_install import ensure_crd
 from gpu_operator.controller.health import HealthServer
+from gpu_operator.controller.informer import Informer
 from gpu_operator.controller.leader import LeaderElector
 from gpu_operator.controller.metrics import PrometheusMetrics
-from gpu_operator.controller.watch import build_registry, configure, connection_info
+from gpu_operator.controller.watch import WATCHED
 from gpu_operator.kube import Kube, api_configuration
 
 log = logging.getLogger(__name__)
@@ -100,27 +100,18 @@ async def _run(
     metrics.set_leading(True)
 
     controller = ClusterPolicyController(kube, config, metrics)
-    registry = build_registry(controller.notify)
-
-    @kopf.on.startup(registry=registry)
-    async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-        configure(settings)
-
-    @kopf.on.login(registry=registry)
-    async def _login(**_: Any) -> kopf.ConnectionInfo:
-        return connection_info(api_config)
-
-    kopf_stop: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    # Watches hold a connection each: their own client, so writes never wait for a free one.
+    watch_config = copy.copy(api_config)
+    watch_config.connection_pool_maxsize = len(WATCHED) + 2
+    informer = Informer(
+        Kube(k8s.ApiClient(watch_config)),
+        config.namespace,
+        WATCHED,
+        on_change=controller.notify,
+        on_ready=controller.watching,
+    )
     tasks = {
-        asyncio.create_task(
-            kopf.operator(
-                registry=registry,
-                namespaces=[config.namespace],
-                standalone=True,
-                stop_flag=kopf_stop,
-            ),
-            name="kopf",
-        ),
+        asyncio.create_task(informer.run(), name="informer"),
         asyncio.create_task(controller.loop.run(), name="reconcile"),
         asyncio.create_task(stop.wait(), name="stop"),
     }
@@ -133,11 +124,8 @@ async def _run(
     for task in done:
         if task.get_name() != "stop" and task.exception() is not None:
             log.error("%s stopped: %s", task.get_name(), task.exception())
-    if not kopf_stop.done():
-        kopf_stop.set_result(None)
     for task in pending:
-        if task.get_name() != "kopf":
-            task.cancel()
+        task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), timeout=10)
     if elector is not None:
@@ -227,7 +215,6 @@ def main_run(
         level=os.environ.get("LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     config = OperatorConfig(
         namespace=namespace or os.environ.get("OPERATOR_NAMESPACE", "gpu-operator"),
         operator_image=os.environ.get("OPERATOR_IMAGE", OperatorConfig().operator_image),

@@ -1,20 +1,17 @@
-"""What the operator watches, and the kopf wiring that keeps it in memory.
+"""What the operator watches, and what it keeps of each object.
 
-kopf lists and watches every kind below into an in-memory index (trimmed to what decisions
-read, so a large fleet's indexes stay small) and starts calling handlers only once all of them
-are filled, so the first pass never acts on half a picture (a missing node OS would otherwise
-prune a live driver DaemonSet). Event handlers only hand the change to a sink: deciding what it
-means is the loop's business.
+The informer (:mod:`~gpu_operator.controller.informer`) lists and watches every kind below into
+an in-memory store, trimmed to what decisions read (so a large fleet's stores stay small, and an
+event that changes nothing kept is dropped before any work), and the loop runs only once all of
+them are filled, so the first pass never acts on half a picture (a missing node OS would
+otherwise prune a live driver DaemonSet). Deciding what a change means is the loop's business.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-
-import kopf
-from kubernetes import client as k8s
 
 from gpu_operator.api import API_VERSION, KIND
 from gpu_operator.controller.plan import Observed
@@ -22,6 +19,8 @@ from gpu_operator.kinds import KINDS, Kind
 from gpu_operator.labels import APPLIED_HASH, MANAGED_BY, MANAGED_SELECTOR, OPERATOR_NAME
 from gpu_operator.render import config_hash
 from gpu_operator.views import NodeView
+
+ObjectKey = tuple[str, str]  # namespace ("" when cluster-scoped), name
 
 
 @dataclass(frozen=True)
@@ -33,11 +32,6 @@ class Watched:
     @property
     def index(self) -> str:
         return self.kind.plural
-
-    @property
-    def resource(self) -> tuple[str, str] | tuple[str, str, str]:
-        k = self.kind
-        return (k.group, k.version, k.plural) if k.group else (k.version, k.plural)
 
 
 WATCHED: tuple[Watched, ...] = (
@@ -57,8 +51,9 @@ WATCHED: tuple[Watched, ...] = (
 )
 INDEXES = frozenset(w.index for w in WATCHED)
 
+# Not resourceVersion: it changes with every write, so a kept value would never compare equal.
 _KEEP_META = ("name", "namespace", "uid", "labels", "ownerReferences", "generation",
-              "deletionTimestamp", "creationTimestamp", "resourceVersion")  # fmt: skip
+              "deletionTimestamp", "creationTimestamp")  # fmt: skip
 
 
 def index_value(plural: str, body: Mapping[str, Any]) -> Any:
@@ -133,57 +128,3 @@ def owned_children(objects_by_kind: Mapping[str, Iterable[Mapping[str, Any]]]) -
             if any(r.get("kind") == KIND and r.get("apiVersion") == API_VERSION for r in refs):
                 seen.append(Observed.from_k8s(obj, kind))
     return seen
-
-
-Sink = Callable[[Watched, Mapping[str, Any], Mapping[str, Any]], None]
-
-
-def build_registry(sink: Sink) -> kopf.OperatorRegistry:
-    """Indexes and change handlers on a registry of their own: each change goes to ``sink``
-    with the kind, the object and kopf's indexes (all filled by then)."""
-    registry = kopf.OperatorRegistry()
-    for watched in WATCHED:
-
-        async def index(
-            body: kopf.Body, namespace: str | None, name: str, w: Watched = watched, **_: Any
-        ) -> Any:
-            return {(namespace or "", name): index_value(w.index, body)}
-
-        kopf.index(*watched.resource, id=watched.index, registry=registry)(index)
-        if not watched.wakes:
-            continue
-
-        async def on_event(body: kopf.Body, w: Watched = watched, **kwargs: Any) -> None:
-            sink(w, body, {k: v for k, v in kwargs.items() if k in INDEXES})
-
-        kopf.on.event(*watched.resource, id=f"wake-{watched.index}", registry=registry)(on_event)
-    return registry
-
-
-def configure(settings: kopf.OperatorSettings) -> None:
-    """Quiet kopf: no own Events, server-side selectors, no cluster scanning."""
-    settings.posting.enabled = False
-    settings.scanning.disabled = True
-    settings.watching.server_timeout = 300
-    settings.watching.client_timeout = 330
-    settings.networking.request_timeout = 60
-    for watched in WATCHED:
-        if watched.selector:
-            settings.watching.label_selectors[watched.resource] = watched.selector
-
-
-def connection_info(config: k8s.Configuration) -> kopf.ConnectionInfo:
-    """The same credentials the REST client uses (kubeconfig, token or in-cluster)."""
-    token = None
-    auth = (config.api_key or {}).get("authorization") or (config.api_key or {}).get("BearerToken")
-    if auth:
-        token = auth.split(" ", 1)[1] if auth.lower().startswith("bearer ") else auth
-    return kopf.ConnectionInfo(
-        server=config.host,
-        ca_path=config.ssl_ca_cert,
-        insecure=not config.verify_ssl,
-        scheme="Bearer" if token else None,
-        token=token,
-        certificate_path=config.cert_file,
-        private_key_path=config.key_file,
-    )

@@ -1,0 +1,186 @@
+"""A lean list-and-watch of every kind the operator reads, into in-memory stores.
+
+One thread per kind lists it, then follows a watch from the list's resourceVersion (with
+bookmarks, so a quiet kind resumes where it was instead of listing again). Each event is parsed
+and trimmed to what decisions read (:func:`watch.index_value`) in that thread; the event loop
+then stores it and reports it only when the trimmed value changed, so a heartbeat, a pod's new
+IP or a kubelet's status refresh costs a JSON parse and a comparison, nothing more.
+
+Why not kopf: its per-event machinery (bodies, loggers, diff bases, handler invocation) cost
+milliseconds per event, which a fleet of thousands of pods turned into most of the operator's
+CPU (``benchmarks/README.md`` has the profiles).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from gpu_operator.controller.watch import ObjectKey as Key
+from gpu_operator.controller.watch import Watched, index_value
+from gpu_operator.kube import Kube, WatchStream
+
+log = logging.getLogger(__name__)
+
+# Called on the event loop: once every kind is listed, with the stores; then for each stored
+# value that changed (added, edited, deleted).
+OnReady = Callable[[Mapping[str, Mapping[Key, Any]]], None]
+OnChange = Callable[[Watched, Key], None]
+
+WATCH_TIMEOUT_S = 300
+RETRY_S = (0.5, 1.0, 2.0, 5.0, 10.0)  # backoff after failed list or watch requests
+
+
+class Informer:
+    """Stores per watched kind (``stores[plural][(namespace, name)]``), kept current."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        namespace: str,
+        watched: Iterable[Watched],
+        *,
+        on_change: OnChange,
+        on_ready: OnReady,
+    ) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.watched = tuple(watched)
+        self.on_change = on_change
+        self.on_ready = on_ready
+        self.stores: dict[str, dict[Key, Any]] = {w.index: {} for w in self.watched}
+        self.ready = asyncio.Event()  # every kind listed once
+        self._listed: set[str] = set()
+        self._stop = threading.Event()
+        self._streams: set[WatchStream] = set()
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def run(self) -> None:
+        """Follow every kind until cancelled."""
+        self._loop = asyncio.get_running_loop()
+        threads = [
+            threading.Thread(target=self._follow, args=(w,), name=f"watch-{w.index}", daemon=True)
+            for w in self.watched
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.stop()
+            await asyncio.to_thread(_join, threads)
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            streams = list(self._streams)
+        for stream in streams:
+            stream.close()
+
+    # -- in each kind's thread -----------------------------------------------------------------
+
+    def _follow(self, w: Watched) -> None:
+        failures = 0
+        version = ""
+        while not self._stop.is_set():
+            try:
+                if not version:
+                    version = self._list(w)
+                version = self._watch(w, version)
+                failures = 0
+            except Exception as exc:
+                if self._stop.is_set():
+                    return
+                if isinstance(exc, ApiException) and exc.status == 410:
+                    version = ""  # too old to resume: list again
+                    continue
+                delay = RETRY_S[min(failures, len(RETRY_S) - 1)]
+                failures += 1
+                log.warning("watching %s failed (%s); again in %.1fs", w.index, exc, delay)
+                self._stop.wait(delay)
+
+    def _list(self, w: Watched) -> str:
+        query = {"labelSelector": w.selector} if w.selector else None
+        items, version = self.kube.list_with_version(w.kind.kind, self._ns(w), query)
+        listed = {_key(obj): index_value(w.index, obj) for obj in items}
+        self._post(self._replace, w, listed)
+        return version
+
+    def _watch(self, w: Watched, version: str) -> str:
+        """Follow one watch request; the resourceVersion to resume from (empty: list again)."""
+        stream = self.kube.watch(
+            w.kind.kind, self._ns(w), version, WATCH_TIMEOUT_S, label_selector=w.selector
+        )
+        with self._lock:
+            if self._stop.is_set():
+                stream.close()
+                return version
+            self._streams.add(stream)
+        try:
+            for events in stream.batches():
+                changes: list[tuple[Key, Any]] = []
+                for event in events:
+                    kind, obj = event.get("type"), event.get("object") or {}
+                    if kind == "ERROR":
+                        if obj.get("code") == 410:
+                            return ""
+                        raise RuntimeError(f"watch error: {obj.get('message') or obj}")
+                    version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                    if kind == "BOOKMARK":
+                        continue
+                    value = None if kind == "DELETED" else index_value(w.index, obj)
+                    changes.append((_key(obj), value))
+                if changes:
+                    self._post(self._update, w, changes)
+        finally:
+            with self._lock:
+                self._streams.discard(stream)
+        return version
+
+    def _ns(self, w: Watched) -> str | None:
+        return self.namespace if w.kind.namespaced else None
+
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    # -- on the event loop ---------------------------------------------------------------------
+
+    def _replace(self, w: Watched, listed: dict[Key, Any]) -> None:
+        """A (re)list: report what differs from what was stored."""
+        store = self.stores[w.index]
+        changed = [k for k in store.keys() | listed.keys() if store.get(k) != listed.get(k)]
+        self.stores[w.index] = listed
+        self._listed.add(w.index)
+        if not self.ready.is_set():
+            if len(self._listed) == len(self.watched):
+                self.ready.set()
+                self.on_ready(self.stores)
+            return
+        for key in changed:
+            self.on_change(w, key)
+
+    def _update(self, w: Watched, changes: list[tuple[Key, Any]]) -> None:
+        store = self.stores[w.index]
+        for key, value in changes:
+            old = store.pop(key, None) if value is None else store.get(key)
+            if value is not None:
+                store[key] = value
+            if old != value and self.ready.is_set():
+                self.on_change(w, key)
+
+
+def _key(obj: Mapping[str, Any]) -> Key:
+    meta = obj.get("metadata") or {}
+    return (meta.get("namespace") or "", meta.get("name") or "")
+
+
+def _join(threads: list[threading.Thread]) -> None:
+    for thread in threads:
+        thread.join(10)
