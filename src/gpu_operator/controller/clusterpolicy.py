@@ -17,6 +17,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from gpu_operator.api import KIND
 from gpu_operator.controller.actions import Key, Outcome
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.decide import APPLIED_KINDS, Decision, Gauges, decide
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 
 NODE_RETRY_S = 1.0  # a node whose patch was refused is looked at again this soon
 MAX_DECIDE_ROUNDS = 3  # decide, read what it asks for, decide again
+# Changes acted on without waiting for a rollout's events to settle (pods and DaemonSet
+# status only move status and upgrades along).
+URGENT_KINDS = frozenset({KIND, "Node", "ConfigMap"})
 
 
 @dataclass
@@ -76,6 +80,8 @@ class ClusterPolicyController:
         nothing it keeps, such as heartbeats)."""
         if watched.kind.kind == "Node":
             self.inbox.changed_nodes.add(key[1])
+        if watched.kind.kind in URGENT_KINDS:
+            self.loop.urgent.set()
         if watched.wakes:
             self.loop.wake.set()
 

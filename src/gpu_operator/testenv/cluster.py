@@ -664,6 +664,10 @@ def _start_once(
                 # Defaults (20/30) throttle the DaemonSet controller on hundreds of nodes.
                 "--kube-api-qps=200",
                 "--kube-api-burst=400",
+                # A CPU-starved kwok renews hundreds of node Leases late; past the default 50 s
+                # the node lifecycle controller marks the nodes' pods NotReady, and kwok never
+                # readies a started pod again: a large fleet would never converge.
+                "--node-monitor-grace-period=5m",
                 "--controllers=*",
                 "--profiling=false",
             ],
