@@ -187,11 +187,11 @@ def test_taint_can_be_disabled_and_is_then_removed() -> None:
     patch = plan_node(labelled, NodePolicy(deploy=POLICY.deploy, taint=None))
     assert patch is not None
     kind, ops = patch.request()
-    # The list is replaced whole: guarded by a test of the list read, not a resourceVersion.
+    # Removed in place, checked to still be there: no resourceVersion, no whole-list replace.
     assert kind == "json"
     assert ops[-2:] == [
-        {"op": "test", "path": "/spec/taints", "value": [TAINT.to_k8s()]},
-        {"op": "add", "path": "/spec/taints", "value": []},
+        {"op": "test", "path": "/spec/taints/0", "value": TAINT.to_k8s()},
+        {"op": "remove", "path": "/spec/taints/0"},
     ]
     assert [op["path"] for op in ops[:-2]] == [
         "/metadata/annotations/nvidia.com~1gpu-operator.owned"
@@ -212,7 +212,15 @@ def test_node_patch_never_carries_a_resource_version() -> None:
         "value": "true",
     }
     assert {"op": "test", "path": "/metadata/annotations", "value": None} in ops
-    assert ops[-2] == {"op": "test", "path": "/spec/taints", "value": None}
+    assert ops[-2:] == [
+        {"op": "test", "path": "/spec/taints", "value": None},
+        {"op": "add", "path": "/spec/taints", "value": [TAINT.to_k8s()]},
+    ]
+    # Someone else's taint (the node lifecycle controller's not-ready) is left where it is.
+    not_ready = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+    kind, ops = plan_node(node(NFD, taints=[not_ready]), POLICY).request()  # type: ignore[union-attr]
+    assert ops[-1] == {"op": "add", "path": "/spec/taints/-", "value": TAINT.to_k8s()}
+    assert not [op for op in ops if op["path"] == "/spec/taints"]
 
 
 def test_mangled_ownership_annotation_owns_nothing() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from gpu_operator.api import KIND
-from gpu_operator.controller.actions import Key, Outcome
+from gpu_operator.controller.actions import Apply, Key, Outcome, Prune
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.decide import APPLIED_KINDS, Decision, Gauges, decide
 from gpu_operator.controller.execute import Executor
@@ -71,9 +71,11 @@ class ClusterPolicyController:
     # -- fed by the watches ------------------------------------------------------------------
 
     def watching(self, stores: Mapping[str, Mapping[ObjectKey, Any]]) -> None:
-        """Read from ``stores`` (filled: the loop may start)."""
+        """Read from ``stores`` (filled: the loop may start, with a full pass at once)."""
         self.indexes = stores
         self.loop.ready.set()
+        self.loop.urgent.set()
+        self.loop.wake.set()
 
     def notify(self, watched: Watched, key: ObjectKey) -> None:
         """Something the operator reads changed (the informer drops events that change
@@ -99,6 +101,8 @@ class ClusterPolicyController:
         self._set_gauges(decision.gauges)
         if after.look_again:
             self.loop.wake.set()
+        if any(o.ok and isinstance(o.action, (Apply, Prune)) for o in outcomes):
+            self.loop.urgent.set()  # see what the new objects do without waiting to settle
         requeue = decision.requeue_at
         if after.retry_nodes:
             self.inbox.changed_nodes |= after.retry_nodes

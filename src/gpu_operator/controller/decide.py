@@ -190,10 +190,15 @@ def _decide_active(
 
     pods_by_owner = by_owner(snap.pods)
     revisions_by_owner = by_owner(snap.revisions)
+    # A DaemonSet applied in this pass has a rollout ahead of it, whatever its status says now.
+    rolling = {o["metadata"]["name"] for o in applies if o["kind"] == "DaemonSet"}
     components = {
-        part.component.name: component_readiness(
-            part.component.name, snap.daemonsets, pods_by_owner, revisions_by_owner
-        )
+        part.component.name: [
+            replace(r, ready=False, message="rollout starting") if r.name in rolling else r
+            for r in component_readiness(
+                part.component.name, snap.daemonsets, pods_by_owner, revisions_by_owner
+            )
+        ]
         for part in parts
         if part.enabled
     }
@@ -277,7 +282,9 @@ def _node_stage(
     }
     patches = []
     for node in snap.nodes:
-        if node.name in unseen or not (everything or node.name in changed):
+        if node.name in unseen and not uninstall:  # (the finalizer waits for every node)
+            continue
+        if not (everything or node.name in changed):
             continue
         patch = plan_node(node, policy, uninstall=uninstall)
         if patch is not None:

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 FAILED_PASS_RETRY_S = 2.0
 MIN_WAIT_S = 1.0
 PASS_CPU_SHARE = 0.05
+ROLLOUT_SETTLE_S = 2.0  # at least, between passes while only pods and DaemonSets move
 MAX_SETTLE_S = 10.0
 
 # A pass gets whether it is the safety-net resync; it returns when to look again (unix
@@ -85,6 +86,7 @@ class Loop:
 
 
 def settle_time(pass_cpu_s: float, config: OperatorConfig) -> float:
-    """How long to let events gather after a pass that cost ``pass_cpu_s`` of CPU."""
+    """How long to let non-urgent events gather after a pass that cost ``pass_cpu_s`` of CPU
+    (the debounce follows)."""
     spread = pass_cpu_s * (1 / PASS_CPU_SHARE - 1)
-    return min(MAX_SETTLE_S, max(config.debounce_seconds, spread))
+    return min(MAX_SETTLE_S, max(ROLLOUT_SETTLE_S, spread))

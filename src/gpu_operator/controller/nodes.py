@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -103,10 +103,11 @@ class NodePolicy:
 class NodePatch:
     """One write that brings a node to what the operator wants of it.
 
-    It carries no resourceVersion: a kubelet heartbeat or another controller's label between
-    the read and the write must not turn it into a 409 and a retry. Labels and annotations are
-    set key by key; only the taint list, which the API replaces as a whole, is guarded, by a
-    JSON-patch ``test`` of the list that was read (a concurrent taint change fails it, 422).
+    It carries no resourceVersion: a kubelet heartbeat or another controller's label or taint
+    between the read and the write must not turn it into a 409 and a retry. Labels and
+    annotations are set key by key; the operator's taint is appended to the list as it is on the
+    server, and removed at its index only if a JSON-patch ``test`` finds it still there (the
+    list is the API's, shared with the node lifecycle controller and people).
     """
 
     labels: dict[str, str | None] = field(default_factory=dict)
@@ -133,9 +134,28 @@ class NodePatch:
         return [
             *_map_ops("/metadata/labels", self.labels, read.labels),
             *_map_ops("/metadata/annotations", self.annotations, read.annotations),
-            {"op": "test", "path": "/spec/taints", "value": list(read.taints) or None},
-            {"op": "add", "path": "/spec/taints", "value": self.taints},
+            *_taint_ops(read.taints, self.taints or []),
         ]
+
+
+def _taint_ops(
+    read: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Remove the taints no longer wanted (highest index first, each checked in place) and
+    append the new ones."""
+    ops: list[dict[str, Any]] = []
+    for index in reversed([i for i, t in enumerate(read) if t not in new]):
+        path = f"/spec/taints/{index}"
+        ops += [{"op": "test", "path": path, "value": read[index]}, {"op": "remove", "path": path}]
+    added = [dict(t) for t in new if t not in read]
+    if added and not read:  # no list yet: create it, unless someone did meanwhile
+        ops += [
+            {"op": "test", "path": "/spec/taints", "value": None},
+            {"op": "add", "path": "/spec/taints", "value": added},
+        ]
+    else:
+        ops += [{"op": "add", "path": "/spec/taints/-", "value": t} for t in added]
+    return ops
 
 
 def _map_ops(
