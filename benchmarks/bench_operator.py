@@ -24,6 +24,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -154,12 +155,18 @@ def _py_spy() -> str:
     return str(beside) if beside.exists() else "py-spy"
 
 
+PLUMBING = re.compile(
+    r"\((<frozen runpy>|asyncio/|threading\.py|concurrent/futures/|gpu_operator/__main__\.py|"
+    r"gpu_operator/cli\.py|gpu_operator/controller/runner\.py)"
+)
+
+
 def top_frames(
     collapsed: Path, top: int
 ) -> tuple[list[tuple[float, str]], list[tuple[float, str]]]:
     """Shares of samples per frame in py-spy's collapsed output: as the innermost frame (own
-    time), and anywhere in the stack (with callees), leaving out the call chain's roots (in
-    more than 80 % of samples)."""
+    time), and anywhere in the stack (with callees), leaving out the plumbing every stack runs
+    through (runpy, asyncio, threading, the command line)."""
     own: collections.Counter[str] = collections.Counter()
     inclusive: collections.Counter[str] = collections.Counter()
     total = 0
@@ -173,8 +180,7 @@ def top_frames(
             inclusive[frame] += int(count)
         total += int(count)
     total = max(total, 1)
-    roots = [f for f, n in inclusive.items() if n > 0.8 * total]
-    for frame in roots:
+    for frame in [f for f in inclusive if PLUMBING.search(f)]:
         del inclusive[frame]
     return (
         [(100 * n / total, f) for f, n in own.most_common(top)],

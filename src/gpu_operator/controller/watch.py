@@ -84,24 +84,23 @@ def trim(plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _trim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A pod as decisions read it: where it runs, and whether it is Ready (thousands are kept:
+    every dict left out here is memory saved per pod)."""
     status = body.get("status") or {}
     spec = body.get("spec") or {}
     kept_spec: dict[str, Any] = {"nodeName": spec.get("nodeName")}
     node_affinity = (spec.get("affinity") or {}).get("nodeAffinity")
-    if node_affinity:  # an unscheduled DaemonSet pod names its node only here
-        kept_spec["affinity"] = {"nodeAffinity": node_affinity}
+    if node_affinity and not spec.get("nodeName"):  # an unscheduled DaemonSet pod names its
+        kept_spec["affinity"] = {"nodeAffinity": node_affinity}  # node only here
     return {
         "spec": kept_spec,
         "status": {
             "phase": status.get("phase"),
             "conditions": [
-                {"type": c.get("type"), "status": c.get("status")}
-                | (
-                    {"lastTransitionTime": c.get("lastTransitionTime")}
-                    if c.get("type") == "Ready"
-                    else {}
-                )
+                {"type": "Ready", "status": c.get("status")}
+                | {"lastTransitionTime": c.get("lastTransitionTime")}
                 for c in status.get("conditions") or ()
+                if c.get("type") == "Ready"
             ],
             "containerStatuses": [
                 {"restartCount": c.get("restartCount", 0), "ready": c.get("ready")}
