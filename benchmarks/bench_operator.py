@@ -245,6 +245,12 @@ def run_size(gpu_nodes: int, steady: float, profile: Path | None) -> Result:
             time.sleep(2)
             writes = audit_writes(cluster, USER, start_wall)
             by_resource = collections.Counter(w["objectRef"]["resource"] for w in writes)
+            node_codes = collections.Counter(
+                (w["verb"], (w.get("responseStatus") or {}).get("code"))
+                for w in writes
+                if w["objectRef"]["resource"] == "nodes"
+            )
+            print(f"[{gpu_nodes}] node writes by verb and response code: {dict(node_codes)}")
 
             profiler.start("converged")
             steady_from, cpu_before = now(), cpu_seconds(proc.pid)

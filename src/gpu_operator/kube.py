@@ -6,6 +6,7 @@ Objects travel as plain dicts. Writes use one field manager. Nothing here decide
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -65,8 +66,10 @@ class WatchStream:
             self.close()
 
     def close(self) -> None:
-        # shutdown() unblocks a read waiting in another thread; then the socket is dropped.
-        self._response.shutdown()
+        # shutdown() unblocks a read waiting in another thread; a stream that ended on its own
+        # has given its connection back already (and shutdown() says so, RuntimeError).
+        with contextlib.suppress(RuntimeError, ValueError):
+            self._response.shutdown()
         self._response.close()
         self._response.release_conn()
 

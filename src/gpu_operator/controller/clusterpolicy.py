@@ -64,6 +64,7 @@ class ClusterPolicyController:
         self.metrics = metrics
         self.indexes: Mapping[str, Any] = {}
         self.inbox = Inbox()
+        self._policy_marks: dict[ObjectKey, tuple[Any, ...]] = {}
         self.memory = Memory()
         self.executor = Executor(kube, config.write_concurrency, metrics)
         self.loop = Loop("clusterpolicy", self.run_pass, config, metrics)
@@ -82,10 +83,22 @@ class ClusterPolicyController:
         nothing it keeps, such as heartbeats)."""
         if watched.kind.kind == "Node":
             self.inbox.changed_nodes.add(key[1])
-        if watched.kind.kind in URGENT_KINDS:
+        if self._urgent(watched, key):
             self.loop.urgent.set()
         if watched.wakes:
             self.loop.wake.set()
+
+    def _urgent(self, watched: Watched, key: ObjectKey) -> bool:
+        """Whether to act without letting a rollout settle: a node, a ConfigMap, or a policy
+        whose spec, deletion or finalizers changed (not its status: the operator's own write)."""
+        if watched.kind.kind != KIND:
+            return watched.kind.kind in URGENT_KINDS
+        meta = ((self.indexes.get(watched.index) or {}).get(key) or {}).get("metadata") or {}
+        mark = (meta.get("generation"), meta.get("deletionTimestamp"), meta.get("finalizers"))
+        if self._policy_marks.get(key) == mark:
+            return False
+        self._policy_marks[key] = mark
+        return True
 
     # -- one pass ----------------------------------------------------------------------------
 
