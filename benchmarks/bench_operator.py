@@ -25,6 +25,7 @@ import collections
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -258,6 +259,8 @@ def run_size(gpu_nodes: int, steady: float, profile: Path | None) -> Result:
             cpu_steady = cpu_seconds(proc.pid) - cpu_before
             profiler.stop()
             counts = requests_by_verb(cluster, steady_from)
+            if profile is not None:  # the operator's log next to its profiles
+                shutil.copy(Path(tmp) / "operator.log", profile / str(gpu_nodes) / "operator.log")
             minutes = steady / 60
             write_verbs = {"create", "update", "patch", "delete"}
             steady_writes = sum(v for k, v in counts.items() if k.split()[0] in write_verbs)

@@ -210,7 +210,9 @@ def _decide_active(
         upgrade=_upgrade_status(upgrade) if upgrade else None,
     )
     status_actions, status = _status_actions(policy, observation, snap.stamp, config)
-    stages = [*object_stages, labels, upgrade_stage, Stage(tuple(status_actions)), *tail]
+    # Nodes first: the DaemonSets only schedule on labelled nodes, and the API server is quiet
+    # before their thousands of pods start coming.
+    stages = [labels, *object_stages, upgrade_stage, Stage(tuple(status_actions)), *tail]
     gauges = Gauges(
         gpu_nodes=gpu_nodes,
         components_ready={name: all(s.ready for s in sets) for name, sets in components.items()},
