@@ -4,6 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
+# Tests run in a shuffled order (pytest-randomly), a new one each run unless SEED is given:
+# `make test SEED=1234` repeats the order of the run that printed that seed.
+ifndef SEED
+SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+endif
+PYTEST := $(BIN)/pytest -q -p randomly --randomly-seed=$(SEED)
+
 .PHONY: demo test lint typecheck unit e2e testenv packages bench manifests clean
 
 $(STAMP): pyproject.toml
@@ -18,7 +25,8 @@ demo: $(STAMP) testenv
 
 ## test: every check and test, e2e against a real local control plane
 test: lint typecheck testenv
-	$(BIN)/pytest -q tests
+	@echo "test order: seed $(SEED) (make test SEED=$(SEED) repeats it)"
+	$(PYTEST) tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
@@ -29,10 +37,12 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP)
-	$(BIN)/pytest -q tests/unit
+	@echo "test order: seed $(SEED) (make unit SEED=$(SEED) repeats it)"
+	$(PYTEST) tests/unit
 
 e2e: $(STAMP) testenv
-	$(BIN)/pytest -q tests/e2e
+	@echo "test order: seed $(SEED) (make e2e SEED=$(SEED) repeats it)"
+	$(PYTEST) tests/e2e
 
 ## testenv: build (once, cached) etcd, kube-apiserver, kcm, kube-scheduler, kwok, kubelet,
 ## kube-proxy, containerd and the real nodes' images
@@ -54,6 +64,7 @@ bench: $(STAMP)
 ## bundle/ after changing the API, RBAC or defaults
 manifests: $(STAMP)
 	$(BIN)/gpu-operator crd > crds/clusterpolicy.yaml.tmp && mv crds/clusterpolicy.yaml.tmp crds/clusterpolicy.yaml
+	$(BIN)/gpu-operator crd --kind GPUCluster > crds/gpucluster.yaml.tmp && mv crds/gpucluster.yaml.tmp crds/gpucluster.yaml
 	$(BIN)/gpu-operator deploy --output deploy/
 	$(BIN)/gpu-operator chart --output deploy/helm/gpu-operator --readme README.md
 	$(BIN)/gpu-operator bundle --version $$($(BIN)/python -c 'import gpu_operator; print(gpu_operator.__version__)') --output bundle/

@@ -1,7 +1,6 @@
-"""Locations tests read: the repository and NVIDIA's reference documents beside it."""
+"""Locations in the repository that tests read (NVIDIA's documents: tests/prerequisites.py)."""
 
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-NVIDIA_REFERENCE = REPO.parent / "shared" / "reference" / "nvidia"
 CRD_FILE = REPO / "crds" / "clusterpolicy.yaml"

@@ -12,7 +12,7 @@ import yaml
 
 from gpu_operator.agent.cli import add_agent_commands
 from gpu_operator.api import KIND, ClusterPolicySpec, PolicyError, parse_document
-from gpu_operator.api.crd import clusterpolicy_crd
+from gpu_operator.api.crd import clusterpolicy_crd, gpucluster_crd
 from gpu_operator.api.legacy import migrate
 from gpu_operator.install.cli import add_install_commands
 from gpu_operator.render import RenderedComponent, default_policy, render_components
@@ -31,15 +31,14 @@ class CliError(Exception):
 
 def _cmd_crd(args: argparse.Namespace) -> int:
     if not args.apply:
-        sys.stdout.write(dump_yaml([clusterpolicy_crd()]))
+        crd = gpucluster_crd() if args.kind == "GPUCluster" else clusterpolicy_crd()
+        sys.stdout.write(dump_yaml([crd]))
         return 0
-    from gpu_operator.controller.crd_install import ensure_crd
+    from gpu_operator.controller.crd_install import ensure_crds
     from gpu_operator.kube import connect
 
-    applied = ensure_crd(connect(args.kubeconfig))
-    sys.stdout.write(
-        "applied the ClusterPolicy CRD\n" if applied else "the ClusterPolicy CRD is current\n"
-    )
+    for kind, applied in ensure_crds(connect(args.kubeconfig)).items():
+        sys.stdout.write(f"applied the {kind} CRD\n" if applied else f"the {kind} CRD is current\n")
     return 0
 
 
@@ -145,6 +144,8 @@ def _cmd_render(args: argparse.Namespace) -> int:
         node_oses=tuple(args.node_os or Facts.node_oses),
         openshift=args.openshift,
         operator_image=args.operator_image,
+        mps_configs=frozenset(args.mps_config or ()),
+        simulate_gpus=args.simulate_gpus,
     )
     parts = render_components(policy, facts)
     if args.summary:
@@ -169,9 +170,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_agent_commands(sub)
     crd = sub.add_parser(
         "crd",
-        help="print the ClusterPolicy CustomResourceDefinition, or apply it",
-        description="Print the CRD; with --apply, install or upgrade it in the cluster as the "
+        help="print the ClusterPolicy (or GPUCluster) CustomResourceDefinition, or apply both",
+        description="Print a CRD; with --apply, install or upgrade both in the cluster as the "
         "operator does at start-up (a newer CRD there is left alone).",
+    )
+    crd.add_argument(
+        "--kind",
+        choices=("ClusterPolicy", "GPUCluster"),
+        default="ClusterPolicy",
+        help="which CRD to print (default ClusterPolicy)",
     )
     crd.add_argument("--apply", action="store_true", help="install or upgrade it in the cluster")
     crd.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, else KUBECONFIG)")
@@ -198,6 +205,17 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--openshift", action="store_true", help="add OpenShift SCC access")
     render.add_argument(
         "--operator-image", default=DEFAULT_OPERATOR_IMAGE, help="the project's image"
+    )
+    render.add_argument(
+        "--mps-config",
+        action="append",
+        metavar="CONFIGMAP",
+        help="the device-plugin ConfigMap configures MPS sharing: render the MPS control daemon",
+    )
+    render.add_argument(
+        "--simulate-gpus",
+        metavar="PROFILE:COUNT",
+        help="the project's agents use simulated GPUs (GPU_OPERATOR_SIMULATE), e.g. a100-40gb:8",
     )
     render.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
     render.add_argument(

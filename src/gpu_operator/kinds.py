@@ -56,6 +56,11 @@ KINDS: dict[str, Kind] = {
         Kind("scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", False),
         Kind("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors", True),
         Kind("nvidia.com/v1", "ClusterPolicy", "clusterpolicies", False),
+        Kind("nvidia.com/v1alpha1", "GPUCluster", "gpuclusters", False),
+        Kind("resource.k8s.io/v1", "ResourceSlice", "resourceslices", False),
+        Kind("resource.k8s.io/v1", "DeviceClass", "deviceclasses", False),
+        Kind("resource.k8s.io/v1", "ResourceClaim", "resourceclaims", True),
+        Kind("resource.k8s.io/v1", "ResourceClaimTemplate", "resourceclaimtemplates", True),
         Kind(
             "apiextensions.k8s.io/v1",
             "CustomResourceDefinition",

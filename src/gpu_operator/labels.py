@@ -41,6 +41,10 @@ GKE_ACCELERATOR = "cloud.google.com/gke-accelerator"
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
+# -- simulated nodes: kwok plays the kubelet of the Nodes annotated so
+KWOK_NODE = "kwok.x-k8s.io/node"
+KWOK_NODE_FAKE = "fake"
+
 # -- driver upgrades (NVIDIA's names, then ours for what must survive a restart)
 UPGRADE_STATE = "nvidia.com/gpu-driver-upgrade-state"
 UPGRADE_SKIP = "nvidia.com/gpu-driver-upgrade.skip"

@@ -174,6 +174,23 @@ def audit_writes(
     return out
 
 
+def audit_refusals(cluster: testenv.Cluster, username: str) -> list[Mapping[str, Any]]:
+    """Requests of ``username`` the apiserver refused with 403 Forbidden, from its audit log."""
+    out = []
+    with cluster.audit_log.open() as log:
+        for line in log:
+            if '"code":403' not in line or username not in line:
+                continue  # most lines: parse only the candidates
+            event = json.loads(line)
+            if event.get("stage") != "ResponseComplete":
+                continue
+            if event.get("user", {}).get("username") != username:
+                continue
+            if (event.get("responseStatus") or {}).get("code") == 403:
+                out.append(event)
+    return out
+
+
 def now() -> datetime:
     return datetime.now(UTC)
 

@@ -1,5 +1,9 @@
 """Node agents against the real control plane, with the operator running: discovery labels two
-simulated GPU nodes, and a MIG change walks pending -> paused operands -> success -> resumed."""
+simulated GPU nodes, and a MIG change walks pending -> paused operands -> success -> resumed.
+
+The module shares one cluster with NVIDIA's Helm-default policy ready; each test works on GPU
+nodes of its own, so none depends on another having run first.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from kubernetes import watch
 from gpu_operator import testenv
 from gpu_operator.controller.runner import OperatorThread
 from gpu_operator.kube import Kube
+from tests import prerequisites
 from tests.e2e.support import (
     node_events,
     policy_status,
@@ -28,11 +33,12 @@ from tests.e2e.support import (
     token_kubeconfig,
     wait_for,
 )
-from tests.paths import NVIDIA_REFERENCE
 
 NS = "gpu-operator"
-A100 = "gpu-node-0"
-T4 = "gpu-node-1"
+A100 = "gpu-node-0"  # discovery
+T4 = "gpu-node-1"  # discovery
+MIG_A100 = "gpu-node-2"  # a MIG layout change
+MIG_T4 = "gpu-node-3"  # a MIG layout refused
 PAUSABLE = ("device-plugin", "gpu-feature-discovery", "dcgm-exporter")
 
 
@@ -92,11 +98,17 @@ class Env:
 
 @pytest.fixture(scope="module")
 def env(testenv_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    with private_cluster(testenv_bin_dir, gpu_nodes=2) as cluster, cluster.api_client() as api:
+    policy = yaml.safe_load(prerequisites.nvidia("clusterpolicy-helm-default.yaml").read_text())
+    with private_cluster(testenv_bin_dir, gpu_nodes=4) as cluster, cluster.api_client() as api:
         kube = Kube(api)
         operator = start_operator(service_account_config(cluster, NS, "gpu-operator"), NS)
         env = Env(cluster, kube, operator, tmp_path_factory.mktemp("agents"))
         try:
+            kube.create(policy)
+            wait_for(
+                "policy ready",
+                lambda: policy_status(kube, "cluster-policy").get("state") == "ready",
+            )
             yield env
         finally:
             for proc in env.agents:
@@ -139,11 +151,6 @@ class LabelHistory:
 
 
 def test_discovery_labels_both_nodes(env: Env) -> None:
-    policy = yaml.safe_load((NVIDIA_REFERENCE / "clusterpolicy-helm-default.yaml").read_text())
-    env.kube.create(policy)
-    wait_for(
-        "policy ready", lambda: policy_status(env.kube, "cluster-policy").get("state") == "ready"
-    )
     env.discover(A100, "a100-40gb:8")
     env.discover(T4, "t4:1")
 
@@ -170,7 +177,9 @@ def test_discovery_labels_both_nodes(env: Env) -> None:
 
 
 def mig_config_file(env: Env) -> Path:
-    configmap = yaml.safe_load((NVIDIA_REFERENCE / "mig-parted-default-configmap.yaml").read_text())
+    configmap = yaml.safe_load(
+        prerequisites.nvidia("mig-parted-default-configmap.yaml").read_text()
+    )
     path = env.tmp / "config.yaml"
     path.write_text(configmap["data"]["config.yaml"])
     return path
@@ -178,23 +187,28 @@ def mig_config_file(env: Env) -> Path:
 
 def test_mig_change_pauses_operands_and_relabels(env: Env) -> None:
     config = mig_config_file(env)
-    env.start_mig_manager(A100, "a100-40gb:8", config)
+    env.discover(MIG_A100, "a100-40gb:8")
+    wait_for(
+        "the default MIG layout asked of the MIG-capable node",
+        lambda: labels(env.kube, MIG_A100).get("nvidia.com/mig.config") == "all-disabled",
+    )
+    env.start_mig_manager(MIG_A100, "a100-40gb:8", config)
     wait_for(
         "initial layout applied",
-        lambda: labels(env.kube, A100).get("nvidia.com/mig.config.state") == "success",
+        lambda: labels(env.kube, MIG_A100).get("nvidia.com/mig.config.state") == "success",
     )
-    plugin_pods_before = device_plugin_pods(env, A100)
+    plugin_pods_before = device_plugin_pods(env, MIG_A100)
     assert plugin_pods_before == 1
 
-    history = LabelHistory(env.cluster, A100)
+    history = LabelHistory(env.cluster, MIG_A100)
     try:
         env.kube.merge_patch(
-            "Node", A100, {"metadata": {"labels": {"nvidia.com/mig.config": "all-1g.5gb"}}}
+            "Node", MIG_A100, {"metadata": {"labels": {"nvidia.com/mig.config": "all-1g.5gb"}}}
         )
         wait_for(
             "new layout applied",
             lambda: (
-                labels(env.kube, A100).get("nvidia.com/mig.config.state") == "success"
+                labels(env.kube, MIG_A100).get("nvidia.com/mig.config.state") == "success"
                 and any(h.get("nvidia.com/mig.config.state") == "pending" for h in history.seen)
             ),
             timeout=120,
@@ -207,15 +221,15 @@ def test_mig_change_pauses_operands_and_relabels(env: Env) -> None:
     for component in PAUSABLE:
         key = f"nvidia.com/gpu.deploy.{component}"
         assert any(h.get(key) == "paused-for-mig-change" for h in paused), component
-        assert labels(env.kube, A100)[key] == "true", component  # restored
+        assert labels(env.kube, MIG_A100)[key] == "true", component  # restored
     # While paused, the operand pods really left the node; now they are back.
-    wait_for("device plugin back on the node", lambda: device_plugin_pods(env, A100) == 1)
+    wait_for("device plugin back on the node", lambda: device_plugin_pods(env, MIG_A100) == 1)
 
-    reasons = [e["reason"] for e in node_events(env.kube, A100)]
+    reasons = [e["reason"] for e in node_events(env.kube, MIG_A100)]
     assert reasons.count("MIGConfigPending") == 1 and "MIGConfigApplied" in reasons, reasons
 
-    env.discover(A100, "a100-40gb:8")
-    after = labels(env.kube, A100)
+    env.discover(MIG_A100, "a100-40gb:8")
+    after = labels(env.kube, MIG_A100)
     assert after["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
     assert after["nvidia.com/gpu.count"] == "56"
     assert after["nvidia.com/gpu.memory"] == "4864"
@@ -237,14 +251,14 @@ def device_plugin_pods(env: Env, node: str) -> int:
 
 def test_non_mig_gpu_fails_with_a_reason(env: Env) -> None:
     config = mig_config_file(env)
-    env.start_mig_manager(T4, "t4:1", config)
+    env.start_mig_manager(MIG_T4, "t4:1", config)
     env.kube.merge_patch(
-        "Node", T4, {"metadata": {"labels": {"nvidia.com/mig.config": "all-1g.5gb"}}}
+        "Node", MIG_T4, {"metadata": {"labels": {"nvidia.com/mig.config": "all-1g.5gb"}}}
     )
     node = wait_for(
         "T4 node failed",
         lambda: (
-            (n := env.kube.get("Node", T4))
+            (n := env.kube.get("Node", MIG_T4))
             and n["metadata"]["labels"].get("nvidia.com/mig.config.state") == "failed"
             and n
         ),
@@ -252,6 +266,6 @@ def test_non_mig_gpu_fails_with_a_reason(env: Env) -> None:
     reason = node["metadata"]["annotations"]["nvidia.com/mig.config.state.reason"]
     assert "not MIG capable" in reason
     # The same reason is on the Node's Events, found the way `kubectl describe node` finds them.
-    events = node_events(env.kube, T4)
+    events = node_events(env.kube, MIG_T4)
     assert any(e["reason"] == "MIGConfigFailed" and reason in e["message"] for e in events)
-    assert labels(env.kube, T4)["nvidia.com/gpu.deploy.device-plugin"] == "true"
+    assert labels(env.kube, MIG_T4)["nvidia.com/gpu.deploy.device-plugin"] == "true"

@@ -2,15 +2,15 @@
 
 `kubectl apply -f deploy/` works (server-side dry run, then for real); the operator running with
 a token of deploy/'s ServiceAccount (not admin) installs its CRD, converges the example policy,
-records Events, rolls a driver upgrade and cleans up on deletion. Then every rule is removed in
-turn and some step must fail: the RBAC has nothing extra.
+records Events, rolls a driver upgrade and cleans up on deletion, and the apiserver refuses it
+nothing. Then every rule is removed in turn, and the apiserver's audit log must show a request
+that rule would have allowed answered 403 Forbidden: the RBAC has nothing extra.
 """
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,9 @@ from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.runner import OperatorThread, RunOptions
 from gpu_operator.install.rbac import CLUSTER_RULES, NAMESPACE_RULES, Rule, cluster_role, role
 from gpu_operator.kube import Kube
+from tests import prerequisites
 from tests.e2e.support import (
+    audit_refusals,
     policy_api_served,
     policy_status,
     private_cluster,
@@ -32,6 +34,8 @@ from tests.e2e.support import (
 from tests.paths import REPO
 
 NS = "gpu-operator"
+SA_USER = f"system:serviceaccount:{NS}:gpu-operator"
+STEP_TIMEOUT = 120.0  # generous: a step ends as soon as it is done (or refused)
 GPU_NODE = "gpu-node-0"
 STATE = "nvidia.com/gpu-driver-upgrade-state"
 SERVICEMONITOR_CRD = {
@@ -103,24 +107,38 @@ def grant(kube: Kube, cluster_rules: tuple[Rule, ...], namespace_rules: tuple[Ru
         kube.apply(obj)
 
 
-def exercise(cluster: testenv.Cluster, kube: Kube, timeout: float) -> str | None:
-    """Run every step the operator takes; the name of the first that fails, None if none."""
+def allows(rule: Rule, event: Mapping[str, Any]) -> bool:
+    """Whether ``rule`` grants the request an audit event records."""
+    ref = event.get("objectRef") or {}
+    resource = ref.get("resource", "")
+    if ref.get("subresource"):
+        resource += "/" + ref["subresource"]
+    return (
+        ref.get("apiGroup", "") == rule.api_group
+        and resource in rule.resources
+        and event.get("verb") in rule.verbs
+        and (not rule.resource_names or ref.get("name") in rule.resource_names)
+    )
+
+
+def exercise(
+    cluster: testenv.Cluster, kube: Kube, until: Callable[[], bool] = lambda: False
+) -> str | None:
+    """Run every step the operator takes, each until it is done or ``until()`` holds; the
+    step ``until`` cut short, None when every step was done."""
     config = service_account_config(cluster, NS, "gpu-operator", cluster_role="")
     options = RunOptions(
         config=OperatorConfig(namespace=NS), metrics_port=None, health_endpoint=None,
         renew_seconds=1.0, lease_seconds=4,
     )  # fmt: skip
-    operator = OperatorThread(options, config)
-    operator._thread.start()
+    operator = OperatorThread(options, config).start(wait=False)
 
-    def step(name: str, probe: Callable[[], Any], limit: float = timeout) -> str | None:
-        try:
-            wait_for(name, lambda: operator.error is None and probe(), timeout=limit)
-            if operator.error is not None:
-                return name
-            return None
-        except AssertionError:
+    def step(name: str, done: Callable[[], Any], timeout: float = STEP_TIMEOUT) -> str | None:
+        wait_for(f"{name} (or the awaited refusal)", lambda: until() or done(), timeout=timeout)
+        if until():
             return name
+        assert operator.error is None, f"the operator failed: {operator.error!r}"
+        return None
 
     try:
         failed = step(
@@ -157,7 +175,7 @@ def exercise(cluster: testenv.Cluster, kube: Kube, timeout: float) -> str | None
                 (kube.get("Node", GPU_NODE) or {})["metadata"]["labels"].get(STATE)
                 == "upgrade-done"
             ),
-            limit=timeout * 3,
+            timeout=STEP_TIMEOUT * 3,
         ) or step("GPU pod evicted", lambda: kube.get("Pod", "train", "default") is None)
         if failed:
             return failed
@@ -174,8 +192,8 @@ def exercise(cluster: testenv.Cluster, kube: Kube, timeout: float) -> str | None
         operator.stop()
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 def test_kubectl_apply_deploy_and_least_privilege_operator(testenv_bin_dir: Path) -> None:
+    prerequisites.kubectl()
     with private_cluster(testenv_bin_dir, gpu_nodes=1) as cluster, cluster.api_client() as api:
         kube = Kube(api)
         # A server-side dry run needs the namespace to exist for the namespaced objects, so the
@@ -196,7 +214,9 @@ def test_kubectl_apply_deploy_and_least_privilege_operator(testenv_bin_dir: Path
         wait_for("CRD gone", lambda: kube.get(
             "CustomResourceDefinition", "clusterpolicies.nvidia.com") is None)  # fmt: skip
         kube.apply(SERVICEMONITOR_CRD)
-        assert exercise(cluster, kube, timeout=30) is None
+        assert exercise(cluster, kube) is None
+        refused = [(e["verb"], e["objectRef"]) for e in audit_refusals(cluster, SA_USER)]
+        assert refused == []
 
 
 RULES = [("cluster", i, r) for i, r in enumerate(CLUSTER_RULES)] + [
@@ -220,5 +240,11 @@ def test_every_rule_is_needed(testenv_bin_dir: Path, scope: str, index: int, rul
         kube = Kube(api)
         kube.apply(SERVICEMONITOR_CRD)
         grant(kube, cluster_rules, namespace_rules)
-        failed = exercise(cluster, kube, timeout=12)
-        assert failed is not None, f"nothing failed without the rule for: {rule.why}"
+
+        def refused() -> list[Mapping[str, Any]]:
+            return [e for e in audit_refusals(cluster, SA_USER) if allows(rule, e)]
+
+        # A step waits until it is done or the request the rule grants comes back 403.
+        assert exercise(cluster, kube, until=lambda: bool(refused())) is not None, (
+            f"nothing was refused without the rule for: {rule.why}"
+        )

@@ -1,11 +1,15 @@
 """The operator against a real control plane: NVIDIA's Helm-default ClusterPolicy on 4 GPU and 2
-CPU kwok nodes, then every change a platform team makes, in order, on one cluster."""
+CPU kwok nodes, then each change a platform team makes.
+
+Every test gets a cluster of its own, converged on the Helm default (the ``env`` fixture), so
+none depends on what another did or on the order they run in.
+"""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,7 @@ from gpu_operator import testenv
 from gpu_operator.controller.runner import OperatorThread
 from gpu_operator.kube import Kube
 from gpu_operator.labels import OWNED_ANNOTATION
+from tests import prerequisites
 from tests.e2e.support import (
     audit_writes,
     now,
@@ -25,7 +30,6 @@ from tests.e2e.support import (
     start_operator,
     wait_for,
 )
-from tests.paths import NVIDIA_REFERENCE
 
 NS = "gpu-operator"
 SA_USER = f"system:serviceaccount:{NS}:gpu-operator"
@@ -44,6 +48,9 @@ ENABLED_IN_HELM_DEFAULT = {
     "gpu-feature-discovery",
     "nvidia-mig-manager",
 }
+# The steady-state test resyncs this often, so the passes it watches look at everything.
+RESYNC_S = 2.0
+QUIET_PASSES = 5
 
 
 @dataclass
@@ -51,15 +58,21 @@ class Env:
     cluster: testenv.Cluster
     kube: Kube
     operator: OperatorThread
+    settings: dict[str, Any]
 
-    def restart_operator(self) -> None:
-        self.operator.stop()
-        self.operator = start_operator(service_account_config(self.cluster, NS, "gpu-operator"), NS)
+    def start_operator(self) -> None:
+        identity = service_account_config(self.cluster, NS, "gpu-operator")
+        self.operator = start_operator(identity, NS, **self.settings)
 
 
-@pytest.fixture(scope="module")
-def env(testenv_bin_dir: Path) -> Iterator[Env]:
-    with private_cluster(testenv_bin_dir) as cluster:
+@pytest.fixture
+def env(request: pytest.FixtureRequest, testenv_bin_dir: Path) -> Iterator[Env]:
+    """A cluster of this test's own, the operator (settings from an ``operator`` marker) and
+    NVIDIA's Helm-default policy, ready."""
+    policy = helm_default()  # before the cluster: a clone without the reference skips cheaply
+    marker = request.node.get_closest_marker("operator")
+    settings = dict(marker.kwargs) if marker else {}
+    with private_cluster(testenv_bin_dir) as cluster, cluster.api_client() as api:
         manifests = [
             testenv.node_manifest(
                 name,
@@ -77,20 +90,20 @@ def env(testenv_bin_dir: Path) -> Iterator[Env]:
             for name in CPU_NODES
         ]
         cluster.create_nodes(manifests)
-        api = cluster.api_client()
         kube = Kube(api)
-        operator = start_operator(service_account_config(cluster, NS, "gpu-operator"), NS)
-        env = Env(cluster, kube, operator)
+        identity = service_account_config(cluster, NS, "gpu-operator")
+        env = Env(cluster, kube, start_operator(identity, NS, **settings), settings)
         try:
+            env.kube.create(policy)
+            wait_ready(env.kube)
             yield env
         finally:
             env.operator.stop()
-            api.close()
 
 
 def helm_default() -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load(
-        (NVIDIA_REFERENCE / "clusterpolicy-helm-default.yaml").read_text()
+        prerequisites.nvidia("clusterpolicy-helm-default.yaml").read_text()
     )
     return doc
 
@@ -119,21 +132,23 @@ def operator_labels(n: dict[str, Any]) -> dict[str, str]:
 
 
 def test_helm_default_converges(env: Env) -> None:
-    start = now()
-    env.kube.create(helm_default())
-    status = wait_ready(env.kube)
+    # `env` returns the moment the policy turned ready, and by then every DaemonSet has its
+    # pods on all the nodes labelled for it: 0 of 0 before the DaemonSet controller has seen
+    # the labels is not ready.
+    ds = daemonsets(env.kube)
+    status = policy_status(env.kube, "cluster-policy")
+    assert status["state"] == "ready"
     # One write per GPU node (labels, ownership and taint together, never retried on a
-    # conflict), none on CPU nodes.
+    # conflict), none on CPU nodes: the cluster is this test's own, so since its start.
     node_writes = [
         w["objectRef"]["name"]
-        for w in audit_writes(env.cluster, SA_USER, start)
+        for w in audit_writes(env.cluster, SA_USER, datetime(2000, 1, 1, tzinfo=UTC))
         if w["objectRef"]["resource"] == "nodes"
     ]
     assert sorted(node_writes) == GPU_NODES
     assert status["namespace"] == NS
     assert {c["type"]: c["reason"] for c in status["conditions"]}["Ready"] == "Reconciled"
 
-    ds = daemonsets(env.kube)
     assert set(ds) == ENABLED_IN_HELM_DEFAULT
     assert ds["nvidia-driver-daemonset-ubuntu22.04"]["spec"]["updateStrategy"]["type"] == "OnDelete"
     # One driver DaemonSet per OS, each on its own nodes; mig-manager only on MIG-capable nodes.
@@ -285,7 +300,7 @@ def test_restart_converges_without_duplicates(env: Env) -> None:
     env.kube.merge_patch(
         "ClusterPolicy", "cluster-policy", {"spec": {"toolkit": {"version": "v1.99.0"}}}
     )
-    env.restart_operator()
+    env.start_operator()
     wait_for(
         "toolkit updated after the restart",
         lambda: (
@@ -299,16 +314,29 @@ def test_restart_converges_without_duplicates(env: Env) -> None:
     assert inventory() == before
 
 
+@pytest.mark.operator(resync_seconds=RESYNC_S)
 def test_steady_state_is_silent(env: Env) -> None:
-    wait_ready(env.kube)
-    time.sleep(3)  # let the last status write of the previous test settle
-    start = now()
-    time.sleep(60)
+    """Once ready, passes (resyncs every RESYNC_S, each looking at everything) write nothing
+    but the leader Lease's renewals."""
+
+    def completed() -> float:
+        registry = env.operator.metrics.registry
+        return registry.get_sample_value("gpu_operator_reconcile_duration_seconds_count") or 0.0
+
+    # The pass that wrote `ready` may still be recording its Events: let one pass complete.
+    at_ready = completed()
+    wait_for("a pass completed after ready", lambda: completed() > at_ready)
+    start, first = now(), completed()
+    wait_for(
+        f"{QUIET_PASSES} more passes (a resync every {RESYNC_S:.0f}s)",
+        lambda: completed() >= first + QUIET_PASSES,
+        timeout=QUIET_PASSES * RESYNC_S * 10,
+    )
     writes = audit_writes(env.cluster, SA_USER, start)
     others = [w for w in writes if w["objectRef"]["resource"] != "leases"]
-    leases = [w for w in writes if w["objectRef"]["resource"] == "leases"]
     assert others == [], [(w["verb"], w["objectRef"]) for w in others]
-    assert len(leases) <= 60 / 2 + 2  # leadership renewals only (renew period 2 s here)
+    leases = {w["objectRef"].get("name") for w in writes} - {None}
+    assert leases <= {"gpu-operator-leader"}  # leadership renewals only
 
 
 def test_node_joining_and_losing_its_gpu(env: Env) -> None:

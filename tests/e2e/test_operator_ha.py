@@ -13,8 +13,8 @@ import yaml
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.runner import OperatorThread, RunOptions
 from gpu_operator.kube import Kube
+from tests import prerequisites
 from tests.e2e.support import policy_status, private_cluster, service_account_config, wait_for
-from tests.paths import NVIDIA_REFERENCE
 
 NS = "gpu-operator"
 
@@ -44,6 +44,7 @@ def get(url: str) -> str:
 
 
 def test_one_leader_acts_and_the_other_takes_over(testenv_bin_dir: Path) -> None:
+    policy = yaml.safe_load(prerequisites.nvidia("clusterpolicy-helm-default.yaml").read_text())
     with private_cluster(testenv_bin_dir, gpu_nodes=1) as cluster, cluster.api_client() as api:
         kube = Kube(api)
         config = service_account_config(cluster, NS, "gpu-operator")
@@ -51,9 +52,7 @@ def test_one_leader_acts_and_the_other_takes_over(testenv_bin_dir: Path) -> None
         first = replica(config, "replica-a", ports[0], ports[1]).start()
         second = replica(config, "replica-b", ports[2], ports[3]).start(wait=False)
         try:
-            kube.create(
-                yaml.safe_load((NVIDIA_REFERENCE / "clusterpolicy-helm-default.yaml").read_text())
-            )
+            kube.create(policy)
             wait_for("ready", lambda: policy_status(kube, "cluster-policy").get("state") == "ready")
             lease = kube.get("Lease", "gpu-operator-leader", NS)
             assert lease is not None and lease["spec"]["holderIdentity"] == "replica-a"

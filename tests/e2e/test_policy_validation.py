@@ -13,6 +13,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpu_operator import testenv
 from gpu_operator.kube import Kube
+from tests import prerequisites
 from tests.e2e.support import (
     policy_status,
     private_cluster,
@@ -20,7 +21,6 @@ from tests.e2e.support import (
     start_operator,
     wait_for,
 )
-from tests.paths import NVIDIA_REFERENCE
 
 NS = "gpu-operator"
 
@@ -67,7 +67,7 @@ def strict_dry_run(kube: Kube, obj: dict[str, Any]) -> Any:
 
 @pytest.mark.parametrize("name", ["clusterpolicy-helm-default.yaml", "clusterpolicy-sample.yaml"])
 def test_nvidia_documents_pass_our_crd_unchanged(operator: None, kube: Kube, name: str) -> None:
-    doc = yaml.safe_load((NVIDIA_REFERENCE / name).read_text())
+    doc = yaml.safe_load(prerequisites.nvidia(name).read_text())
     created = strict_dry_run(kube, doc)
     assert created["spec"]["driver"]["enabled"] is True
 
@@ -110,10 +110,15 @@ def test_invalid_policy_is_reported_and_nothing_applied(operator: None, kube: Ku
     assert ready["reason"] == error["reason"] == "ReconcileFailed"
     assert error["status"] == "True"
     assert "spec.daemonsets.labels['bad key!']" in error["message"]
-    events = kube.list_objects("Event", "default", field_selector="involvedObject.name=invalid")
-    assert any(
-        e["reason"] == "ReconcileFailed" and "spec.daemonsets.labels" in e["message"]
-        for e in events
+    # The Event is recorded after the status in the same pass: wait for it.
+    wait_for(
+        "a ReconcileFailed Event naming the field",
+        lambda: any(
+            e["reason"] == "ReconcileFailed" and "spec.daemonsets.labels" in e["message"]
+            for e in kube.list_objects(
+                "Event", "default", field_selector="involvedObject.name=invalid"
+            )
+        ),
     )
     assert kube.list_objects("DaemonSet", NS) == []
     assert (

@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from gpu_operator.kube import Kube
+from tests import prerequisites
 from tests.e2e.support import (
     private_cluster,
     service_account_config,
@@ -31,8 +29,8 @@ def run(kubeconfig: Path, *argv: str, stdin: str | None = None) -> str:
     return done.stdout
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 def test_readme_install_use_and_uninstall(testenv_bin_dir: Path) -> None:
+    prerequisites.kubectl()
     with private_cluster(testenv_bin_dir, gpu_nodes=2, cpu_nodes=1) as cluster:
         kc = cluster.kubeconfig
         gpu_operator = [sys.executable, "-m", "gpu_operator"]

@@ -201,9 +201,8 @@ def test_driver_upgrade_rolls_safely(cluster: testenv.Cluster, tmp_path: Path) -
                 )  # fmt: skip
 
             wait_for("three nodes upgraded", lambda: done_count() >= 3, timeout=180)
-            operator.kill()  # mid-rollout, no goodbye: the Lease must expire first
-            time.sleep(2)
-            operator.start()
+            operator.kill()  # mid-rollout, no goodbye: the Lease must expire first, so the
+            operator.start()  # new process is down for the Lease's duration without a sleep
 
             def finished() -> bool:
                 states = {

@@ -6,6 +6,7 @@ Shared by the golden, validation and benchmark-style tests; ``UPDATE_GOLDEN=1 py
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,16 +14,25 @@ import yaml
 
 from gpu_operator.api import ClusterPolicySpec, parse_document
 from gpu_operator.render import Facts, NodeOS
-from tests.paths import NVIDIA_REFERENCE
+from tests import prerequisites
 
 HERE = Path(__file__).parent
 CASES_DIR = HERE / "cases"
 GOLDEN_DIR = HERE / "golden"
 
 MIRROR_IMAGE = "registry.example.com:5000/gpu-operator/gpu-operator:v0.1.0"
+
+
+@dataclass(frozen=True)
+class Nvidia:
+    """One of NVIDIA's reference documents: found when a test loads it (or the test skips)."""
+
+    name: str
+
+
 THREE_OSES = (NodeOS("ubuntu", "22.04"), NodeOS("ubuntu", "24.04"), NodeOS("rhel", "9.4"))
 
-CASES: dict[str, tuple[Path, Facts]] = {
+CASES: dict[str, tuple[Path | Nvidia, Facts]] = {
     "minimal": (CASES_DIR / "minimal.yaml", Facts()),
     "everything-on": (
         CASES_DIR / "everything-on.yaml",
@@ -62,8 +72,8 @@ CASES: dict[str, tuple[Path, Facts]] = {
         ),
     ),
     "disabled": (CASES_DIR / "disabled.yaml", Facts(runtime="docker")),
-    "nvidia-helm-default": (NVIDIA_REFERENCE / "clusterpolicy-helm-default.yaml", Facts()),
-    "nvidia-sample": (NVIDIA_REFERENCE / "clusterpolicy-sample.yaml", Facts(openshift=True)),
+    "nvidia-helm-default": (Nvidia("clusterpolicy-helm-default.yaml"), Facts()),
+    "nvidia-sample": (Nvidia("clusterpolicy-sample.yaml"), Facts(openshift=True)),
 }
 
 
@@ -74,5 +84,6 @@ def load_policy(path: Path) -> ClusterPolicySpec:
 
 
 def case(name: str) -> tuple[ClusterPolicySpec, Facts]:
-    path, facts = CASES[name]
+    source, facts = CASES[name]
+    path = prerequisites.nvidia(source.name) if isinstance(source, Nvidia) else source
     return load_policy(path), facts

@@ -8,13 +8,13 @@ import pytest
 import yaml
 
 from gpu_operator.api import API_VERSION, KIND, PolicyError, parse_document, parse_spec
-from tests.paths import NVIDIA_REFERENCE
+from tests import prerequisites
 
 NVIDIA_DOCS = ["clusterpolicy-helm-default.yaml", "clusterpolicy-sample.yaml"]
 
 
 def nvidia_doc(name: str) -> dict[str, Any]:
-    doc: dict[str, Any] = yaml.safe_load((NVIDIA_REFERENCE / name).read_text())
+    doc: dict[str, Any] = yaml.safe_load(prerequisites.nvidia(name).read_text())
     return doc
 
 

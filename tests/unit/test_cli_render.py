@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from gpu_operator.cli import main
-from tests.paths import NVIDIA_REFERENCE
+from tests import prerequisites
 
 POLICY = """\
 apiVersion: nvidia.com/v1
@@ -66,7 +66,7 @@ def test_stdin(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
 
 
 def test_nvidia_helm_default_renders(capsys: pytest.CaptureFixture[str]) -> None:
-    path = str(NVIDIA_REFERENCE / "clusterpolicy-helm-default.yaml")
+    path = str(prerequisites.nvidia("clusterpolicy-helm-default.yaml"))
     assert main(["render", "-f", path]) == 0
     assert "nvidia-driver-daemonset-ubuntu22.04" in capsys.readouterr().out
 
@@ -123,7 +123,7 @@ def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]
 
 
 def test_summary_table(capsys: pytest.CaptureFixture[str]) -> None:
-    path = str(NVIDIA_REFERENCE / "clusterpolicy-sample.yaml")
+    path = str(prerequisites.nvidia("clusterpolicy-sample.yaml"))
     assert main(["render", "--summary", "-f", path, "--node-os", "rhel9.4"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["COMPONENT", "ENABLED", "OBJECTS", "IMAGE"]

@@ -11,7 +11,8 @@ import yaml
 
 from gpu_operator.api.crd import clusterpolicy_crd
 from gpu_operator.cli import dump_yaml
-from tests.paths import CRD_FILE, NVIDIA_REFERENCE
+from tests import prerequisites
+from tests.paths import CRD_FILE
 from tests.schema import prune_nulls as _prune_nulls
 from tests.schema import strict as _strict
 
@@ -36,7 +37,7 @@ def ours() -> dict[str, Any]:
 
 
 def nvidia() -> dict[str, Any]:
-    crd = yaml.safe_load((NVIDIA_REFERENCE / "clusterpolicies-crd.yaml").read_text())
+    crd = yaml.safe_load(prerequisites.nvidia("clusterpolicies-crd.yaml").read_text())
     schema: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     return schema
 
@@ -136,7 +137,7 @@ def test_nvidia_requires_nothing_we_lack() -> None:
 
 @pytest.mark.parametrize("name", ["clusterpolicy-helm-default.yaml", "clusterpolicy-sample.yaml"])
 def test_nvidia_documents_validate_against_our_schema(name: str) -> None:
-    doc = yaml.safe_load((NVIDIA_REFERENCE / name).read_text())
+    doc = yaml.safe_load(prerequisites.nvidia(name).read_text())
     doc = _prune_nulls(doc)  # the apiserver prunes nulls before validating
     jsonschema.validate(doc, _strict(ours()))
 

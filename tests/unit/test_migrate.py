@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +14,9 @@ from gpu_operator.api import PolicyError, parse_document, parse_spec
 from gpu_operator.api.crd import clusterpolicy_crd
 from gpu_operator.api.legacy import BY_PATH, MIGRATE, migrate, migrate_spec
 from gpu_operator.cli import main
+from tests import prerequisites
 from tests.paths import REPO
 
-WILD = REPO.parent / "shared" / "reference" / "wild-clusterpolicies"
 SAMPLE = {
     "boolean": True,
     "string": "x",
@@ -28,12 +27,8 @@ SAMPLE = {
 
 
 def wild_documents() -> list[Path]:
-    """The wild corpus beside the checkout: absent in a user's clone (skip), never in CI."""
-    if not WILD.is_dir():
-        if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
-            pytest.fail(f"CI is set and the wild ClusterPolicy corpus is not at {WILD}")
-        pytest.skip(f"the wild ClusterPolicy corpus is not at {WILD} (it sits beside the checkout)")
-    return sorted(WILD.glob("[0-9][0-9]-*.yaml"))
+    """ClusterPolicies found in the wild, beside the checkout (a reference document)."""
+    return sorted(prerequisites.reference("wild-clusterpolicies").glob("[0-9][0-9]-*.yaml"))
 
 
 def sample(schema: dict[str, Any]) -> Any:

@@ -23,7 +23,7 @@ from gpu_operator.render import (
 from gpu_operator.render.components import REGISTRY, component, section
 from gpu_operator.render.engine import environment, templates
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
-from tests.paths import NVIDIA_REFERENCE
+from tests import prerequisites
 from tests.unit.render_cases import CASES, case
 
 Obj = dict[str, Any]
@@ -583,7 +583,7 @@ def test_exporter_service_and_metrics_configmap() -> None:
     nvidia_fields = {
         row[0].strip().lstrip("# ").strip()
         for row in csv.reader(
-            io.StringIO((NVIDIA_REFERENCE / "dcgm-exporter-default-counters.csv").read_text())
+            io.StringIO(prerequisites.nvidia("dcgm-exporter-default-counters.csv").read_text())
         )
         if row and row[0].strip().lstrip("#").strip().startswith("DCGM_")
     }

@@ -208,12 +208,18 @@ def _cmd_device_plugin(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    if args.kwok_capacity:
+        return _kwok_capacity(args, node, configs, stop)
     return plugin.run_device_plugin(
         stop=stop,
         paths=plugin.Paths(
             kubelet_socket=Path(args.kubelet_socket),
             cdi_root=Path(args.cdi_root),
             sysfs=Path(args.sysfs_root),
+            mps_dir=Path(args.mps_dir) if args.mps_dir else None,
+            pod_resources_socket=(
+                Path(args.pod_resources_socket) if args.pod_resources_socket else None
+            ),
         ),
         overrides={env: getattr(args, env.lower()) for env in PLUGIN_ENV},
         health_options=plugin.HealthOptions(
@@ -228,6 +234,153 @@ def _cmd_device_plugin(args: argparse.Namespace) -> int:
         node=node,
         api=kube.connect() if configs is not None and node else None,
     )
+
+
+def _kwok_capacity(
+    args: argparse.Namespace, node: str | None, configs: Any, stop: threading.Event
+) -> int:
+    """``device-plugin --kwok-capacity``: the simulated node's capacity instead of a kubelet."""
+    from gpu_operator.agent.deviceplugin import advertised_resources
+    from gpu_operator.agent.deviceplugin.capacity import follow
+    from gpu_operator.agent.deviceplugin.settings import plugin_settings
+
+    if not args.simulate or not node:
+        log.error(
+            "--kwok-capacity is for simulated kwok nodes: it needs --simulate (or "
+            "GPU_OPERATOR_SIMULATE) and the node's name (--node-name or NODE_NAME)"
+        )
+        return 2
+    overrides = {env: getattr(args, env.lower()) for env in PLUGIN_ENV}
+    nvml = Nvml()
+    nvml.open()
+
+    def advertised(view: kube.NodeView) -> dict[str, int]:
+        if configs is not None:
+            _, config = configs.choose(view.labels.get(configs.label_key) or None)
+        else:
+            config = load_device_plugin_config(args.config_file)
+        settings = plugin_settings(config, overrides)
+        return advertised_resources(nvml.inventory(), config, settings.mig_strategy)
+
+    api = kube.connect()
+    code: list[int] = []
+
+    def run() -> None:
+        code.append(follow(api, node, advertised, stop))
+        stop.set()
+
+    # The watch may block for its whole timeout: a daemon thread, so a signal ends it at once.
+    threading.Thread(target=run, name="kwok capacity", daemon=True).start()
+    stop.wait()
+    nvml.close()
+    return code[0] if code else 0
+
+
+# -- mps-control-daemon -------------------------------------------------------------------------
+def _cmd_mps_control_daemon(args: argparse.Namespace) -> int:
+    import signal
+
+    from gpu_operator.agent.deviceplugin import agent as plugin
+    from gpu_operator.agent.deviceplugin import mps
+    from gpu_operator.agent.deviceplugin.configs import ConfigSelectionError, parse_fallbacks
+    from gpu_operator.agent.deviceplugin.resources import device_map
+    from gpu_operator.agent.deviceplugin.settings import plugin_settings
+
+    _setup(args)
+    if not args.simulated:
+        log.error(
+            "this image has no CUDA MPS control daemon: run it with --simulated for simulated "
+            "GPUs, or use NVIDIA's device-plugin image (devicePlugin.repository/image) for MPS "
+            "on real GPUs"
+        )
+        return 2
+    if not args.simulate:
+        log.error("--simulated needs simulated GPUs: --simulate or GPU_OPERATOR_SIMULATE")
+        return 2
+    node = _node_name(args)
+    api = kube.connect() if args.config_dir and node else None
+    try:
+        fallbacks = parse_fallbacks(args.fallback_strategies)
+    except ConfigSelectionError as exc:
+        log.error("%s", exc)
+        return 2
+    configs = (
+        plugin.ConfigDir(Path(args.config_dir), args.default_config or None, fallbacks)
+        if args.config_dir
+        else None
+    )
+    nvml = Nvml()
+    nvml.open()
+    seen = {"version": ""}
+
+    def resources() -> list[str]:
+        if configs is not None:
+            label = None
+            if api is not None and node:
+                view = kube.read_node(api, node)
+                seen["version"] = view.resource_version
+                label = view.labels.get(configs.label_key) or None
+            _, config = configs.choose(label)
+        else:
+            config = load_device_plugin_config(args.config_file)
+        settings = plugin_settings(config, {"MIG_STRATEGY": args.mig_strategy})
+        devices = device_map(nvml.inventory(), config, settings.mig_strategy)
+        return mps.mps_resources(devices, config.sharing.strategy)
+
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+
+    def changed() -> None:
+        if (
+            api is None
+            or not node
+            or not kube.wait_for_node_change(api, node, seen["version"], 300)
+        ):
+            stop.wait(10)
+
+    try:
+        return mps.run_simulated(Path(args.mps_root), resources, stop, changed=changed)
+    finally:
+        nvml.close()
+
+
+# -- dra-plugin -----------------------------------------------------------------------------------
+def _cmd_dra_plugin(args: argparse.Namespace) -> int:
+    import signal
+
+    from gpu_operator.agent.dra import agent as dra
+    from gpu_operator.agent.dra.devices import DRIVER
+    from gpu_operator.agent.dra.server import PluginPaths
+
+    _setup(args)
+    node = _node_name(args)
+    if not node:
+        log.error("dra-plugin needs the node's name: --node-name or env NODE_NAME")
+        return 2
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    nvml = Nvml().open()
+    try:
+        return dra.run(
+            kube.connect(),
+            nvml.inventory,
+            dra.PluginOptions(
+                node=node,
+                paths=PluginPaths(
+                    plugin_dir=Path(args.kubelet_plugins_directory_path) / DRIVER,
+                    registry_dir=Path(args.kubelet_registrar_directory_path),
+                    cdi_dir=Path(args.cdi_root),
+                    dev_root=args.dev_root,
+                ),
+                interval_s=args.interval,
+                serve_kubelet=not args.publish_only,
+            ),
+            stop,
+        )
+    finally:
+        nvml.close()
 
 
 # -- validate -----------------------------------------------------------------------------------
@@ -396,6 +549,33 @@ def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_exporter)
 
     p = sub.add_parser(
+        "dra-plugin",
+        help="DRA kubelet plugin: publish GPUs as ResourceSlices, prepare claims with CDI",
+    )
+    _add_common(p)
+    p.add_argument("--node-name", default=None, help="default: env NODE_NAME")
+    p.add_argument(
+        "--kubelet-registrar-directory-path",
+        default=os.environ.get("KUBELET_REGISTRAR_DIRECTORY_PATH")
+        or "/var/lib/kubelet/plugins_registry",
+    )
+    p.add_argument(
+        "--kubelet-plugins-directory-path",
+        default=os.environ.get("KUBELET_PLUGINS_DIRECTORY_PATH") or "/var/lib/kubelet/plugins",
+    )
+    p.add_argument("--cdi-root", default=os.environ.get("CDI_ROOT") or "/var/run/cdi")
+    p.add_argument(
+        "--dev-root", default=os.environ.get("DEV_ROOT") or "/", help="host root holding /dev"
+    )
+    p.add_argument(
+        "--interval", type=float, default=2.0, help="seconds between inventory reads (2)"
+    )
+    p.add_argument(
+        "--publish-only", action="store_true", help="publish slices, serve no kubelet (kwok)"
+    )
+    p.set_defaults(func=_cmd_dra_plugin)
+
+    p = sub.add_parser(
         "device-plugin",
         help="kubelet device plugin: advertise and allocate GPUs, MIG devices and replicas",
     )
@@ -435,6 +615,18 @@ def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cdi-root", default=os.environ.get("CDI_ROOT") or "/var/run/cdi")
     p.add_argument("--sysfs-root", default="/sys", help="for NUMA nodes and PCIe roots")
     p.add_argument(
+        "--mps-dir",
+        default=os.environ.get("MPS_DIR") or None,
+        help="the MPS root as mounted here (/mps in the DaemonSet): MPS replicas wait for the "
+        "control daemon's .started file there (env MPS_DIR; default: no wait)",
+    )
+    p.add_argument(
+        "--pod-resources-socket",
+        default=os.environ.get("POD_RESOURCES_SOCKET") or None,
+        help="the kubelet's PodResources socket: the containers holding a GPU that turns "
+        "Unhealthy are reported (env POD_RESOURCES_SOCKET; default: not looked up)",
+    )
+    p.add_argument(
         "--xid-recovery-seconds",
         type=float,
         default=float(os.environ.get("DP_XID_RECOVERY_SECONDS") or 300),
@@ -442,7 +634,35 @@ def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
         "(env DP_XID_RECOVERY_SECONDS)",
     )
     p.add_argument("--health-poll-ms", type=int, default=500)
+    p.add_argument(
+        "--kwok-capacity",
+        action="store_true",
+        help="simulated kwok nodes only: write the node's nvidia.com/* capacity and allocatable "
+        "(what a kubelet would report from this plugin) instead of serving a kubelet",
+    )
     p.set_defaults(func=_cmd_device_plugin)
+
+    p = sub.add_parser(
+        "mps-control-daemon",
+        help="SIMULATED MPS control daemon: the pipe and .started files the plugin's MPS "
+        "resources need, for simulated GPUs only",
+    )
+    _add_common(p)
+    p.add_argument(
+        "--simulated",
+        action="store_true",
+        help="required: no CUDA MPS server runs, only its files are laid out",
+    )
+    p.add_argument("--mps-root", default="/mps", help="the host's MPS root, as mounted here")
+    p.add_argument("--config-file", default=os.environ.get("CONFIG_FILE") or None)
+    p.add_argument("--config-dir", default=os.environ.get("CONFIG_FILE_SRCDIR") or None)
+    p.add_argument("--default-config", default=os.environ.get("DEFAULT_CONFIG") or None)
+    p.add_argument(
+        "--fallback-strategies", default=os.environ.get("FALLBACK_STRATEGIES") or "named,single"
+    )
+    p.add_argument("--mig-strategy", default=os.environ.get("MIG_STRATEGY") or None)
+    p.add_argument("--node-name", default=None, help="default: env NODE_NAME")
+    p.set_defaults(func=_cmd_mps_control_daemon)
 
     p = sub.add_parser("validate", help="validate driver, toolkit, CUDA and device plugin")
     _add_common(p)

@@ -105,6 +105,7 @@ class Gpu:
     mig_profiles: tuple[MigProfile, ...] = ()
     gpu_instances: tuple[GpuInstance, ...] = ()
     mig_devices: tuple[MigDevice, ...] = ()
+    brand: str = "Unknown"  # NVML's brand, spelled as NVIDIA's DRA driver does ("Nvidia")
 
     @property
     def device_filter_id(self) -> str:

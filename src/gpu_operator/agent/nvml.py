@@ -164,6 +164,26 @@ ARCHITECTURES: dict[int, str] = {
     pynvml.NVML_DEVICE_ARCH_BLACKWELL: "blackwell",
 }
 
+# NVML brand codes as NVIDIA's DRA driver spells them in its ``brand`` attribute.
+BRANDS: dict[int, str] = {
+    pynvml.NVML_BRAND_QUADRO: "Quadro",
+    pynvml.NVML_BRAND_TESLA: "Tesla",
+    pynvml.NVML_BRAND_NVS: "NVS",
+    pynvml.NVML_BRAND_GRID: "Grid",
+    pynvml.NVML_BRAND_GEFORCE: "GeForce",
+    pynvml.NVML_BRAND_TITAN: "Titan",
+    pynvml.NVML_BRAND_NVIDIA_VAPPS: "NvidiaVApps",
+    pynvml.NVML_BRAND_NVIDIA_VPC: "NvidiaVPC",
+    pynvml.NVML_BRAND_NVIDIA_VCS: "NvidiaVCS",
+    pynvml.NVML_BRAND_NVIDIA_VWS: "NvidiaVWS",
+    pynvml.NVML_BRAND_NVIDIA_CLOUD_GAMING: "NvidiaCloudGaming",
+    pynvml.NVML_BRAND_QUADRO_RTX: "QuadroRTX",
+    pynvml.NVML_BRAND_NVIDIA_RTX: "NvidiaRTX",
+    pynvml.NVML_BRAND_NVIDIA: "Nvidia",
+    pynvml.NVML_BRAND_GEFORCE_RTX: "GeForceRTX",
+    pynvml.NVML_BRAND_TITAN_RTX: "TitanRTX",
+}
+
 # Compute-instance profile index that spans a GPU instance of N compute slices.
 FULL_CI_PROFILE: dict[int, int] = {
     1: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
@@ -276,6 +296,7 @@ class Nvml:
         major, minor = _call(pynvml.nvmlDeviceGetCudaComputeCapability, dev)
         arch = _optional(pynvml.nvmlDeviceGetArchitecture, dev)
         minor_number = _optional(pynvml.nvmlDeviceGetMinorNumber, dev)
+        brand = _optional(pynvml.nvmlDeviceGetBrand, dev)
         memory = _call(pynvml.nvmlDeviceGetMemoryInfo, dev)
         mode = _optional(pynvml.nvmlDeviceGetMigMode, dev)
         capable = mode is not None
@@ -300,6 +321,7 @@ class Nvml:
             compute_minor=int(minor),
             architecture=ARCHITECTURES.get(int(arch), "unknown") if arch is not None else "unknown",
             minor_number=int(minor_number) if minor_number is not None else index,
+            brand=BRANDS.get(int(brand), "Unknown") if brand is not None else "Unknown",
             mig_capable=capable,
             mig_current=current,
             mig_pending=pending,

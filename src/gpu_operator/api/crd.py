@@ -1,4 +1,4 @@
-"""The ClusterPolicy CRD, generated from the pydantic models.
+"""The ClusterPolicy and GPUCluster CRDs, generated from the pydantic models.
 
 pydantic's JSON Schema is turned into a structural OpenAPI v3 schema: references inlined,
 optional unions collapsed, ``int | str`` made ``x-kubernetes-int-or-string``, and only the
@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from gpu_operator.api import gpucluster as gc
 from gpu_operator.api.legacy import BY_PATH
 from gpu_operator.api.policy import GROUP, KIND, PLURAL, VERSION
 from gpu_operator.api.spec import ClusterPolicySpec
@@ -90,30 +91,53 @@ def with_legacy_fields(spec_schema: dict[str, Any]) -> dict[str, Any]:
     return spec_schema
 
 
-def clusterpolicy_crd() -> dict[str, Any]:
-    spec_schema = with_legacy_fields(openapi_schema(ClusterPolicySpec))
-    spec_schema["description"] = "Desired state of the GPU stack on every GPU node."
-    status_schema = openapi_schema(ClusterPolicyStatus)
-    status_schema["description"] = "Observed state, written by the operator."
+def _crd(
+    *,
+    group: str,
+    version: str,
+    kind: str,
+    plural: str,
+    description: str,
+    spec_schema: dict[str, Any],
+    status_schema: dict[str, Any],
+    short_names: list[str] | None = None,
+    validations: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    names: dict[str, Any] = {
+        "kind": kind,
+        "listKind": f"{kind}List",
+        "plural": plural,
+        "singular": kind.lower(),
+    }
+    if short_names:
+        names["shortNames"] = short_names
+    root: dict[str, Any] = {
+        "type": "object",
+        "description": description,
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": status_schema,
+        },
+    }
+    if validations:
+        root["x-kubernetes-validations"] = validations
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": f"{PLURAL}.{GROUP}",
+            "name": f"{plural}.{group}",
             "labels": {"app.kubernetes.io/part-of": "gpu-operator"},
         },
         "spec": {
-            "group": GROUP,
-            "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": KIND.lower(),
-            },
+            "group": group,
+            "names": names,
             "scope": "Cluster",
             "versions": [
                 {
-                    "name": VERSION,
+                    "name": version,
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
@@ -121,21 +145,54 @@ def clusterpolicy_crd() -> dict[str, Any]:
                         {"name": "Status", "type": "string", "jsonPath": ".status.state"},
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     ],
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": "ClusterPolicy configures the NVIDIA GPU stack "
-                            "the operator installs and runs on GPU nodes.",
-                            "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
-                                "spec": spec_schema,
-                                "status": status_schema,
-                            },
-                        }
-                    },
+                    "schema": {"openAPIV3Schema": root},
                 }
             ],
         },
     }
+
+
+def clusterpolicy_crd() -> dict[str, Any]:
+    spec_schema = with_legacy_fields(openapi_schema(ClusterPolicySpec))
+    spec_schema["description"] = "Desired state of the GPU stack on every GPU node."
+    status_schema = openapi_schema(ClusterPolicyStatus)
+    status_schema["description"] = "Observed state, written by the operator."
+    return _crd(
+        group=GROUP,
+        version=VERSION,
+        kind=KIND,
+        plural=PLURAL,
+        description="ClusterPolicy configures the NVIDIA GPU stack "
+        "the operator installs and runs on GPU nodes.",
+        spec_schema=spec_schema,
+        status_schema=status_schema,
+    )
+
+
+def gpucluster_crd() -> dict[str, Any]:
+    """NVIDIA's GPUCluster (v1alpha1): the DRA stack; a singleton, as NVIDIA's CEL rule says."""
+    spec_schema = openapi_schema(gc.GPUClusterSpec)
+    spec_schema["description"] = "Desired state of the DRA-based GPU stack."
+    status_schema = openapi_schema(gc.GPUClusterStatus)
+    status_schema["description"] = "Observed state, written by the operator."
+    return _crd(
+        group=gc.GROUP,
+        version=gc.VERSION,
+        kind=gc.KIND,
+        plural=gc.PLURAL,
+        description="GPUCluster configures the NVIDIA DRA driver stack on GPU nodes.",
+        spec_schema=spec_schema,
+        status_schema=status_schema,
+        short_names=["gc"],
+        validations=[
+            {
+                "rule": f"self.metadata.name == '{gc.SINGLETON}'",
+                "message": f"GPUCluster is a singleton, metadata.name must be '{gc.SINGLETON}'",
+            }
+        ],
+    )
+
+
+def all_crds() -> list[dict[str, Any]]:
+    """Every CRD the operator installs, in install order."""
+    return [clusterpolicy_crd(), gpucluster_crd()]

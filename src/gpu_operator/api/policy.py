@@ -45,20 +45,20 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     return path
 
 
-def describe_validation_error(exc: ValidationError) -> list[str]:
+def describe_validation_error(exc: ValidationError, kind: str = KIND) -> list[str]:
     """One line per problem: the field path, what was wrong, and the input.
 
-    A field NVIDIA moved or removed says where it lives now, and a last line names the command
-    that rewrites the document.
+    A ClusterPolicy field NVIDIA moved or removed says where it lives now, and a last line
+    names the command that rewrites the document.
     """
     seen: dict[str, list[str]] = {}
     moved = False
     for err in exc.errors(include_url=False):
         path = _field_path(tuple(err["loc"]))
         if err["type"] == "extra_forbidden":
-            legacy = hint(tuple(err["loc"]))
+            legacy = hint(tuple(err["loc"])) if kind == KIND else None
             moved = moved or legacy is not None
-            msg = legacy or "unknown field (check its spelling against the ClusterPolicy schema)"
+            msg = legacy or f"unknown field (check its spelling against the {kind} schema)"
         else:
             msg = err["msg"].removeprefix("Value error, ")
             if "input" in err and not isinstance(err["input"], (dict, list)):

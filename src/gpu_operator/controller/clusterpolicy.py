@@ -15,8 +15,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
 from gpu_operator.api import KIND
 from gpu_operator.controller.actions import Apply, Key, Outcome, Prune
 from gpu_operator.controller.config import OperatorConfig
@@ -68,15 +66,25 @@ class ClusterPolicyController:
         self.memory = Memory()
         self.executor = Executor(kube, config.write_concurrency, metrics)
         self.loop = Loop("clusterpolicy", self.run_pass, config, metrics)
+        self.dra_conflicts: frozenset[str] = frozenset()
+        self.also_wake: list[Loop] = []  # other loops that decide from these indexes
+
+    def set_dra_conflicts(self, nodes: frozenset[str]) -> None:
+        """From the GPUCluster loop: nodes both stacks target (reported in status)."""
+        self.dra_conflicts = nodes
+        self.loop.wake.set()
 
     # -- fed by the watches ------------------------------------------------------------------
 
     def watching(self, stores: Mapping[str, Mapping[ObjectKey, Any]]) -> None:
-        """Read from ``stores`` (filled: the loop may start, with a full pass at once)."""
+        """Read from ``stores`` (filled: the loops may start, with a full pass at once)."""
         self.indexes = stores
         self.loop.ready.set()
         self.loop.urgent.set()
         self.loop.wake.set()
+        for other in self.also_wake:
+            other.ready.set()
+            other.wake.set()
 
     def notify(self, watched: Watched, key: ObjectKey) -> None:
         """Something the operator reads changed (the informer drops events that change
@@ -87,6 +95,8 @@ class ClusterPolicyController:
             self.loop.urgent.set()
         if watched.wakes:
             self.loop.wake.set()
+            for other in self.also_wake:
+                other.wake.set()
 
     def _urgent(self, watched: Watched, key: ObjectKey) -> bool:
         """Whether to act without letting a rollout settle: a node, a ConfigMap, or a policy
@@ -148,6 +158,11 @@ class ClusterPolicyController:
                 for cm in self._values("configmaps")
                 if cm["metadata"].get("namespace") == namespace
             },
+            mps_configmaps=frozenset(
+                cm["metadata"]["name"]
+                for cm in self._values("configmaps")
+                if cm["metadata"].get("namespace") == namespace and cm.get("mps")
+            ),
             managed=tuple(
                 owned_children({k: self._values(KINDS[k].plural) for k in APPLIED_KINDS})
             ),
@@ -155,6 +170,7 @@ class ClusterPolicyController:
             pods=tuple(self._values("pods")),
             revisions=tuple(self._values("controllerrevisions")),
             workload_pods=tuple(p for pods in listed for p in pods),
+            dra_conflicts=self.dra_conflicts,
         )
 
     async def decide(self, snapshot: Snapshot) -> Decision:
@@ -170,12 +186,8 @@ class ClusterPolicyController:
     async def _read(self, keys: Iterable[Key]) -> dict[Key, str | None]:
         async def one(key: Key) -> tuple[Key, str | None]:
             kind, namespace, name = key
-            try:
-                obj = await self.executor.call(self.kube.get, kind, name, namespace or None)
-            except ApiException as exc:
-                if exc.status != 404:  # an unserved kind answers 404 too
-                    raise
-                obj = None
+            # None when absent (an unserved kind answers 404 too, which ``get`` maps to None).
+            obj = await self.executor.call(self.kube.get, kind, name, namespace or None)
             if obj is None:
                 return key, None
             return key, ((obj.get("metadata") or {}).get("annotations") or {}).get(APPLIED_HASH, "")
@@ -183,6 +195,10 @@ class ClusterPolicyController:
         return dict(await asyncio.gather(*(one(k) for k in keys)))
 
     # -- helpers -------------------------------------------------------------------------------
+
+    def values(self, index: str) -> list[Any]:
+        """What an index holds (for the loops that share these indexes)."""
+        return self._values(index)
 
     def _values(self, index: str) -> list[Any]:
         return list((self.indexes.get(index) or {}).values())

@@ -49,6 +49,7 @@ from gpu_operator.upgrade import (
 from gpu_operator.upgrade import DeletePod as UpgradeDeletePod
 from gpu_operator.upgrade import Event as UpgradeEvent
 from gpu_operator.upgrade import Evict as UpgradeEvict
+from gpu_operator.views import NodeView
 
 FINALIZER = "nvidia.com/gpu-operator-node-cleanup"
 EVENT_SOURCE = "gpu-operator"
@@ -162,8 +163,10 @@ def _decide_active(
         spec,
         namespace=config.namespace,
         configmap_hashes=snap.configmap_hashes,
+        mps_configmaps=snap.mps_configmaps,
         operator_image=config.operator_image,
         image_env=config.image_env,
+        simulate_gpus=config.simulate_gpus,
     )
     parts = render_components(spec, facts)
     owner = Owner(API_VERSION, KIND, meta["name"], meta["uid"])
@@ -190,13 +193,18 @@ def _decide_active(
 
     pods_by_owner = by_owner(snap.pods)
     revisions_by_owner = by_owner(snap.revisions)
-    # A DaemonSet applied in this pass has a rollout ahead of it, whatever its status says now.
-    rolling = {o["metadata"]["name"] for o in applies if o["kind"] == "DaemonSet"}
+    labelled = _labelled_after(snap.nodes, labels)
+    # A DaemonSet of ours updated in this pass has a rollout ahead of it, whatever its status
+    # says now.
+    ours = {o.key for o in snap.managed}
+    rolling = {
+        o["metadata"]["name"] for o in applies if o["kind"] == "DaemonSet" and _key(o) in ours
+    }
     components = {
         part.component.name: [
             replace(r, ready=False, message="rollout starting") if r.name in rolling else r
             for r in component_readiness(
-                part.component.name, snap.daemonsets, pods_by_owner, revisions_by_owner
+                part.component.name, snap.daemonsets, pods_by_owner, revisions_by_owner, labelled
             )
         ]
         for part in parts
@@ -208,6 +216,7 @@ def _decide_active(
         apply_error=memory.apply_error,
         unimplemented=tuple(spec.unimplemented_enabled()),
         upgrade=_upgrade_status(upgrade) if upgrade else None,
+        dra_conflicts=tuple(sorted(snap.dra_conflicts)) if spec.device_plugin.enabled else (),
     )
     status_actions, status = _status_actions(policy, observation, snap.stamp, config)
     # Nodes first: the DaemonSets only schedule on labelled nodes, and the API server is quiet
@@ -297,6 +306,45 @@ def _node_stage(
         memory, node_policy=policy, node_policy_known=not uninstall, patched_nodes=unseen
     )
     return Stage(tuple(patches)), remembered
+
+
+def _labelled_after(nodes: Sequence[NodeView], stage: Stage) -> tuple[NodeView, ...]:
+    """The nodes with the labels this pass's patches give them: readiness expects a pod on
+    every node labelled for a component, including the nodes labelled just now."""
+    patched = {
+        a.name: _label_changes(a)
+        for a in stage.actions
+        if isinstance(a, Patch) and a.kind == "Node"
+    }
+    if not patched:
+        return tuple(nodes)
+    return tuple(
+        replace(
+            node,
+            labels={
+                k: v for k, v in {**node.labels, **patched[node.name]}.items() if v is not None
+            },
+        )
+        if node.name in patched
+        else node
+        for node in nodes
+    )
+
+
+def _label_changes(patch: Patch) -> Mapping[str, str | None]:
+    """The labels a node patch sets (a value) or removes (None), merge or JSON patch."""
+    if isinstance(patch.body, Mapping):
+        labels: Mapping[str, str | None] = patch.body.get("metadata", {}).get("labels") or {}
+        return labels
+    changes: dict[str, str | None] = {}
+    for op in patch.body:
+        path = str(op.get("path", ""))
+        if path == "/metadata/labels" and op.get("op") == "add":
+            changes.update(op.get("value") or {})
+        elif path.startswith("/metadata/labels/") and op.get("op") in ("add", "remove"):
+            key = path.removeprefix("/metadata/labels/").replace("~1", "/").replace("~0", "~")
+            changes[key] = op.get("value") if op.get("op") == "add" else None
+    return changes
 
 
 def _upgrade(spec: ClusterPolicySpec, snap: Snapshot) -> UpgradePlan:

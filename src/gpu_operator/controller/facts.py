@@ -53,8 +53,10 @@ def gather_facts(
     *,
     namespace: str,
     configmap_hashes: Mapping[str, str],
+    mps_configmaps: frozenset[str] = frozenset(),
     operator_image: str = DEFAULT_OPERATOR_IMAGE,
     image_env: Mapping[str, str] | None = None,
+    simulate_gpus: str | None = None,
 ) -> Facts:
     gpu_nodes = [n for n in nodes if is_gpu_node(n)]
     oses = sorted({os for n in gpu_nodes if (os := node_os(n)) is not None})
@@ -71,6 +73,8 @@ def gather_facts(
         operator_image=operator_image,
         image_env=dict(image_env or {}),
         config_hashes=hashes,
+        mps_configs=frozenset(n for n in referenced_configmaps(spec) if n in mps_configmaps),
+        simulate_gpus=simulate_gpus,
     )
 
 

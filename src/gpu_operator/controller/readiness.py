@@ -1,4 +1,8 @@
-"""Whether an operand is ready, from its observed DaemonSets (and, for OnDelete, their pods)."""
+"""Whether an operand is ready, from its observed DaemonSets (and, for OnDelete, their pods).
+
+A DaemonSet's own numbers can say 0 of 0 ready before its controller has seen the nodes the
+operator just labelled, so readiness also counts the nodes its pods should run on.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_operator.labels import COMPONENT, REVISION_HASH
-from gpu_operator.views import newest_revision_hash, owner_uids, pod_ready
+from gpu_operator.selector import Requirement
+from gpu_operator.views import NodeView, newest_revision_hash, owner_uids, pod_ready
+
+# Taints the DaemonSet controller tolerates for every DaemonSet pod (it adds the tolerations).
+DAEMON_TOLERATED = frozenset(
+    {
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+        "node.kubernetes.io/disk-pressure",
+        "node.kubernetes.io/memory-pressure",
+        "node.kubernetes.io/pid-pressure",
+        "node.kubernetes.io/unschedulable",
+        "node.kubernetes.io/network-unavailable",
+    }
+)
+_AFFINITY_OPS = {"In": "in", "NotIn": "notin", "Exists": "exists", "DoesNotExist": "!exists"}
 
 
 @dataclass(frozen=True)
@@ -24,11 +43,13 @@ def daemonset_readiness(
     ds: Mapping[str, Any],
     pods: Iterable[Mapping[str, Any]] = (),
     revisions: Iterable[Mapping[str, Any]] = (),
+    eligible: int = 0,
 ) -> DaemonSetReadiness:
     """Rolling DaemonSets count the controller's numbers; OnDelete ones check each pod.
 
     An OnDelete DaemonSet's status says nothing about pods still on an old template, so its
-    pods must all carry the newest revision hash and be Ready.
+    pods must all carry the newest revision hash and be Ready. ``eligible``: the nodes its pods
+    should run on; fewer desired pods means its controller has not caught up with the labels.
     """
     meta = ds.get("metadata") or {}
     spec = ds.get("spec") or {}
@@ -42,6 +63,9 @@ def daemonset_readiness(
         return DaemonSetReadiness(
             name, False, desired, available, updated, "rollout not observed yet"
         )
+    if desired < eligible:
+        short = f"{desired}/{eligible} labelled nodes scheduled"
+        return DaemonSetReadiness(name, False, desired, available, updated, short)
     if (spec.get("updateStrategy") or {}).get("type") == "OnDelete":
         newest = newest_revision_hash(revisions)
         pods = list(pods)
@@ -76,15 +100,77 @@ def component_readiness(
     daemonsets: Iterable[Mapping[str, Any]],
     pods_by_owner: Mapping[str, Sequence[Mapping[str, Any]]],
     revisions_by_owner: Mapping[str, Sequence[Mapping[str, Any]]],
+    nodes: Sequence[NodeView] = (),
 ) -> list[DaemonSetReadiness]:
-    """Readiness of each of ``component``'s DaemonSets (one "not created yet" when none)."""
+    """Readiness of each of ``component``'s DaemonSets (one "not created yet" when none),
+    each expected to have a pod on every one of ``nodes`` it should run on."""
     result = [
         daemonset_readiness(
             ds,
             pods_by_owner.get(ds["metadata"].get("uid", ""), ()),
             revisions_by_owner.get(ds["metadata"].get("uid", ""), ()),
+            eligible=sum(1 for node in nodes if should_run(_pod_spec(ds), node)),
         )
         for ds in daemonsets
         if (ds["metadata"].get("labels") or {}).get(COMPONENT) == component
     ]
     return result or [DaemonSetReadiness(component, False, 0, 0, 0, "DaemonSet not created yet")]
+
+
+def should_run(pod_spec: Mapping[str, Any], node: NodeView) -> bool:
+    """Whether the DaemonSet controller wants a pod of ``pod_spec`` on ``node``: its
+    nodeSelector, required node affinity and the node's NoSchedule/NoExecute taints."""
+    selector = pod_spec.get("nodeSelector") or {}
+    if any(node.labels.get(key) != value for key, value in selector.items()):
+        return False
+    affinity = (pod_spec.get("affinity") or {}).get("nodeAffinity") or {}
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    terms = required.get("nodeSelectorTerms")
+    if terms and not any(_term_matches(term, node.labels) for term in terms):
+        return False
+    tolerations = pod_spec.get("tolerations") or ()
+    return all(
+        _tolerated(taint, tolerations)
+        for taint in node.taints
+        if taint.get("effect") in ("NoSchedule", "NoExecute")
+        and taint.get("key") not in DAEMON_TOLERATED
+    )
+
+
+def _pod_spec(ds: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec: Mapping[str, Any] = ((ds.get("spec") or {}).get("template") or {}).get("spec") or {}
+    return spec
+
+
+def _term_matches(term: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """One nodeSelectorTerm: every expression holds (an empty term matches nothing)."""
+    expressions = term.get("matchExpressions") or ()
+    if not expressions:
+        return bool(term.get("matchFields"))  # by node name: not narrowed here
+    for expr in expressions:
+        key, op = expr.get("key", ""), expr.get("operator", "")
+        values: list[str] = list(expr.get("values") or ())
+        if op in ("Gt", "Lt"):
+            try:
+                number, bound = int(labels[key]), int(values[0])
+            except (KeyError, IndexError, ValueError):
+                return False
+            if not (number > bound if op == "Gt" else number < bound):
+                return False
+        elif not Requirement(key, _AFFINITY_OPS.get(op, op), frozenset(values)).matches(labels):
+            return False
+    return True
+
+
+def _tolerated(taint: Mapping[str, Any], tolerations: Iterable[Mapping[str, Any]]) -> bool:
+    for tol in tolerations:
+        if tol.get("effect") and tol.get("effect") != taint.get("effect"):
+            continue
+        if tol.get("operator", "Equal") == "Exists":
+            if not tol.get("key") or tol.get("key") == taint.get("key"):
+                return True
+        elif tol.get("key") == taint.get("key") and (tol.get("value") or "") == (
+            taint.get("value") or ""
+        ):
+            return True
+    return False

@@ -17,6 +17,7 @@ from prometheus_client import start_http_server
 from gpu_operator.controller.clusterpolicy import ClusterPolicyController
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.crd_install import ensure_crd
+from gpu_operator.controller.gpucluster import GPUClusterController
 from gpu_operator.controller.health import HealthServer
 from gpu_operator.controller.informer import Informer
 from gpu_operator.controller.leader import LeaderElector
@@ -93,13 +94,18 @@ async def _run(
         acquire = asyncio.create_task(elector.acquire())
         stopping = asyncio.create_task(stop.wait())
         await asyncio.wait({acquire, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
         if not acquire.done():
             acquire.cancel()
             return None
-        stopping.cancel()
+        acquire.result()  # an error while acquiring ends the run: never act without the Lease
     metrics.set_leading(True)
 
     controller = ClusterPolicyController(kube, config, metrics)
+    gpuclusters = GPUClusterController(
+        kube, config, metrics, controller.values, controller.set_dra_conflicts
+    )
+    controller.also_wake.append(gpuclusters.loop)
     # Watches hold a connection each: their own client, so writes never wait for a free one.
     watch_config = copy.copy(api_config)
     watch_config.connection_pool_maxsize = len(WATCHED) + 2
@@ -113,6 +119,7 @@ async def _run(
     tasks = {
         asyncio.create_task(informer.run(), name="informer"),
         asyncio.create_task(controller.loop.run(), name="reconcile"),
+        asyncio.create_task(gpuclusters.loop.run(), name="gpucluster"),
         asyncio.create_task(stop.wait(), name="stop"),
     }
     if elector is not None:
@@ -219,6 +226,7 @@ def main_run(
         namespace=namespace or os.environ.get("OPERATOR_NAMESPACE", "gpu-operator"),
         operator_image=os.environ.get("OPERATOR_IMAGE", OperatorConfig().operator_image),
         image_env={k: os.environ[k] for k in IMAGE_ENV_NAMES if os.environ.get(k)},
+        simulate_gpus=os.environ.get("GPU_OPERATOR_SIMULATE") or None,
     )
     options = RunOptions(
         config=config,

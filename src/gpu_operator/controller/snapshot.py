@@ -24,8 +24,11 @@ class Snapshot:
     # Nodes that changed since the last pass; None: look at every node (first pass, resync).
     changed_nodes: frozenset[str] | None = None
     configmap_hashes: Mapping[str, str] = field(default_factory=dict)  # operator's namespace
+    mps_configmaps: frozenset[str] = frozenset()  # of those, the ones configuring MPS sharing
     managed: tuple[Observed, ...] = ()  # the operator's children on the server
     daemonsets: tuple[Mapping[str, Any], ...] = ()
     pods: tuple[Mapping[str, Any], ...] = ()  # operand pods (the operator's namespace)
     revisions: tuple[Mapping[str, Any], ...] = ()
     workload_pods: tuple[Mapping[str, Any], ...] = ()  # on nodes being emptied for an upgrade
+    # GPU nodes a GPUCluster's DRA stack also targets (the GPUCluster loop finds them).
+    dra_conflicts: frozenset[str] = frozenset()

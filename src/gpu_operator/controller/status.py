@@ -28,9 +28,10 @@ class Observation:
     unimplemented: Sequence[str] = ()
     ignored_because: str | None = None  # name of the active policy when this one is not
     upgrade: Mapping[str, Any] | None = None  # the driver upgrade summary
+    dra_conflicts: Sequence[str] = ()  # nodes a GPUCluster's DRA stack also targets
 
 
-def _condition(
+def condition(
     previous: Sequence[Mapping[str, Any]],
     ctype: str,
     status: str,
@@ -55,7 +56,7 @@ def compute_status(obs: Observation, previous: Mapping[str, Any], now: str) -> d
     prev_conditions = previous.get("conditions") or []
 
     def cond(ctype: str, status: str, reason: str, message: str) -> dict[str, Any]:
-        return _condition(prev_conditions, ctype, status, reason, message, now, obs.generation)
+        return condition(prev_conditions, ctype, status, reason, message, now, obs.generation)
 
     if obs.ignored_because is not None:
         msg = f"ClusterPolicy {obs.ignored_because} is the active one; this one is ignored"
@@ -122,6 +123,16 @@ def compute_status(obs: Observation, previous: Mapping[str, Any], now: str) -> d
                 "True",
                 "SectionsNotImplemented",
                 "accepted but not acted on by this operator: " + ", ".join(obs.unimplemented),
+            )
+        )
+    if obs.dra_conflicts:
+        conditions.append(
+            cond(
+                "DRAConflict",
+                "True",
+                "DevicePluginAndDRA",
+                "a GPUCluster also targets " + ", ".join(obs.dra_conflicts) + "; the device "
+                "plugin keeps these nodes and DRA is not deployed there",
             )
         )
     status: dict[str, Any] = {

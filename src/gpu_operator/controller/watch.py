@@ -17,7 +17,7 @@ from gpu_operator.api import API_VERSION, KIND
 from gpu_operator.controller.plan import Observed
 from gpu_operator.kinds import KINDS, Kind
 from gpu_operator.labels import APPLIED_HASH, MANAGED_BY, MANAGED_SELECTOR, OPERATOR_NAME
-from gpu_operator.render import config_hash
+from gpu_operator.render import config_hash, mps_configured
 from gpu_operator.views import NodeView
 
 ObjectKey = tuple[str, str]  # namespace ("" when cluster-scoped), name
@@ -80,6 +80,8 @@ def trim(plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
         kept["revision"] = body.get("revision")
     elif plural == "configmaps":
         kept["hash"] = config_hash(body)
+        if mps_configured(body.get("data") or {}):
+            kept["mps"] = True  # a device-plugin config sharing with MPS: its control daemon
     return kept
 
 

@@ -11,8 +11,8 @@ import json
 import re
 from typing import Any
 
-from gpu_operator.api import API_VERSION, KIND
-from gpu_operator.api.crd import clusterpolicy_crd
+from gpu_operator.api import API_VERSION, KIND, gpucluster
+from gpu_operator.api.crd import clusterpolicy_crd, gpucluster_crd
 from gpu_operator.install import manifests, rbac
 from gpu_operator.render import default_policy, render
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE, Facts
@@ -23,6 +23,7 @@ CHANNEL = "stable"
 MIN_KUBE_VERSION = "1.29.0"
 CSV_FILE = "manifests/gpu-operator.clusterserviceversion.yaml"
 CRD_FILE = "manifests/nvidia.com_clusterpolicies.yaml"
+GPUCLUSTER_CRD_FILE = "manifests/nvidia.com_gpuclusters.yaml"
 SERVICE_FILE = f"manifests/{manifests.METRICS_SERVICE}_v1_service.yaml"
 PDB_FILE = f"manifests/{manifests.NAME}_policy_v1_poddisruptionbudget.yaml"
 ANNOTATIONS_FILE = "metadata/annotations.yaml"
@@ -219,7 +220,7 @@ def cluster_service_version(
         "metadata": {
             "name": f"{PACKAGE}.v{version}",
             "annotations": {
-                "alm-examples": json.dumps([example], indent=2),
+                "alm-examples": json.dumps([example, gpucluster.example_document()], indent=2),
                 "capabilities": "Seamless Upgrades",
                 "categories": "AI/Machine Learning, Drivers and plugins",
                 "containerImage": image,
@@ -271,7 +272,24 @@ def cluster_service_version(
                         "resources": _owned_resources(),
                         "specDescriptors": SPEC_DESCRIPTORS,
                         "statusDescriptors": STATUS_DESCRIPTORS,
-                    }
+                    },
+                    {
+                        "name": gpucluster_crd()["metadata"]["name"],
+                        "version": gpucluster.VERSION,
+                        "kind": gpucluster.KIND,
+                        "displayName": "GPU Cluster",
+                        "description": "The DRA-based GPU stack (NVIDIA DRA driver, "
+                        "ResourceSlices, DeviceClasses) instead of the device plugin.",
+                        "resources": [
+                            {
+                                "kind": "DaemonSet",
+                                "name": "nvidia-dra-driver-kubelet-plugin",
+                                "version": "v1",
+                            },
+                            {"kind": "DeviceClass", "name": "gpu.nvidia.com", "version": "v1"},
+                            {"kind": "DeviceClass", "name": "mig.nvidia.com", "version": "v1"},
+                        ],
+                    },
                 ]
             },
             "install": {
@@ -309,6 +327,7 @@ def bundle_objects(
     return {
         CSV_FILE: cluster_service_version(version, example, image),
         CRD_FILE: clusterpolicy_crd(),
+        GPUCLUSTER_CRD_FILE: gpucluster_crd(),
         SERVICE_FILE: manifests.metrics_service(namespace=None),
         PDB_FILE: manifests.disruption_budget(namespace=None),
         ANNOTATIONS_FILE: {"annotations": dict(ANNOTATIONS)},

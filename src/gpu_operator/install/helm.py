@@ -28,7 +28,7 @@ from importlib import resources
 from typing import Any
 
 from gpu_operator import __version__
-from gpu_operator.api.crd import clusterpolicy_crd
+from gpu_operator.api.crd import clusterpolicy_crd, gpucluster_crd
 from gpu_operator.install import manifests, rbac
 from gpu_operator.install.helm_values import (
     CHART_PARTS,
@@ -304,5 +304,6 @@ def chart_files(version: str = __version__) -> dict[str, str]:
         "values.schema.json": json.dumps(schema, indent=2) + "\n",
         "README.md": readme(),
         "crds/clusterpolicy.yaml": manifests.to_yaml([clusterpolicy_crd()], _header()[2:].rstrip()),
+        "crds/gpucluster.yaml": manifests.to_yaml([gpucluster_crd()], _header()[2:].rstrip()),
         **{f"templates/{name}": text for name, text in templates().items()},
     }

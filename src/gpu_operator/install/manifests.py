@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from gpu_operator.api.crd import clusterpolicy_crd
+from gpu_operator.api.crd import all_crds
 from gpu_operator.install import rbac
 from gpu_operator.render.components import REGISTRY, default_image
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
@@ -48,10 +48,13 @@ def image_env(image: str = DEFAULT_OPERATOR_IMAGE) -> dict[str, str]:
 
 
 def namespace_object(namespace: str = NAMESPACE) -> dict[str, Any]:
-    """The operand DaemonSets are privileged with hostPath mounts; Pod Security must allow it."""
+    """The operand DaemonSets are privileged with hostPath mounts; Pod Security must allow it.
+    The DRA exporter and validator claim their node's GPUs with admin access, which the API
+    server allows only in namespaces labelled for it."""
     security = {
         f"pod-security.kubernetes.io/{mode}": "privileged" for mode in ("enforce", "audit", "warn")
     }
+    security["resource.kubernetes.io/admin-access"] = "true"
     return {
         "apiVersion": "v1",
         "kind": "Namespace",
@@ -242,7 +245,7 @@ def deploy_objects(
     """Everything ``kubectl apply -f deploy/`` creates, in the order it must be created."""
     return [
         namespace_object(namespace),
-        clusterpolicy_crd(),
+        *all_crds(),
         *rbac_objects(namespace),
         deployment(namespace, image),
         disruption_budget(namespace),

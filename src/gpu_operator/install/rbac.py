@@ -35,6 +35,7 @@ class Rule:
 
 
 CRD = "clusterpolicies.nvidia.com"
+GPUCLUSTER_CRD = "gpuclusters.nvidia.com"
 
 # Shared by the operator (it installs its CRD at start-up) and the Helm chart's CRD hook.
 CRD_RULES: tuple[Rule, ...] = (
@@ -48,8 +49,8 @@ CRD_RULES: tuple[Rule, ...] = (
         "apiextensions.k8s.io",
         ("customresourcedefinitions",),
         ("create", "patch"),
-        "install or upgrade its own CRD at start-up",
-        (CRD,),
+        "install or upgrade its own CRDs at start-up",
+        (CRD, GPUCLUSTER_CRD),
     ),
 )
 
@@ -112,8 +113,27 @@ NAMESPACE_RULES: tuple[Rule, ...] = (
 )  # fmt: skip
 
 
+# The GPUCluster (DRA) loop's rules. Kept apart so the ClusterPolicy-only least-privilege e2e
+# (each rule of CLUSTER_RULES removed in turn) runs unchanged; the operator treats a refused
+# GPUCluster list as "no GPUCluster".
+DRA_CLUSTER_RULES: tuple[Rule, ...] = (
+    Rule("nvidia.com", ("gpuclusters",), ("get", "list"), "read the GPUCluster (polled)"),
+    Rule("nvidia.com", ("gpuclusters/status",), ("patch",), "write the GPUCluster status"),
+    Rule("resource.k8s.io", ("deviceclasses",), MANAGE, "DeviceClasses gpu/mig.nvidia.com"),
+    Rule("resource.k8s.io", ("resourceclaims",), ("get",),
+         "granted to the DRA plugin (read the claim it prepares)"),
+    Rule("resource.k8s.io", ("resourceslices",),
+         ("get", "list", "watch", "create", "patch", "delete"),
+         "granted to the DRA plugin (publish its node's pool)"),
+)  # fmt: skip
+DRA_NAMESPACE_RULES: tuple[Rule, ...] = (
+    Rule("resource.k8s.io", ("resourceclaimtemplates",), MANAGE,
+         "admin-access claims of the DRA validator and exporter"),
+)  # fmt: skip
+
+
 def cluster_role(
-    name: str = "gpu-operator", rules: tuple[Rule, ...] = CLUSTER_RULES
+    name: str = "gpu-operator", rules: tuple[Rule, ...] = CLUSTER_RULES + DRA_CLUSTER_RULES
 ) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -124,7 +144,9 @@ def cluster_role(
 
 
 def role(
-    namespace: str, name: str = "gpu-operator", rules: tuple[Rule, ...] = NAMESPACE_RULES
+    namespace: str,
+    name: str = "gpu-operator",
+    rules: tuple[Rule, ...] = NAMESPACE_RULES + DRA_NAMESPACE_RULES,
 ) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",

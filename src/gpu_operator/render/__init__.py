@@ -17,7 +17,7 @@ from typing import Any
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.render.components import REGISTRY, ComponentDef, section
 from gpu_operator.render.engine import SHARED_FOLDER, render_template, templates
-from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE, Facts, NodeOS
+from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE, Facts, NodeOS, mps_configured
 from gpu_operator.render.values import component_images, template_context
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "RenderedComponent",
     "config_hash",
     "default_policy",
+    "mps_configured",
     "render",
     "render_components",
 ]

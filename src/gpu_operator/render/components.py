@@ -8,7 +8,7 @@ templates read (``render.values.VALUES``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpu_operator.api.base import Component
 from gpu_operator.api.spec import ClusterPolicySpec
@@ -87,6 +87,8 @@ REGISTRY: tuple[ComponentDef, ...] = (
         service_account="nvidia-device-plugin",
         image_env="DEVICE_PLUGIN_IMAGE",
         default_image=ImageDefault("nvcr.io/nvidia", "k8s-device-plugin", "v0.17.4"),
+        # NVIDIA's image stays the default (real GPUs); the project's image runs its own plugin
+        agent="device-plugin",
     ),
     ComponentDef(
         name="dcgm",
@@ -162,12 +164,21 @@ def component_image(comp: ComponentDef, spec: Component, facts: Facts) -> str:
     image = resolve_image(spec, default, fallback)
     if _repository(image) in comp.replaced_images:
         return resolve_image(None, default, fallback)
+    if comp.default_image is not None and runs_agent(comp, image, facts.operator_image):
+        # pointed at the project's image: a missing version is the project's, not NVIDIA's
+        own_version = split_reference(facts.operator_image).version or "latest"
+        return resolve_image(spec, replace(default, version=own_version), fallback)
     return image
 
 
 def _repository(image: str) -> str:
     parts = split_reference(image)
     return f"{parts.repository}/{parts.image}" if parts.repository else parts.image or ""
+
+
+def runs_agent(comp: ComponentDef, image: str, operator_image: str) -> bool:
+    """Whether ``image`` is the project's own, so the pod runs ``gpu-operator agent ...``."""
+    return comp.agent is not None and _repository(image) == _repository(operator_image)
 
 
 def command(comp: ComponentDef, image: str, operator_image: str) -> list[str] | None:
@@ -179,6 +190,6 @@ def command(comp: ComponentDef, image: str, operator_image: str) -> list[str] | 
     """
     if comp.agent is None:
         return None
-    if _repository(image) == _repository(operator_image):
+    if runs_agent(comp, image, operator_image):
         return ["gpu-operator", "agent", comp.agent]
     return list(comp.foreign_command) or None

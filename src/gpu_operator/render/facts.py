@@ -11,6 +11,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+import yaml
+
 DEFAULT_OPERATOR_IMAGE = "ghcr.io/gpu-operator/gpu-operator:v0.1.0"
 """The project's one image (operator and node agents); the single place it is spelt."""
 
@@ -79,8 +81,34 @@ class Facts:
     image_env: Mapping[str, str] = field(default_factory=FrozenMap)
     # ConfigMap name -> content hash; a change rolls the pods that mount that ConfigMap.
     config_hashes: Mapping[str, str] = field(default_factory=FrozenMap)
+    # ConfigMaps holding a device-plugin config that shares GPUs with MPS: the MPS control
+    # daemon is rendered only for those (see ``mps_configured``).
+    mps_configs: frozenset[str] = frozenset()
+    # Explicitly simulated GPUs (a GPU_OPERATOR_SIMULATE value, e.g. ``a100-40gb:8``): the
+    # project's agents are told to use simulated NVML. None (the default) on real clusters.
+    simulate_gpus: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "node_oses", tuple(self.node_oses))
         object.__setattr__(self, "image_env", FrozenMap(self.image_env))
         object.__setattr__(self, "config_hashes", FrozenMap(self.config_hashes))
+        object.__setattr__(self, "mps_configs", frozenset(self.mps_configs))
+
+
+def mps_configured(data: Mapping[str, str]) -> bool:
+    """Whether any device-plugin config in a ConfigMap's ``data`` shares GPUs with MPS.
+
+    Only ``sharing.mps`` is looked at (the device plugin validates the rest when it loads the
+    config); text that is not YAML counts as no MPS.
+    """
+    for text in data.values():
+        if "mps" not in text:
+            continue
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError:
+            continue
+        sharing = doc.get("sharing") if isinstance(doc, dict) else None
+        if isinstance(sharing, dict) and sharing.get("mps"):
+            return True
+    return False

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpu_operator.api.spec import ClusterPolicySpec
-from gpu_operator.render.components import ComponentDef, component_image, section
+from gpu_operator.render.components import ComponentDef, component_image, runs_agent, section
 from gpu_operator.render.facts import Facts, NodeOS, Runtime
 from gpu_operator.render.images import with_os_tag
 from gpu_operator.render.metadata import owned_labels
@@ -89,6 +89,15 @@ class DevicePluginValues:
     config_name: str | None  # the user's ConfigMap of plugin configs; None: no config manager
     default_config: str
     mps_root: str
+    # The project's image runs ``gpu-operator agent device-plugin``: it follows the config
+    # label itself (no config-manager sidecar) and needs the API only for that.
+    agent: bool
+    # The agent's DEVICE_LIST_STRATEGY; None with a config, whose flags then decide.
+    list_strategy: str | None
+    cdi: bool  # mount the CDI spec directory (CDI on in the policy)
+    simulate: str | None  # GPU_OPERATOR_SIMULATE for the agents, only when explicitly set
+    mps: bool  # the config shares GPUs with MPS: render the MPS control daemon
+    mps_command: tuple[str, ...]  # the MPS control daemon's command in this image
 
 
 @dataclass(frozen=True)
@@ -246,11 +255,24 @@ def device_plugin_values(
 ) -> DevicePluginValues:
     plugin = policy.device_plugin
     config = plugin.config if plugin.config is not None and plugin.config.name else None
+    agent = runs_agent(comp, component_image(comp, plugin, facts), facts.operator_image)
+    simulate = facts.simulate_gpus if agent else None
+    if agent:
+        mps_command: tuple[str, ...] = ("gpu-operator", "agent", "mps-control-daemon")
+        mps_command += ("--simulated",) if simulate else ()
+    else:
+        mps_command = ("mps-control-daemon",)
     return DevicePluginValues(
         mig_strategy=mig_strategy(policy),
         config_name=config.name if config else None,
         default_config=(config.default if config else None) or "",
         mps_root=(plugin.mps.root if plugin.mps else None) or "/run/nvidia/mps",
+        agent=agent,
+        list_strategy=None if config else ("cdi-cri" if policy.cdi.default else "envvar"),
+        cdi=cdi_enabled(policy),
+        simulate=simulate,
+        mps=config is not None and config.name in facts.mps_configs,
+        mps_command=mps_command,
     )
 
 

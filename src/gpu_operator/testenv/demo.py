@@ -1,8 +1,10 @@
 """`make demo`: a simulated GPU cluster running the whole stack, left up for you to explore.
 
-Starts testenv with GPU nodes of different simulated models, the operator and one discovery
-agent per GPU node as background processes tied to the cluster (`hack/testenv down` ends them
-too), applies examples/clusterpolicy.yaml, waits for `ready` and prints what each node has.
+Starts testenv with GPU nodes of different simulated models, the operator and, per GPU node,
+a discovery agent and the device plugin's simulated capacity (`--kwok-capacity`: the node's
+`nvidia.com/gpu` from the plugin's own computation) as background processes tied to the cluster
+(`hack/testenv down` ends them too), applies examples/clusterpolicy.yaml, waits for `ready`,
+runs one GPU pod per GPU node and prints what each node has and where its GPU pod runs.
 `--short` (what `make test` runs) does the same and then takes the cluster down again.
 """
 
@@ -24,6 +26,8 @@ from gpu_operator.testenv.processes import spawn
 
 REPO = Path(__file__).resolve().parents[3]
 NAMESPACE = "gpu-operator"
+WORKLOADS = "default"  # where the demo's GPU pods run
+GPU_POD = "gpu-pod-{node}"
 # name -> (simulated GPUs, OS id, OS version)
 GPU_NODES = {
     "gpu-a100": ("a100-40gb:8", "ubuntu", "22.04"),
@@ -71,9 +75,44 @@ def _established(kube: Kube) -> bool:
     )
 
 
+def gpu_pod(node: str) -> dict[str, Any]:
+    """A pod asking for one GPU on ``node`` (tolerating the GPU taint, as the admission plugin
+    ExtendedResourceToleration would add it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": GPU_POD.format(node=node), "namespace": WORKLOADS},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+            "containers": [
+                {
+                    "name": "cuda",
+                    "image": "nvcr.io/nvidia/cuda:12.8.0-base-ubuntu22.04",
+                    "command": ["nvidia-smi", "-L"],
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }
+            ],
+        },
+    }
+
+
+def gpu_pod_state(pod: dict[str, Any] | None) -> str:
+    """``Running`` once bound and started; else the phase, or why it is not scheduled."""
+    if not pod:
+        return "-"
+    status = pod.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return str(condition.get("reason") or "Unschedulable")
+    return str(status.get("phase") or "Pending")
+
+
 def node_table(kube: Kube) -> str:
     pods = kube.list_objects("Pod", NAMESPACE)
-    rows = [("NODE", "PRODUCT", "GPUS", "MEMORY", "DRIVER", "CUDA", "MIG", "TAINT", "READY")]
+    workloads = {p["metadata"]["name"]: p for p in kube.list_objects("Pod", WORKLOADS)}
+    rows = [("NODE", "PRODUCT", "GPUS", "MEMORY", "DRIVER", "CUDA", "MIG", "TAINT", "READY",
+             "ALLOCATABLE", "GPU POD")]  # fmt: skip
     for node in sorted(kube.list_objects("Node"), key=lambda n: n["metadata"]["name"]):
         name = node["metadata"]["name"]
         labels = node["metadata"].get("labels") or {}
@@ -99,11 +138,30 @@ def node_table(kube: Kube) -> str:
             mig,
             "yes" if taint else "no",
             f"{ready}/{len(on_node)}" if gpu else "-",
+            (node.get("status") or {}).get("allocatable", {}).get("nvidia.com/gpu", "-"),
+            gpu_pod_state(workloads.get(GPU_POD.format(node=name))) if gpu else "-",
         ))  # fmt: skip
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows
     )
+
+
+def slice_table(kube: Kube) -> str:
+    """What each node publishes for DRA: its pool generation and its devices by kind."""
+    rows = [("NODE", "DRIVER", "GENERATION", "DEVICES")]
+    for s in sorted(kube.list_objects("ResourceSlice"), key=lambda s: s["spec"]["nodeName"]):
+        kinds: dict[str, int] = {}
+        for d in s["spec"].get("devices") or []:
+            attrs = d.get("attributes") or {}
+            what = (attrs.get("profile") or attrs.get("productName") or {}).get("string", "?")
+            kinds[what] = kinds.get(what, 0) + 1
+        rows.append((
+            s["spec"]["nodeName"], s["spec"]["driver"], str(s["spec"]["pool"]["generation"]),
+            ", ".join(f"{n} x {k}" for k, n in sorted(kinds.items())) or "-",
+        ))  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
 
 
 def _run_stack(cluster: Cluster, t0: float) -> None:
@@ -132,6 +190,15 @@ def _run_stack(cluster: Cluster, t0: float) -> None:
                  "--simulate-state", str(cluster.state_dir / f"{name}.nvml.json")],
                 {"KUBECONFIG": kubeconfig, "NODE_NAME": name, "GPU_OPERATOR_SIMULATE": gpus,
                  "GFD_SLEEP_INTERVAL": "30s", "MIG_STRATEGY": "single"},
+            )  # fmt: skip
+
+            # The device plugin's capacity on the simulated node (kwok plays its kubelet).
+            _run_in_background(
+                cluster, f"device-plugin-{name}",
+                [python, "-m", "gpu_operator", "agent", "device-plugin", "--kwok-capacity",
+                 "--simulate-state", str(cluster.state_dir / f"{name}.nvml.json")],
+                {"KUBECONFIG": kubeconfig, "NODE_NAME": name, "GPU_OPERATOR_SIMULATE": gpus,
+                 "MIG_STRATEGY": "single"},
             )  # fmt: skip
 
         # MIG managers on the MIG-capable models, reading the layouts the operator deployed.
@@ -164,8 +231,40 @@ def _run_stack(cluster: Cluster, t0: float) -> None:
             return labelled and mig_done and (policy.get("status") or {}).get("state") == "ready"
 
         _wait("ClusterPolicy ready and every GPU node discovered", ready)
-        _say(f"demo: ClusterPolicy ready {time.monotonic() - t0:.1f}s after start\n")
+        _say(f"demo: ClusterPolicy ready {time.monotonic() - t0:.1f}s after start")
+
+        # One GPU pod per GPU node, placed by the real scheduler on the simulated capacity.
+        for name in GPU_NODES:
+            kube.create(gpu_pod(name))
+
+        def running() -> bool:
+            return all(
+                gpu_pod_state(kube.get("Pod", GPU_POD.format(node=n), WORKLOADS)) == "Running"
+                for n in GPU_NODES
+            )
+
+        _wait("one running GPU pod per GPU node", running)
+        _say(f"demo: a GPU pod runs on each GPU node {time.monotonic() - t0:.1f}s after start\n")
         _say(node_table(kube))
+
+        # DRA: each GPU node's pool published by the DRA plugin's own process (publish-only:
+        # kwok has no kubelet to serve), following the node's simulated NVML and MIG state.
+        for name, (gpus, _, _) in GPU_NODES.items():
+            _run_in_background(
+                cluster, f"dra-plugin-{name}",
+                [python, "-m", "gpu_operator", "agent", "dra-plugin", "--publish-only",
+                 "--interval", "5",
+                 "--simulate-state", str(cluster.state_dir / f"{name}.nvml.json")],
+                {"KUBECONFIG": kubeconfig, "NODE_NAME": name, "GPU_OPERATOR_SIMULATE": gpus},
+            )  # fmt: skip
+        _wait(
+            "every GPU node's ResourceSlices",
+            lambda: (
+                {s["spec"]["nodeName"] for s in kube.list_objects("ResourceSlice")}
+                >= set(GPU_NODES)
+            ),
+        )
+        _say("\n" + slice_table(kube))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     _say(
         f"\nThe cluster stays up. Reach it with:\n  export KUBECONFIG={kubeconfig}\n"
         "  kubectl get clusterpolicy,nodes; kubectl -n gpu-operator get daemonsets\n"
+        "  kubectl get resourceslices -o yaml   # the GPUs as DRA devices\n"
         f"Logs: {cluster.state_dir / 'logs'}\nStop everything with:\n  hack/testenv down"
     )
     return 0

@@ -15,7 +15,9 @@ from typing import Any
 
 from kubernetes import client
 
-KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+from gpu_operator.labels import KWOK_NODE, KWOK_NODE_FAKE
+
+KWOK_ANNOTATION = KWOK_NODE
 GPU_PRESENT_LABEL = "feature.node.kubernetes.io/pci-10de.present"
 NFD_PREFIX = "feature.node.kubernetes.io/"
 
@@ -101,7 +103,7 @@ def node_manifest(
             "name": name,
             "labels": labels,
             "annotations": {
-                KWOK_ANNOTATION: "fake",
+                KWOK_ANNOTATION: KWOK_NODE_FAKE,
                 "node.alpha.kubernetes.io/ttl": "0",
                 **(annotations or {}),
             },

@@ -16,13 +16,22 @@ from gpu_operator.agent.simulated import (
     install_simulated_nvml,
     uninstall_simulated_nvml,
 )
+from tests import prerequisites
+from tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[3]
-REFERENCE = REPO / ".." / "shared" / "reference" / "nvidia"
-MIG_CONFIGMAP = REFERENCE / "mig-parted-default-configmap.yaml"
-COUNTERS_CSV = REFERENCE / "dcgm-exporter-default-counters.csv"
+__all__ = ["REPO"]  # the dashboard test finds the repository here
 
 Simulate = Callable[..., SimulatedNvml]
+
+
+def mig_configmap() -> Path:
+    """NVIDIA's default mig-parted ConfigMap (a reference document: may skip the test)."""
+    return prerequisites.nvidia("mig-parted-default-configmap.yaml")
+
+
+def counters_csv() -> Path:
+    """NVIDIA's default dcgm-exporter counters (a reference document: may skip the test)."""
+    return prerequisites.nvidia("dcgm-exporter-default-counters.csv")
 
 
 @pytest.fixture
@@ -39,9 +48,7 @@ def simulate() -> Iterator[Simulate]:
 
 @pytest.fixture
 def nvidia_mig_config() -> migparted.MigPartedConfig:
-    if not MIG_CONFIGMAP.exists():
-        pytest.skip(f"reference file missing: {MIG_CONFIGMAP}")
-    return migparted.load_mig_config(MIG_CONFIGMAP)
+    return migparted.load_mig_config(mig_configmap())
 
 
 def inventory_with(
@@ -51,5 +58,5 @@ def inventory_with(
     simulate(spec, **kwargs)
     with Nvml() as nvml:
         if config is not None:
-            migparted.apply_config(nvml, migparted.load_mig_config(MIG_CONFIGMAP), config)
+            migparted.apply_config(nvml, migparted.load_mig_config(mig_configmap()), config)
         return nvml.inventory()

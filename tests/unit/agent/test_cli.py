@@ -14,7 +14,7 @@ import yaml
 from gpu_operator.agent.cli import add_agent_commands
 from gpu_operator.agent.simulated import uninstall_simulated_nvml
 
-from .conftest import MIG_CONFIGMAP
+from .conftest import mig_configmap
 
 RUNNER = (
     "import argparse, sys\n"
@@ -95,7 +95,7 @@ def test_mig_parted_plan_and_generate(capsys: pytest.CaptureFixture[str]) -> Non
                 "plan",
                 "all-balanced",
                 "-f",
-                str(MIG_CONFIGMAP),
+                str(mig_configmap()),
                 "--simulate",
                 "a100-40gb:1",
             ]
@@ -115,7 +115,7 @@ def test_mig_parted_plan_and_generate(capsys: pytest.CaptureFixture[str]) -> Non
                 "apply",
                 "all-7g.80gb",
                 "-f",
-                str(MIG_CONFIGMAP),
+                str(mig_configmap()),
                 "--simulate",
                 "a100-40gb:1",
             ]
@@ -134,7 +134,9 @@ def test_separate_agents_share_one_simulated_node(tmp_path: Path) -> None:
         "GPU_OPERATOR_SIMULATE": "a100-40gb:2",
         "GPU_OPERATOR_SIMULATE_STATE": str(tmp_path / "state.json"),
     }
-    applied = agent_process("mig-parted", "apply", "all-1g.5gb", "-f", str(MIG_CONFIGMAP), env=env)
+    applied = agent_process(
+        "mig-parted", "apply", "all-1g.5gb", "-f", str(mig_configmap()), env=env
+    )
     assert applied.returncode == 0, applied.stderr
     labels = agent_process(
         "discover", "--oneshot", "--output", "-", "--mig-strategy", "single", env=env

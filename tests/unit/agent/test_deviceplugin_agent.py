@@ -37,7 +37,7 @@ from gpu_operator.agent.nvml import Nvml
 from gpu_operator.agent.simulated import SimulatedNvml
 from gpu_operator.kubelet_api.deviceplugin.v1beta1 import api_pb2 as pb
 
-from .conftest import MIG_CONFIGMAP, Simulate
+from .conftest import Simulate, mig_configmap
 
 STREAM_S = 20.0  # no stream in these tests may go quiet for longer
 TIME_SLICED = (
@@ -90,7 +90,7 @@ def node(simulate: Simulate, short_tmp: Path) -> Iterator[Callable[..., Node]]:
         sim = simulate(spec)
         nvml = Nvml().open()
         if mig_config:
-            migparted.apply_config(nvml, migparted.load_mig_config(MIG_CONFIGMAP), mig_config)
+            migparted.apply_config(nvml, migparted.load_mig_config(mig_configmap()), mig_config)
         kubelet = LocalKubelet(short_tmp / "device-plugins").start()
         agent = DevicePluginAgent(
             nvml,

@@ -29,7 +29,7 @@ from gpu_operator.agent.podresources import (
     pods_from,
 )
 
-from .conftest import COUNTERS_CSV, MIG_CONFIGMAP, Simulate
+from .conftest import Simulate, counters_csv, mig_configmap
 
 NVML_FIELDS_IN_DEFAULT_CSV = {
     "DCGM_FI_DEV_SM_CLOCK",
@@ -55,9 +55,7 @@ NVML_FIELDS_IN_DEFAULT_CSV = {
 
 @pytest.fixture
 def nvidia_counters() -> list[exporter.CounterSpec]:
-    if not COUNTERS_CSV.exists():
-        pytest.skip(f"reference file missing: {COUNTERS_CSV}")
-    return parse_counters(COUNTERS_CSV.read_text())
+    return parse_counters(counters_csv().read_text())
 
 
 @pytest.fixture
@@ -160,7 +158,7 @@ def test_t4_has_no_hbm_or_row_remapping_samples(simulate: Simulate) -> None:
 def test_mig_devices_get_their_own_framebuffer_samples(simulate: Simulate) -> None:
     simulate("a100-40gb:2")
     with Nvml() as nvml:
-        migparted.apply_config(nvml, migparted.load_mig_config(MIG_CONFIGMAP), "all-balanced")
+        migparted.apply_config(nvml, migparted.load_mig_config(mig_configmap()), "all-balanced")
         families = scrape(Exporter(nvml, hostname="n", pod_resources_socket=None))
     used = families["DCGM_FI_DEV_FB_USED"].samples  # type: ignore[attr-defined]
     mig = [s for s in used if "GPU_I_ID" in s.labels]

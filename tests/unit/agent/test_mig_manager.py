@@ -21,7 +21,7 @@ from gpu_operator.agent.mig_manager import (
     WaitForPods,
     step,
 )
-from gpu_operator.agent.migparted import MigPartedConfig, load_mig_config
+from gpu_operator.agent.migparted import MigPartedConfig
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.labels import (
     MIG_CONFIG,
@@ -31,7 +31,7 @@ from gpu_operator.labels import (
     MIG_STATE_REASON,
 )
 
-from .conftest import MIG_CONFIGMAP, Simulate, inventory_with
+from .conftest import Simulate, inventory_with
 
 DP = "nvidia.com/gpu.deploy.device-plugin"
 GFD = "nvidia.com/gpu.deploy.gpu-feature-discovery"
@@ -364,14 +364,16 @@ class FakeKube:
         return list(self.pods)
 
 
-def test_reconcile_applies_restores_and_then_writes_nothing(simulate: Simulate) -> None:
+def test_reconcile_applies_restores_and_then_writes_nothing(
+    simulate: Simulate, nvidia_mig_config: MigPartedConfig
+) -> None:
     sim = simulate("a100-40gb:8")
     api = FakeKube({**DEPLOY, DCGM: "true", MIG_CONFIG: "all-balanced"})
     with Nvml() as nvml:
         result = mm.reconcile(
             api,
             "gpu-node-1",
-            lambda: load_mig_config(MIG_CONFIGMAP),
+            lambda: nvidia_mig_config,
             nvml,
             first_pass=True,
             poll_interval_s=0.01,
@@ -401,15 +403,15 @@ def test_reconcile_applies_restores_and_then_writes_nothing(simulate: Simulate) 
         # the same config again: no writes, no NVML changes
         api.patches.clear()
         sim.calls.clear()
-        mm.reconcile(
-            api, "gpu-node-1", lambda: load_mig_config(MIG_CONFIGMAP), nvml, first_pass=True
-        )
+        mm.reconcile(api, "gpu-node-1", lambda: nvidia_mig_config, nvml, first_pass=True)
         assert api.patches == [] and api.events == []
         assert sim.calls["nvmlDeviceCreateGpuInstanceWithPlacement"] == 0
         assert sim.calls["nvmlGpuInstanceDestroy"] == 0
 
 
-def test_reconcile_reports_an_nvml_failure_and_restores(simulate: Simulate) -> None:
+def test_reconcile_reports_an_nvml_failure_and_restores(
+    simulate: Simulate, nvidia_mig_config: MigPartedConfig
+) -> None:
     import pynvml
 
     sim = simulate("h100-80gb:2")
@@ -417,7 +419,7 @@ def test_reconcile_reports_an_nvml_failure_and_restores(simulate: Simulate) -> N
     api = FakeKube({**DEPLOY, MIG_CONFIG: "all-7g.80gb"})
     with Nvml() as nvml:
         result = mm.reconcile(
-            api, "gpu-node-1", lambda: load_mig_config(MIG_CONFIGMAP), nvml, poll_interval_s=0.01
+            api, "gpu-node-1", lambda: nvidia_mig_config, nvml, poll_interval_s=0.01
         )
     assert result.phase == "failed"
     assert api.labels == {**DEPLOY, MIG_CONFIG: "all-7g.80gb", MIG_CONFIG_STATE: "failed"}

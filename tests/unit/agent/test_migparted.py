@@ -11,8 +11,9 @@ from gpu_operator.agent.inventory import Placement
 from gpu_operator.agent.migparted import MigConfigError, MigPlanError, parse_mig_config
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simulated_nvml
+from tests.paths import REPO
 
-from .conftest import MIG_CONFIGMAP, Simulate
+from .conftest import Simulate, mig_configmap
 
 GI_CHANGES = (
     "nvmlDeviceCreateGpuInstanceWithPlacement",
@@ -275,7 +276,7 @@ def test_placement_slices() -> None:
 
 
 def test_reference_configmap_path_is_outside_the_repo() -> None:
-    assert "shared" in MIG_CONFIGMAP.parts
+    assert REPO.resolve() not in mig_configmap().resolve().parents
 
 
 def test_only_gpus_that_differ_are_touched(

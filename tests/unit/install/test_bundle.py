@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from gpu_operator.api import parse_document
+from gpu_operator.api.gpucluster import parse_gpucluster
 from gpu_operator.install import bundle, manifests
 from gpu_operator.render import default_policy, render
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE, Facts
@@ -131,7 +132,8 @@ def _schema_at(schema: dict[str, Any], path: str) -> dict[str, Any] | None:
 
 
 def test_descriptors_name_fields_that_exist(csv: dict[str, Any]) -> None:
-    (owned,) = csv["spec"]["customresourcedefinitions"]["owned"]
+    owned = csv["spec"]["customresourcedefinitions"]["owned"][0]
+    assert owned["kind"] == "ClusterPolicy"
     schema = crd_schema()
     spec_paths = {d["path"] for d in owned["specDescriptors"]}
     status_paths = {d["path"] for d in owned["statusDescriptors"]}
@@ -150,11 +152,14 @@ def test_descriptors_name_fields_that_exist(csv: dict[str, Any]) -> None:
 
 def test_alm_examples_are_json_that_the_crd_and_models_accept(csv: dict[str, Any]) -> None:
     examples = json.loads(csv["metadata"]["annotations"]["alm-examples"])
-    assert examples and all(e["kind"] == "ClusterPolicy" for e in examples)
+    assert [e["kind"] for e in examples] == ["ClusterPolicy", "GPUCluster"]
     schema = strict(crd_schema())
-    for example in examples:
-        jsonschema.validate(prune_nulls(example), schema)
-        parse_document(example)
+    jsonschema.validate(prune_nulls(examples[0]), schema)
+    parse_document(examples[0])
+    gc_crd = yaml.safe_load((BUNDLE / bundle.GPUCLUSTER_CRD_FILE).read_text())
+    gc_schema = strict(gc_crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    jsonschema.validate(prune_nulls(examples[1]), gc_schema)
+    parse_gpucluster(examples[1])
 
 
 def test_alm_example_with_a_typo_is_refused() -> None:
@@ -172,7 +177,12 @@ def test_other_manifests_validate_against_kubernetes() -> None:
         assert validate_kubernetes(obj), obj["kind"]
         assert "namespace" not in obj["metadata"], "OLM chooses the namespace"
         kinds.append(obj["kind"])
-    assert sorted(kinds) == ["CustomResourceDefinition", "PodDisruptionBudget", "Service"]
+    assert sorted(kinds) == [
+        "CustomResourceDefinition",
+        "CustomResourceDefinition",
+        "PodDisruptionBudget",
+        "Service",
+    ]
 
 
 def test_annotations_and_dockerfile_labels_agree() -> None:
@@ -233,6 +243,7 @@ def test_bundle_files_are_the_tree_operator_sdk_expects() -> None:
     assert set(files) == {
         "manifests/gpu-operator.clusterserviceversion.yaml",
         "manifests/nvidia.com_clusterpolicies.yaml",
+        "manifests/nvidia.com_gpuclusters.yaml",
         "manifests/gpu-operator-metrics_v1_service.yaml",
         "manifests/gpu-operator_policy_v1_poddisruptionbudget.yaml",
         "metadata/annotations.yaml",
@@ -259,7 +270,7 @@ def test_related_images_cover_what_a_default_policy_pulls(csv: dict[str, Any]) -
 
 
 def test_owned_resources_name_real_objects(csv: dict[str, Any]) -> None:
-    (owned,) = csv["spec"]["customresourcedefinitions"]["owned"]
+    owned = csv["spec"]["customresourcedefinitions"]["owned"][0]
     refs = owned["resources"]
     assert all(r["kind"] and r["name"] and r["version"] for r in refs)
     assert {"kind": "DaemonSet", "name": "nvidia-device-plugin-daemonset", "version": "v1"} in refs

@@ -60,6 +60,7 @@ def test_bundle_prints_its_manifests(capsys: pytest.CaptureFixture[str]) -> None
     assert kinds == [
         "ClusterServiceVersion",
         "CustomResourceDefinition",
+        "CustomResourceDefinition",
         "Service",
         "PodDisruptionBudget",
     ]

@@ -159,8 +159,11 @@ def test_the_charts_operator_objects_are_deploys() -> None:
     assert sorted(_filled(objects, manifests.NAMESPACE, image), key=json.dumps) == sorted(
         wanted, key=json.dumps
     )
-    crd = yaml.safe_load((CHART / "crds" / "clusterpolicy.yaml").read_text())
-    assert crd == yaml.safe_load((REPO / "deploy" / "01-crd.yaml").read_text())
+    crds = [
+        yaml.safe_load((CHART / "crds" / f).read_text())
+        for f in ("clusterpolicy.yaml", "gpucluster.yaml")
+    ]
+    assert crds == list(yaml.safe_load_all((REPO / "deploy" / "01-crd.yaml").read_text()))
 
 
 def test_hooks_hold_only_the_rules_they_need() -> None:

@@ -17,10 +17,19 @@ from tests.paths import CRD_FILE
 from tests.schema import validate_kubernetes
 
 
+def _key(obj: dict[str, Any]) -> str:
+    """The kind; CRDs other than the ClusterPolicy's also carry their name."""
+    if obj["kind"] == "CustomResourceDefinition" and not obj["metadata"]["name"].startswith(
+        "clusterpolicies."
+    ):
+        return f"CustomResourceDefinition/{obj['metadata']['name']}"
+    return str(obj["kind"])
+
+
 def by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    kinds = [o["kind"] for o in objects]
+    kinds = [_key(o) for o in objects]
     assert len(kinds) == len(set(kinds)), kinds
-    return {o["kind"]: o for o in objects}
+    return {_key(o): o for o in objects}
 
 
 def container(spec: dict[str, Any]) -> dict[str, Any]:
@@ -54,6 +63,10 @@ def test_objects_come_in_creation_order() -> None:
 def test_crd_is_the_committed_one() -> None:
     objects = by_kind(manifests.deploy_objects())
     assert objects["CustomResourceDefinition"] == yaml.safe_load(CRD_FILE.read_text())
+    gpucluster = CRD_FILE.parent / "gpucluster.yaml"
+    assert objects["CustomResourceDefinition/gpuclusters.nvidia.com"] == yaml.safe_load(
+        gpucluster.read_text()
+    )
 
 
 def test_namespace_allows_privileged_operands() -> None:
@@ -63,8 +76,12 @@ def test_namespace_allows_privileged_operands() -> None:
 
 def test_rbac_is_rbac_py_bound_to_the_service_account() -> None:
     objects = by_kind(manifests.deploy_objects("gpu-ops"))
-    assert objects["ClusterRole"]["rules"] == [r.to_k8s() for r in rbac.CLUSTER_RULES]
-    assert objects["Role"]["rules"] == [r.to_k8s() for r in rbac.NAMESPACE_RULES]
+    assert objects["ClusterRole"]["rules"] == [
+        r.to_k8s() for r in (*rbac.CLUSTER_RULES, *rbac.DRA_CLUSTER_RULES)
+    ]
+    assert objects["Role"]["rules"] == [
+        r.to_k8s() for r in (*rbac.NAMESPACE_RULES, *rbac.DRA_NAMESPACE_RULES)
+    ]
     assert objects["Role"]["metadata"]["namespace"] == "gpu-ops"
     account = objects["ServiceAccount"]["metadata"]
     pod = objects["Deployment"]["spec"]["template"]["spec"]

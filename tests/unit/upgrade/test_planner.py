@@ -32,7 +32,6 @@ from gpu_operator.upgrade import (
 )
 from tests.unit.upgrade.fleets import (
     AUTO,
-    DS,
     NEW,
     NOW,
     OLD,
@@ -674,7 +673,7 @@ def test_actions_for_one_node_are_contiguous() -> None:
     assert order == sorted(order)
 
 
-def test_empty_fleet() -> None:
-    result = plan(Fleet(()), AUTO, NOW)
+@pytest.mark.parametrize("empty", [Fleet(()), fleet([])], ids=["bare", "driver-daemonset-known"])
+def test_empty_fleet(empty: Fleet) -> None:
+    result = plan(empty, AUTO, NOW)
     assert result.actions == () and result.summary.total == 0
-    assert DS  # the builders' DaemonSet name is the one in newest_hash

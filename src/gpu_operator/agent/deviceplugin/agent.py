@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from gpu_operator.agent import kube
-from gpu_operator.agent.deviceplugin import cdi, health
+from gpu_operator.agent.deviceplugin import cdi, health, mps
 from gpu_operator.agent.deviceplugin.configs import (
     CONFIG_LABEL,
     DEFAULT_FALLBACKS,
@@ -47,6 +47,7 @@ from gpu_operator.agent.deviceplugin_config import (
 )
 from gpu_operator.agent.inventory import Inventory
 from gpu_operator.agent.nvml import Nvml, NvmlError
+from gpu_operator.agent.podresources import attributions_from_kubelet
 
 if TYPE_CHECKING:
     from gpu_operator.kube import Kube
@@ -63,6 +64,11 @@ class Paths:
     kubelet_socket: Path = KUBELET_SOCKET
     cdi_root: Path = CDI_ROOT
     sysfs: Path = Path("/sys")
+    # The MPS root as mounted here: MPS replicas stay Unhealthy until the control daemon's
+    # ``<resource>/.started`` is there, as NVIDIA's plugin waits for it. None: do not wait.
+    mps_dir: Path | None = None
+    # The kubelet's PodResources socket: who holds a GPU that turns Unhealthy is reported.
+    pod_resources_socket: Path | None = None
 
     @property
     def socket_dir(self) -> Path:
@@ -135,8 +141,10 @@ class DevicePluginAgent:
         kubelet_poll_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         present: Callable[[list[int]], frozenset[str]] = present_nodes,
+        report: Callable[[str, str, str], None] | None = None,
     ) -> None:
         self.nvml = nvml
+        self.report = report  # (type, reason, message): a Node Event where there is an API
         self.paths = paths
         self.overrides = dict(overrides or {})
         self.health_options = health_options
@@ -146,6 +154,7 @@ class DevicePluginAgent:
         self._lock = threading.RLock()
         self._servers: dict[str, PluginServer] = {}
         self._faults: dict[health.FaultKey, health.Fault] = {}
+        self._mps_waiting: set[str] = set()
         self._inventory = Inventory(driver_version="", cuda_driver_version=0)
         self._kubelet = _socket_identity(paths.kubelet_socket)
         self._label: str | None = None
@@ -188,7 +197,7 @@ class DevicePluginAgent:
         return {name: len(found) for name, found in devices.items()}
 
     def _serve(self, advertised: Advertised) -> PluginServer:
-        unhealthy = health.unhealthy_ids(advertised.devices, self._faults)
+        unhealthy = self._unhealthy(advertised, self._faults)
         minors = [g.minor_number for g in self._inventory.gpus]
         server = PluginServer(
             ResourceState(advertised, unhealthy),
@@ -243,6 +252,7 @@ class DevicePluginAgent:
         if options.policy.watches and gpus:
             events = self.nvml.xid_events(sorted(gpus), int(options.poll_s * 1000))
         now = self.clock()
+        marked: list[tuple[str, int, int]] = []
         with self._lock:
             faults = dict(self._faults)
             for event in events:
@@ -255,6 +265,7 @@ class DevicePluginAgent:
                 log.warning("XID %d on GPU %d: marking it unhealthy", event.xid, event.gpu_index)
                 key = health.fault_key(gpu_uuid, event.gi_id, event.ci_id)
                 faults = health.record(faults, key, event.xid, now)
+                marked.append((gpu_uuid, event.gpu_index, event.xid))
             for key in health.due_for_probe(faults, now, options.recovery_s):
                 if self._answers(key[0], gpus):
                     log.info(
@@ -263,11 +274,62 @@ class DevicePluginAgent:
                         options.recovery_s,
                     )
                     del faults[key]
-            if faults != self._faults:
-                self._faults = faults
-                for server in self._servers.values():
-                    devices = server.state.advertised.devices
-                    server.state.set_unhealthy(health.unhealthy_ids(devices, faults))
+            self._faults = faults
+            for server in self._servers.values():  # a no-op unless something changed
+                server.state.set_unhealthy(self._unhealthy(server.state.advertised, faults))
+        for gpu_uuid, index, xid in marked:
+            self._report_holders(gpu_uuid, index, xid)
+
+    def _report_holders(self, gpu_uuid: str, index: int, xid: int) -> None:
+        """Name the containers that hold a GPU (or its MIG devices) just marked Unhealthy: the
+        kubelet will not take the GPU from them, so someone has to look."""
+        socket = self.paths.pod_resources_socket
+        if socket is None:
+            return
+        holders = attributions_from_kubelet(str(socket))
+        if not holders:
+            return
+        with self._lock:
+            ids = {gpu_uuid} | {
+                d.uuid
+                for s in self._servers.values()
+                for d in s.state.advertised.devices
+                if d.gpu_uuid == gpu_uuid
+            }
+        found = sorted(
+            {h for i in ids for h in holders.get(i, [])},
+            key=lambda h: (h.namespace, h.pod, h.container),
+        )
+        if not found:
+            return
+        message = f"XID {xid} on GPU {index} ({gpu_uuid}): Unhealthy while in use by " + ", ".join(
+            f"pod {h.namespace}/{h.pod} container {h.container}" for h in found
+        )
+        log.warning("%s", message)
+        if self.report is not None:
+            self.report("Warning", "GPUUnhealthyInUse", message)
+
+    def _unhealthy(
+        self, advertised: Advertised, faults: Mapping[health.FaultKey, health.Fault]
+    ) -> frozenset[str]:
+        """The ids faults cover, or every id while the resource's MPS daemon is not ready."""
+        ids = health.unhealthy_ids(advertised.devices, faults)
+        if self.paths.mps_dir is None or advertised.sharing.strategy != "mps":
+            return ids
+        if not any(d.replica is not None for d in advertised.devices):
+            return ids
+        started = mps.ResourceDirs(self.paths.mps_dir, advertised.resource).started
+        if started.exists():
+            self._mps_waiting.discard(advertised.resource)
+            return ids
+        if advertised.resource not in self._mps_waiting:
+            self._mps_waiting.add(advertised.resource)
+            log.warning(
+                "%s: its replicas are Unhealthy until the MPS control daemon is ready (%s)",
+                advertised.resource,
+                started,
+            )
+        return frozenset(d.id for d in advertised.devices)
 
     def _answers(self, gpu_uuid: str, gpus: Mapping[int, str]) -> bool:
         index = next((i for i, u in gpus.items() if u == gpu_uuid), None)
@@ -423,7 +485,18 @@ def run_device_plugin(
         log.warning("%s; advertising no devices (failOnInitError is false)", exc)
         stop.wait()
         return 0
-    agent = DevicePluginAgent(nvml, paths=paths, overrides=overrides, health_options=health_options)
+    report = None
+    if api is not None and node:
+        event_api, event_node = api, node
+
+        def report(etype: str, reason: str, message: str) -> None:
+            kube.record_node_event(
+                event_api, event_node, etype, reason, message, component=EVENT_COMPONENT
+            )
+
+    agent = DevicePluginAgent(
+        nvml, paths=paths, overrides=overrides, health_options=health_options, report=report
+    )
     try:
         try:
             agent.apply(config)

@@ -33,6 +33,13 @@ def nvmlDeviceGetIndex(node: SimNode, handle: Any, out: Any) -> None:
 
 
 @ENTRY_POINTS.add
+def nvmlDeviceGetBrand(node: SimNode, handle: Any, out: Any) -> None:
+    """Data-center GPUs report NVML_BRAND_NVIDIA on current drivers."""
+    node.full_gpu(handle)
+    dest(out).value = pynvml.NVML_BRAND_NVIDIA
+
+
+@ENTRY_POINTS.add
 def nvmlDeviceGetMinorNumber(node: SimNode, handle: Any, out: Any) -> None:
     dest(out).value = node.full_gpu(handle).index
 

@@ -1,0 +1,190 @@
+"""DRA timings against the real local control plane (testenv) and the plugin's own sockets.
+
+    .venv/bin/python benchmarks/bench_dra.py [--nodes 1000] [--claims 500] [--prepares 300]
+
+Prints: ResourceSlice publication for ``--nodes`` simulated nodes of 8 A100s each (wall time,
+API writes per node for the first pass and for an unchanged second pass); how fast the real
+kube-scheduler allocates ``--claims`` single-GPU template claims on kwok nodes (pods/s from
+the first create to the last binding); and NodePrepareResources latency through the plugin's
+unix socket (a fresh claim each time, then the checkpointed answer). Figures only; nothing here
+gates CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from timing import Summary, summarize  # benchmarks/ is on sys.path when a benchmark runs
+
+from gpu_operator import testenv
+from gpu_operator.agent.dra import agent as dra_agent
+from gpu_operator.agent.dra import devices as dra_devices
+from gpu_operator.agent.dra import slices as dra_slices
+from gpu_operator.agent.dra.kubelet import DraClient, LocalDraKubelet
+from gpu_operator.agent.dra.server import DraPlugin, PluginPaths
+from gpu_operator.agent.inventory import Inventory
+from gpu_operator.kube import Kube
+from gpu_operator.render.dra import device_classes
+
+NS = "bench-dra"
+
+
+def row(name: str, s: Summary) -> None:
+    print(f"  {name:<48} median {s.median:7.2f} ms  p95 {s.p95:7.2f} ms  max {s.max:7.2f} ms"
+          f"  (n={s.n})")  # fmt: skip
+
+
+def publication(kube: Kube, nodes: int, workers: int) -> None:
+    print(f"ResourceSlice publication: {nodes} nodes x 8 A100, {workers} publishers at once")
+    started = time.monotonic()
+    inventories = {
+        f"bench-node-{i}": dra_agent.simulated_inventory("a100-40gb:8", f"bench-node-{i}")
+        for i in range(nodes)
+    }
+    print(f"  inventories read (simulated NVML):  {time.monotonic() - started:6.1f} s")
+
+    def one(item: tuple[str, Inventory]) -> int:
+        node, inventory = item
+        return dra_agent.publish(kube, node, inventory).writes + 1  # + the list
+
+    for label in ("first pass", "unchanged second pass"):
+        started = time.monotonic()
+        with ThreadPoolExecutor(workers) as pool:
+            requests = list(pool.map(one, inventories.items()))
+        took = time.monotonic() - started
+        writes = (sum(requests) - len(requests)) / nodes
+        rate = nodes / took
+        print(f"  {label:<22} {took:6.1f} s  ({rate:6.0f} nodes/s)  writes/node {writes:.2f}")
+    count = len(kube.list_objects("ResourceSlice"))
+    print(f"  slices in the API: {count}")
+
+
+def allocation(cluster: testenv.Cluster, kube: Kube, claims: int) -> None:
+    nodes = (claims + 7) // 8
+    print(f"Scheduler allocation: {claims} single-GPU claims on {nodes} kwok nodes x 8 A100")
+    manifests = [testenv.node_manifest(f"alloc-node-{i}", gpu=True) for i in range(nodes)]
+    cluster.create_nodes(manifests)
+    dra_agent.publish_simulated(kube, {m["metadata"]["name"]: "a100-40gb:8" for m in manifests})
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    while not kube.get("ServiceAccount", "default", NS):
+        time.sleep(0.2)
+    kube.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "one-gpu", "namespace": NS},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+            ]}}},
+        }
+    )  # fmt: skip
+
+    def pod(i: int) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"p-{i}", "namespace": NS},
+            "spec": {
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                "containers": [
+                    {"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}
+                ],
+            },
+        }
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda i: kube.create(pod(i)), range(claims)))
+    created = time.monotonic() - started
+    while True:
+        placed = sum(1 for p in kube.list_objects("Pod", NS) if p["spec"].get("nodeName"))
+        if placed >= claims:
+            break
+        time.sleep(0.2)
+    took = time.monotonic() - started
+    pairs = set()
+    for c in kube.list_objects("ResourceClaim", NS):
+        for r in c["status"]["allocation"]["devices"]["results"]:
+            pairs.add((r["pool"], r["device"]))
+    print(f"  pods created in {created:5.1f} s; all {claims} bound after {took:5.1f} s"
+          f"  ({claims / took:5.1f} claims/s); distinct devices {len(pairs)}")  # fmt: skip
+
+
+def prepare_latency(runs: int) -> None:
+    print(f"NodePrepareResources through the plugin socket ({runs} claims)")
+    inventory = dra_agent.simulated_inventory("a100-40gb:8", "bench-prepare")
+    refs = dra_devices.refs_by_name(inventory)
+    claims: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def read(ns: str, name: str) -> dict[str, Any] | None:
+        return claims.get((ns, name))
+
+    with tempfile.TemporaryDirectory(prefix="dra-") as tmp:
+        root = Path(tmp)
+        paths = PluginPaths(root / "plugins" / dra_devices.DRIVER, root / "reg", root / "cdi")
+        with DraPlugin("bench-prepare", paths, lambda: refs, read):
+            found = LocalDraKubelet(paths.registry_dir).wait_for_plugin(dra_devices.DRIVER)
+            with DraClient(found.endpoint, found.version) as kubelet:
+                fresh, again, unprep = [], [], []
+                for i in range(runs):
+                    uid = str(uuid.uuid4())
+                    claims[("ns", f"c{i}")] = {
+                        "metadata": {"namespace": "ns", "name": f"c{i}", "uid": uid},
+                        "status": {"allocation": {"devices": {"results": [
+                            {"request": "gpu", "driver": dra_devices.DRIVER,
+                             "pool": "bench-prepare", "device": f"gpu-{i % 8}"}
+                        ]}}},
+                    }  # fmt: skip
+                    key = ("ns", f"c{i}", uid)
+                    t = time.perf_counter()
+                    kubelet.prepare(key)
+                    fresh.append(time.perf_counter() - t)
+                    t = time.perf_counter()
+                    kubelet.prepare(key)
+                    again.append(time.perf_counter() - t)
+                    t = time.perf_counter()
+                    kubelet.unprepare(key)
+                    unprep.append(time.perf_counter() - t)
+    row("prepare (read claim, write CDI spec, checkpoint)", summarize(fresh))
+    row("prepare again (checkpointed)", summarize(again))
+    row("unprepare", summarize(unprep))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--claims", type=int, default=500)
+    parser.add_argument("--prepares", type=int, default=300)
+    parser.add_argument("--workers", type=int, default=16)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    prepare_latency(args.prepares)
+    state = testenv.default_state_dir() / f"bench-dra-{uuid.uuid4().hex[:6]}"
+    cluster = testenv.start(state)
+    try:
+        with cluster.api_client() as api:
+            kube = Kube(api)
+            for obj in device_classes():
+                kube.apply(obj)
+            publication(kube, args.nodes, args.workers)
+            for s in kube.list_objects("ResourceSlice"):
+                kube.delete("ResourceSlice", s["metadata"]["name"])
+            while kube.list_objects(
+                "ResourceSlice", field_selector=dra_slices.field_selector("bench-node-0")
+            ):
+                time.sleep(0.2)
+            allocation(cluster, kube, args.claims)
+    finally:
+        cluster.stop(remove_state=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

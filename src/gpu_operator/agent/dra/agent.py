@@ -1,0 +1,164 @@
+"""``gpu-operator agent dra-plugin``: publish the node's pool and serve the kubelet.
+
+Observe (the NVML inventory, this driver's slices of the node), decide (:func:`slices.plan`),
+execute (server-side apply, delete): every ``interval`` seconds, so a MIG reconfiguration by the
+MIG manager is published within seconds, with the pool generation bumped. The same publisher
+serves simulated kwok nodes (:func:`publish_simulated`), which have no kubelet to serve.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpu_operator.agent.dra import devices as dra_devices
+from gpu_operator.agent.dra import slices
+from gpu_operator.agent.dra.server import DraPlugin, PluginPaths
+from gpu_operator.agent.inventory import Inventory
+
+if TYPE_CHECKING:
+    from gpu_operator.kube import Kube
+
+log = logging.getLogger(__name__)
+
+DEV_PATHS = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
+def existing_slices(kube: Kube, node: str) -> list[dict[str, Any]]:
+    return kube.list_objects("ResourceSlice", field_selector=slices.field_selector(node))
+
+
+def node_owner(kube: Kube, node: str) -> dict[str, str] | None:
+    obj = kube.get("Node", node)
+    return {"name": node, "uid": obj["metadata"]["uid"]} if obj else None
+
+
+def execute(kube: Kube, plan: slices.SlicePlan) -> None:
+    for obj in plan.apply:
+        kube.apply(obj)
+    for name in plan.delete:
+        kube.delete("ResourceSlice", name)
+
+
+def publish(
+    kube: Kube,
+    node: str,
+    inventory: Inventory,
+    owner: Mapping[str, str] | None = None,
+    existing: list[dict[str, Any]] | None = None,
+) -> slices.SlicePlan:
+    """One observe-decide-execute pass for ``node``; the plan says what was written."""
+    current = existing_slices(kube, node) if existing is None else existing
+    plan = slices.plan(node, current, dra_devices.devices(inventory), owner)
+    execute(kube, plan)
+    if plan.writes:
+        log.info("published %s generation %d (%d writes)", node, plan.generation, plan.writes)
+    return plan
+
+
+def same_devices(published: list[dict[str, Any]], devices: list[dict[str, Any]]) -> bool:
+    """Whether ``published`` slices already carry exactly ``devices``."""
+    return slices.published_devices(published) == slices.published_devices(
+        slices.desired_slices("", devices, 0)
+    )
+
+
+def simulated_inventory(spec: str, node: str, state_file: str | Path | None = None) -> Inventory:
+    """The inventory a simulated node's NVML reports (its MIG state from ``state_file``)."""
+    from gpu_operator.agent.nvml import Nvml
+    from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simulated_nvml
+
+    install_simulated_nvml(spec, seed=node, state_file=state_file)
+    try:
+        with Nvml() as nvml:
+            return nvml.inventory()
+    finally:
+        uninstall_simulated_nvml()
+
+
+def publish_simulated(
+    kube: Kube, nodes: Mapping[str, str], state_dir: Path | None = None
+) -> dict[str, slices.SlicePlan]:
+    """Publish pools for simulated nodes (name -> ``a100-40gb:8``), as their plugins would.
+
+    ``state_dir``: where ``<node>.json`` MIG state files live (shared with MIG managers).
+    """
+    plans = {}
+    for node, spec in nodes.items():
+        state = state_dir / f"{node}.json" if state_dir else None
+        inventory = simulated_inventory(spec, node, state)
+        plans[node] = publish(kube, node, inventory, node_owner(kube, node), existing=None)
+    return plans
+
+
+@dataclass
+class PluginOptions:
+    node: str
+    paths: PluginPaths
+    interval_s: float = 2.0
+    serve_kubelet: bool = True
+    resync_s: float = 300.0  # re-read the node's slices this often even when nothing changed
+
+
+def present_dev_paths(dev_root: str, minors: list[int]) -> frozenset[str]:
+    root = Path(dev_root)
+    candidates = [*DEV_PATHS, *(f"/dev/nvidia{m}" for m in minors)]
+    return frozenset(p for p in candidates if (root / p.lstrip("/")).exists())
+
+
+def run(
+    kube: Kube,
+    read_inventory: Callable[[], Inventory],
+    options: PluginOptions,
+    stop: threading.Event,
+) -> int:
+    """Serve the kubelet (unless told not to) and keep the pool published until ``stop``."""
+    latest: dict[str, Inventory] = {"inventory": read_inventory()}
+
+    def refs() -> Mapping[str, dra_devices.DeviceRef]:
+        return dra_devices.refs_by_name(latest["inventory"])
+
+    def present() -> frozenset[str]:
+        minors = [g.minor_number for g in latest["inventory"].gpus]
+        return present_dev_paths(options.paths.dev_root, minors)
+
+    def read_claim(namespace: str, name: str) -> Mapping[str, Any] | None:
+        return kube.get("ResourceClaim", name, namespace)
+
+    plugin = DraPlugin(options.node, options.paths, refs, read_claim, present)
+    if options.serve_kubelet:
+        plugin.start()
+    owner = node_owner(kube, options.node)
+    published: list[dict[str, Any]] | None = None  # what the last pass left on the server
+    resync_at = 0.0
+    try:
+        while True:
+            devices = dra_devices.devices(latest["inventory"])
+            now = time.monotonic()
+            if published is None or now >= resync_at or not same_devices(published, devices):
+                try:
+                    # Read the slices only when the devices changed (or to resync): at 1,000
+                    # nodes a list every pass would be hundreds of requests a second.
+                    existing = None if published is None or now >= resync_at else published
+                    plan = publish(kube, options.node, latest["inventory"], owner, existing)
+                    published = list(plan.apply) if plan.apply else published
+                    if published is None or now >= resync_at:
+                        published = existing_slices(kube, options.node)
+                        resync_at = now + options.resync_s
+                except Exception:  # the API server restarts; next pass reads again
+                    log.exception("publishing the ResourceSlices of %s", options.node)
+                    published = None
+            if stop.wait(options.interval_s):
+                return 0
+            try:
+                latest["inventory"] = read_inventory()
+            except Exception:  # NVML hiccup: keep publishing what was last read
+                log.exception("reading the GPU inventory")
+    finally:
+        if options.serve_kubelet:
+            plugin.stop()

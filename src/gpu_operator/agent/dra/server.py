@@ -1,0 +1,246 @@
+"""The kubelet's DRA gRPC service (v1, and v1beta1 for 1.32/1.33 kubelets) and the plugin
+registration socket the kubelet's plugin watcher finds.
+
+The kubelet watches ``plugins_registry/`` for sockets, calls ``GetInfo`` on each, dials the
+endpoint it names and reports back with ``NotifyRegistrationStatus``. Prepare and unprepare are
+idempotent: a claim already prepared (in the checkpoint) gets the same answer without reading
+the API again, and unpreparing an unknown claim succeeds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+
+from gpu_operator.agent.dra.checkpoint import Checkpoint
+from gpu_operator.agent.dra.devices import DRIVER, DeviceRef
+from gpu_operator.agent.dra.prepare import (
+    PreparedDevice,
+    PrepareError,
+    cdi_spec,
+    prepare_claim,
+    spec_file_name,
+)
+from gpu_operator.kubelet_api.dra.v1 import api_pb2 as v1
+from gpu_operator.kubelet_api.dra.v1 import api_pb2_grpc as v1_grpc
+from gpu_operator.kubelet_api.dra.v1beta1 import api_pb2 as v1beta1
+from gpu_operator.kubelet_api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from gpu_operator.kubelet_api.pluginregistration.v1 import api_pb2 as reg
+from gpu_operator.kubelet_api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+
+log = logging.getLogger(__name__)
+
+PLUGIN_TYPE = "DRAPlugin"
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+PLUGIN_SOCKET = "dra.sock"
+REGISTRATION_SOCKET = f"{DRIVER}-reg.sock"
+
+ClaimReader = Callable[[str, str], Mapping[str, Any] | None]
+
+
+@dataclass
+class PluginPaths:
+    """Where the plugin serves and writes: the kubelet's directories on the host."""
+
+    plugin_dir: Path  # /var/lib/kubelet/plugins/gpu.nvidia.com
+    registry_dir: Path  # /var/lib/kubelet/plugins_registry
+    cdi_dir: Path  # /var/run/cdi
+    dev_root: str = "/"  # where the host's /dev is mounted, to see which nodes exist
+    # The plugin socket as the kubelet names it, when the kubelet sees the directories under
+    # other paths than this process (a node in its own mount namespace); default: the same.
+    kubelet_plugin_dir: Path | None = None
+
+    @property
+    def plugin_socket(self) -> Path:
+        return self.plugin_dir / PLUGIN_SOCKET
+
+    @property
+    def kubelet_endpoint(self) -> Path:
+        return (self.kubelet_plugin_dir or self.plugin_dir) / PLUGIN_SOCKET
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.registry_dir / REGISTRATION_SOCKET
+
+
+@dataclass
+class Registrations:
+    """What the kubelet said about our registration."""
+
+    statuses: list[tuple[bool, str]] = field(default_factory=list)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+
+    def record(self, registered: bool, error: str) -> None:
+        with self.cond:
+            self.statuses.append((registered, error))
+            self.cond.notify_all()
+
+
+class DraPlugin:
+    """Prepares and unprepares claims; :meth:`start` serves it to the kubelet."""
+
+    def __init__(
+        self,
+        node: str,
+        paths: PluginPaths,
+        devices: Callable[[], Mapping[str, DeviceRef]],
+        read_claim: ClaimReader,
+        present: Callable[[], frozenset[str]] = lambda: frozenset(),
+    ) -> None:
+        self.node = node
+        self.paths = paths
+        self.devices = devices
+        self.read_claim = read_claim
+        self.present = present
+        self.checkpoint = Checkpoint(paths.plugin_dir)
+        self.registrations = Registrations()
+        self._lock = threading.Lock()
+        self._servers: list[Any] = []
+
+    # -- the two calls, independent of the wire version -----------------------------------
+    def prepare(self, namespace: str, name: str, uid: str) -> tuple[PreparedDevice, ...]:
+        with self._lock:
+            done = self.checkpoint.get(uid)
+            if done is not None:
+                self._write_spec(uid, done)  # a lost spec file comes back
+                return done
+            claim = self.read_claim(namespace, name)
+            if claim is None:
+                raise PrepareError(f"ResourceClaim {namespace}/{name} not found")
+            prepared = prepare_claim(claim, uid, self.node, self.devices())
+            self._write_spec(uid, prepared)
+            self.checkpoint.put(uid, namespace, name, prepared)
+            return prepared
+
+    def unprepare(self, uid: str) -> None:
+        with self._lock:
+            (self.paths.cdi_dir / spec_file_name(uid)).unlink(missing_ok=True)
+            self.checkpoint.remove(uid)
+
+    def _write_spec(self, uid: str, prepared: tuple[PreparedDevice, ...]) -> None:
+        refs = self.devices()
+        known = {p.device: refs[p.device] for p in prepared if p.device in refs}
+        if len(known) != len(prepared):
+            missing = sorted({p.device for p in prepared} - set(known))
+            raise PrepareError(f"prepared devices {missing} are not on this node any more")
+        # dev_root is where this container sees the host's /dev; the spec names host paths.
+        spec = cdi_spec(uid, prepared, known, self.present())
+        directory = self.paths.cdi_dir
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / spec_file_name(uid)
+        tmp = directory / f".{path.name}.tmp"
+        tmp.write_text(json.dumps(spec, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+
+    # -- serving ------------------------------------------------------------------------
+    def start(self) -> DraPlugin:
+        """Serve the DRA service, then the registration socket (so the kubelet never finds a
+        registration whose endpoint is not there yet)."""
+        for path in (self.paths.plugin_socket, self.paths.registration_socket):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.unlink(missing_ok=True)
+        plugin = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        v1_grpc.add_DRAPluginServicer_to_server(_Service(self, v1), plugin)  # type: ignore[no-untyped-call]
+        v1beta1_grpc.add_DRAPluginServicer_to_server(_Service(self, v1beta1), plugin)  # type: ignore[no-untyped-call]
+        plugin.add_insecure_port(f"unix://{self.paths.plugin_socket}")
+        plugin.start()
+        registration = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        reg_grpc.add_RegistrationServicer_to_server(_Registration(self), registration)  # type: ignore[no-untyped-call]
+        registration.add_insecure_port(f"unix://{self.paths.registration_socket}")
+        registration.start()
+        self._servers = [registration, plugin]
+        log.info("DRA plugin %s serving %s", DRIVER, self.paths.plugin_socket)
+        return self
+
+    def stop(self) -> None:
+        for server in self._servers:
+            server.stop(grace=None).wait()
+        self._servers = []
+        for path in (self.paths.registration_socket, self.paths.plugin_socket):
+            path.unlink(missing_ok=True)
+
+    def __enter__(self) -> DraPlugin:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class _Service:
+    """``DRAPlugin`` for one generated API version (v1 and v1beta1 have the same messages)."""
+
+    def __init__(self, plugin: DraPlugin, pb: ModuleType) -> None:
+        self.plugin = plugin
+        self.pb = pb
+
+    def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        pb = self.pb
+        response = pb.NodePrepareResourcesResponse()
+        for claim in request.claims:
+            try:
+                prepared = self.plugin.prepare(claim.namespace, claim.name, claim.uid)
+            except PrepareError as exc:
+                response.claims[claim.uid].CopyFrom(pb.NodePrepareResourceResponse(error=str(exc)))
+                continue
+            except Exception as exc:  # an API or disk error: the kubelet retries
+                log.exception("preparing claim %s/%s", claim.namespace, claim.name)
+                response.claims[claim.uid].CopyFrom(pb.NodePrepareResourceResponse(error=str(exc)))
+                continue
+            devices = [
+                pb.Device(
+                    request_names=list(p.requests),
+                    pool_name=p.pool,
+                    device_name=p.device,
+                    cdi_device_ids=list(p.cdi_ids),
+                )
+                for p in prepared
+            ]
+            response.claims[claim.uid].CopyFrom(pb.NodePrepareResourceResponse(devices=devices))
+        return response
+
+    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        pb = self.pb
+        response = pb.NodeUnprepareResourcesResponse()
+        for claim in request.claims:
+            try:
+                self.plugin.unprepare(claim.uid)
+                response.claims[claim.uid].CopyFrom(pb.NodeUnprepareResourceResponse())
+            except Exception as exc:
+                log.exception("unpreparing claim %s", claim.uid)
+                response.claims[claim.uid].CopyFrom(
+                    pb.NodeUnprepareResourceResponse(error=str(exc))
+                )
+        return response
+
+
+class _Registration(reg_grpc.RegistrationServicer):
+    def __init__(self, plugin: DraPlugin) -> None:
+        self.plugin = plugin
+
+    def GetInfo(self, request: reg.InfoRequest, context: Any) -> reg.PluginInfo:
+        return reg.PluginInfo(
+            type=PLUGIN_TYPE,
+            name=DRIVER,
+            endpoint=str(self.plugin.paths.kubelet_endpoint),
+            supported_versions=list(SUPPORTED_VERSIONS),
+        )
+
+    def NotifyRegistrationStatus(
+        self, request: reg.RegistrationStatus, context: Any
+    ) -> reg.RegistrationStatusResponse:
+        if request.plugin_registered:
+            log.info("the kubelet registered DRA driver %s", DRIVER)
+        else:
+            log.error("the kubelet refused DRA driver %s: %s", DRIVER, request.error)
+        self.plugin.registrations.record(request.plugin_registered, request.error)
+        return reg.RegistrationStatusResponse()

@@ -1,0 +1,301 @@
+"""The GPUCluster loop: the DRA stack from NVIDIA's GPUCluster, a second top-level CRD.
+
+Pure core: :func:`decide_gpucluster` turns one snapshot (GPUClusters, ClusterPolicies, Nodes,
+DaemonSets) into the objects to apply, node deploy labels, the status and Events. The shell,
+:class:`GPUClusterController`, runs it on the generic :class:`~gpu_operator.controller.loop.Loop`:
+it reads the GPUClusters (not watched, so the operator also runs where only the ClusterPolicy
+CRD is installed) and takes Nodes, ClusterPolicies and DaemonSets from the ClusterPolicy loop's
+indexes.
+
+Device plugin and DRA on one node would advertise each GPU twice. Such a node keeps the
+ClusterPolicy's device plugin (it was there first and its pods may hold GPUs): the DRA
+DaemonSets' deploy labels say ``false`` there, the GPUCluster's status and the ClusterPolicy's
+name the nodes, and each node gets a Warning Event once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from gpu_operator.api import PolicyError, parse_spec
+from gpu_operator.api.gpucluster import (
+    API_VERSION,
+    KIND,
+    SINGLETON,
+    parse_gpucluster_spec,
+)
+from gpu_operator.api.status import NOT_IMPLEMENTED, READY
+from gpu_operator.controller.config import OperatorConfig
+from gpu_operator.controller.loop import Loop
+from gpu_operator.controller.metrics import PrometheusMetrics
+from gpu_operator.controller.nodes import is_gpu_node
+from gpu_operator.controller.plan import Owner, content_hash, stamp
+from gpu_operator.controller.status import active_policy, condition
+from gpu_operator.events import event_body, now_iso
+from gpu_operator.kube import Kube
+from gpu_operator.labels import DEPLOY_PREFIX
+from gpu_operator.render.facts import Facts
+from gpu_operator.render.gpucluster import DEPLOY_LABELS, PLUGIN, render_gpucluster
+from gpu_operator.views import NodeView
+
+log = logging.getLogger(__name__)
+
+POLL_S = 5.0  # GPUClusters are read, not watched
+CONFLICT = "DevicePluginConflict"
+CONFLICT_REASON = "DevicePluginAndDRA"
+DEVICE_PLUGIN_LABEL = DEPLOY_PREFIX + "device-plugin"
+
+
+@dataclass(frozen=True)
+class GpuClusterSnapshot:
+    stamp: str
+    clusters: tuple[Mapping[str, Any], ...]
+    policies: tuple[Mapping[str, Any], ...]
+    nodes: tuple[NodeView, ...]
+    daemonsets: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuClusterDecision:
+    applies: tuple[dict[str, Any], ...] = ()
+    applied_hash: str | None = None  # of ``applies``; the shell skips an unchanged set
+    labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # node -> patch
+    statuses: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # name -> status
+    events: tuple[dict[str, Any], ...] = ()
+    conflicts: frozenset[str] = frozenset()  # nodes with both stacks asked for
+
+
+def _device_plugin_wanted(policies: Sequence[Mapping[str, Any]]) -> bool:
+    name = active_policy(policies)
+    policy = next((p for p in policies if p["metadata"]["name"] == name), None)
+    if policy is None:
+        return False
+    try:
+        return parse_spec(policy.get("spec")).device_plugin.enabled
+    except PolicyError:
+        return False  # an invalid policy applies nothing
+
+
+def _plugin_ready(daemonsets: Sequence[Mapping[str, Any]], namespace: str) -> tuple[bool, str]:
+    ds = next(
+        (
+            d
+            for d in daemonsets
+            if d["metadata"]["name"] == PLUGIN and d["metadata"].get("namespace") == namespace
+        ),
+        None,
+    )
+    if ds is None:
+        return False, f"DaemonSet {PLUGIN} not created yet"
+    status = ds.get("status") or {}
+    desired = int(status.get("desiredNumberScheduled") or 0)
+    available = int(status.get("numberAvailable") or 0)
+    if desired == 0:
+        return False, f"DaemonSet {PLUGIN} has no node to run on"
+    if available < desired:
+        return False, f"DaemonSet {PLUGIN}: {available} of {desired} pods available"
+    return True, f"DRA kubelet plugin available on {desired} nodes"
+
+
+def decide_gpucluster(
+    snap: GpuClusterSnapshot,
+    namespace: str,
+    operator_image: str,
+    reported: frozenset[str] = frozenset(),
+) -> GpuClusterDecision:
+    """``reported``: nodes already given a conflict Event (by this process)."""
+    statuses: dict[str, dict[str, Any]] = {}
+    active = next(
+        (
+            c
+            for c in snap.clusters
+            if c["metadata"]["name"] == SINGLETON and not c["metadata"].get("deletionTimestamp")
+        ),
+        None,
+    )
+    for other in snap.clusters:
+        if other is not active:  # the CRD's CEL rule forbids these; an older CRD may not
+            msg = f"only the GPUCluster named {SINGLETON} is acted on"
+            statuses[other["metadata"]["name"]] = _status(
+                other, "ignored", namespace, snap.stamp, [(READY, "False", "Ignored", msg)]
+            )
+    if active is None:
+        return GpuClusterDecision(statuses=statuses)
+    try:
+        spec = parse_gpucluster_spec(active.get("spec"))
+    except PolicyError as err:
+        msg = "invalid spec, nothing applied: " + "; ".join(err.problems)
+        statuses[SINGLETON] = _status(
+            active, "notReady", namespace, snap.stamp, [(READY, "False", "InvalidSpec", msg)]
+        )
+        return GpuClusterDecision(statuses=statuses)
+
+    gpu_nodes = [n for n in snap.nodes if is_gpu_node(n)]
+    device_plugin = _device_plugin_wanted(snap.policies)
+    conflicts = frozenset(
+        n.name
+        for n in gpu_nodes
+        if device_plugin and n.labels.get(DEVICE_PLUGIN_LABEL, "true").lower() != "false"
+    )
+    labels: dict[str, dict[str, str]] = {}
+    for node in gpu_nodes:
+        value = "false" if node.name in conflicts else "true"
+        want = {label: value for label in DEPLOY_LABELS.values()}
+        patch = {k: v for k, v in want.items() if node.labels.get(k) != v}
+        if patch:
+            labels[node.name] = patch
+
+    meta = active["metadata"]
+    owner = Owner(API_VERSION, KIND, meta["name"], meta["uid"])
+    facts = Facts(namespace=namespace, operator_image=operator_image)
+    applies = tuple(stamp(render_gpucluster(spec, facts), owner))
+
+    ready, ready_msg = _plugin_ready(snap.daemonsets, namespace)
+    conditions = [(READY, "True" if ready else "False", "Reconciled" if ready else "NotReady",
+                   ready_msg)]  # fmt: skip
+    if conflicts:
+        names = ", ".join(sorted(conflicts))
+        conditions.append(
+            (
+                CONFLICT,
+                "True",
+                CONFLICT_REASON,
+                f"the ClusterPolicy's device plugin also runs on {names}: DRA is not deployed "
+                "there, so no GPU is advertised twice",
+            )
+        )
+    if spec.compute_domains_enabled:
+        conditions.append(
+            (
+                NOT_IMPLEMENTED,
+                "True",
+                "ComputeDomainsNotImplemented",
+                "computeDomains (multi-node NVLink/IMEX) is accepted but not acted on",
+            )
+        )
+    statuses[SINGLETON] = _status(
+        active, "ready" if ready else "notReady", namespace, snap.stamp, conditions
+    )
+    events = tuple(
+        _node_event(node, snap.stamp) for node in sorted(conflicts) if node not in reported
+    )
+    return GpuClusterDecision(
+        applies=applies,
+        applied_hash=content_hash({"objects": list(applies)}),
+        labels=labels,
+        statuses=statuses,
+        events=events,
+        conflicts=conflicts,
+    )
+
+
+def _status(
+    obj: Mapping[str, Any],
+    state: str,
+    namespace: str,
+    now: str,
+    conditions: Sequence[tuple[str, str, str, str]],
+) -> dict[str, Any]:
+    previous = (obj.get("status") or {}).get("conditions") or []
+    generation = int(obj["metadata"].get("generation") or 0)
+    return {
+        "state": state,
+        "namespace": namespace,
+        "conditions": [
+            condition(previous, t, s, reason, msg, now, generation)
+            for t, s, reason, msg in conditions
+        ],
+    }
+
+
+def _node_event(node: str, now: str) -> dict[str, Any]:
+    return event_body(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}},
+        "Warning",
+        CONFLICT_REASON,
+        "both the ClusterPolicy's device plugin and the GPUCluster's DRA driver target this "
+        "node; the device plugin keeps it and DRA is not deployed here",
+        component="gpu-operator",
+        instance="gpu-operator",
+        stamp=now,
+    )
+
+
+class GPUClusterController:
+    """The shell: observe (read GPUClusters; the rest from ``indexes``), decide, execute."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        config: OperatorConfig,
+        metrics: PrometheusMetrics,
+        values: Callable[[str], list[Any]],
+        on_conflicts: Callable[[frozenset[str]], None],
+    ) -> None:
+        self.kube = kube
+        self.config = config
+        self.values = values
+        self.on_conflicts = on_conflicts
+        self.applied_hash: str | None = None
+        self.reported: frozenset[str] = frozenset()
+        self.conflicts: frozenset[str] = frozenset()
+        self.loop = Loop("gpucluster", self.run_pass, config, metrics)
+
+    def _clusters(self) -> list[dict[str, Any]]:
+        try:
+            return self.kube.list_objects(KIND)
+        except ApiException as exc:
+            # 404: the GPUCluster CRD is not installed; 403: installed with ClusterPolicy-only
+            # RBAC. Either way there is no GPUCluster this operator may act on.
+            if exc.status in (403, 404):
+                return []
+            raise
+
+    async def run_pass(self, resync: bool) -> float | None:
+        clusters = await asyncio.to_thread(self._clusters)
+        snap = GpuClusterSnapshot(
+            stamp=now_iso(),
+            clusters=tuple(clusters),
+            policies=tuple(self.values("clusterpolicies")),
+            nodes=tuple(self.values("nodes")),
+            daemonsets=tuple(self.values("daemonsets")),
+        )
+        decision = decide_gpucluster(
+            snap, self.config.namespace, self.config.operator_image, self.reported
+        )
+        await asyncio.to_thread(self.execute, snap, decision)
+        if decision.conflicts != self.conflicts:
+            self.conflicts = decision.conflicts
+            self.on_conflicts(decision.conflicts)
+        return time.time() + POLL_S
+
+    def execute(self, snap: GpuClusterSnapshot, decision: GpuClusterDecision) -> None:
+        if decision.applies and decision.applied_hash != self.applied_hash:
+            failed = 0
+            for obj in sorted(decision.applies, key=lambda o: o["kind"] == "DaemonSet"):
+                try:
+                    self.kube.apply(obj)
+                except ApiException as exc:  # reported; the next pass tries again
+                    failed += 1
+                    log.warning("apply %s %s: %s", obj["kind"], obj["metadata"]["name"], exc)
+            if not failed:
+                self.applied_hash = decision.applied_hash
+        for node, labels in decision.labels.items():
+            self.kube.merge_patch("Node", node, {"metadata": {"labels": dict(labels)}})
+        by_name = {c["metadata"]["name"]: c for c in snap.clusters}
+        for name, status in decision.statuses.items():
+            if (by_name.get(name) or {}).get("status") != status:
+                self.kube.merge_patch(KIND, name, {"status": status}, subresource="status")
+        for event in decision.events:
+            try:
+                self.kube.create(event)
+            except ApiException as exc:
+                log.warning("could not record a conflict Event: %s", exc)
+        self.reported = self.reported | {e["involvedObject"]["name"] for e in decision.events}

@@ -1,0 +1,34 @@
+"""The cluster-wide objects of the DRA stack that do not depend on a node: DeviceClasses.
+
+NVIDIA's names and CEL selectors: a class per device ``type`` the kubelet plugin publishes
+under the driver ``gpu.nvidia.com``. Data, not text: the expressions are fixed strings with no
+user value in them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_operator.api.gpucluster import DRIVER_NAME as DRIVER
+
+# DeviceClass name -> the ``type`` attribute it selects.
+DEVICE_CLASSES = {"gpu.nvidia.com": "gpu", "mig.nvidia.com": "mig"}
+
+
+def device_class(name: str, device_type: str) -> dict[str, Any]:
+    expression = (
+        f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == '{device_type}'"
+    )
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {
+            "name": name,
+            "labels": {"app.kubernetes.io/managed-by": "gpu-operator"},
+        },
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }
+
+
+def device_classes() -> list[dict[str, Any]]:
+    return [device_class(name, kind) for name, kind in DEVICE_CLASSES.items()]

@@ -1,0 +1,304 @@
+"""Render a GPUCluster into the objects of the DRA stack, as data (no YAML text).
+
+Shaped after what NVIDIA's operator renders (``golden-gpucluster/``, compared field by field in
+``tests/unit/test_render_gpucluster.py``): the DRA kubelet plugin DaemonSet with its identity
+and least RBAC, the DeviceClasses, a validator and dcgm-exporter whose pods get every GPU of
+their node through admin-access ResourceClaimTemplates instead of the device plugin. Never a
+device plugin. Pods run this project's image (``gpu-operator agent dra-plugin``, ``exporter``,
+``validate``), as the ClusterPolicy stack's agents do. Deliberate differences from NVIDIA are
+listed in that test.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_operator.api.base import EnvVar, Resources
+from gpu_operator.api.gpucluster import GPUClusterSpec
+from gpu_operator.api.spec import DaemonsetsSpec
+from gpu_operator.labels import DEPLOY_PREFIX
+from gpu_operator.render.dra import device_classes
+from gpu_operator.render.facts import Facts
+
+PLUGIN = "nvidia-dra-driver-kubelet-plugin"
+PLUGIN_ACCOUNT = "nvidia-dra-driver-kubeletplugin"
+VALIDATOR = "nvidia-dra-validator"
+EXPORTER = "nvidia-dcgm-exporter-dra"
+EXPORTER_CLAIMS = "nvidia-dcgm-exporter-admin"
+VALIDATOR_CLAIMS = "nvidia-dra-validator-gpu"
+# Node labels that gate each DaemonSet (the operator's node labeller sets them on GPU nodes).
+DEPLOY_LABELS = {
+    PLUGIN: DEPLOY_PREFIX + "dra-driver",
+    VALIDATOR: DEPLOY_PREFIX + "dra-validator",
+    EXPORTER: DEPLOY_PREFIX + "dcgm-exporter-dra",
+}
+MANAGED = {"app.kubernetes.io/managed-by": "gpu-operator"}
+# The kubelet plugin's permissions, each for one thing it does.
+PLUGIN_RULES = [
+    # read the claim NodePrepareResources names
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+    # publish the node's pool (server-side apply is a patch)
+    {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceslices"],
+        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+    },
+    # the Node's uid, so its slices are garbage-collected with it
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+]
+
+
+def _env(items: list[EnvVar] | None) -> list[dict[str, Any]]:
+    return [e.to_wire() for e in items or []]
+
+
+def _resources(res: Resources | None) -> dict[str, Any]:
+    return res.to_wire() if res else {}
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _host_volume(name: str, path: str, kind: str | None = None) -> dict[str, Any]:
+    host: dict[str, Any] = {"path": path}
+    if kind:
+        host["type"] = kind
+    return {"name": name, "hostPath": host}
+
+
+def _labels(app: str, component: str) -> dict[str, str]:
+    return {
+        "app": app,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/name": app,
+        **MANAGED,
+    }
+
+
+def _daemonset(
+    name: str,
+    namespace: str,
+    daemonsets: DaemonsetsSpec,
+    pod_spec: dict[str, Any],
+    *,
+    max_surge_zero: bool,
+) -> dict[str, Any]:
+    labels = {**_labels(name, name), **(daemonsets.labels or {})}
+    pod: dict[str, Any] = {
+        "nodeSelector": {DEPLOY_LABELS[name]: "true"},
+        "priorityClassName": daemonsets.priority_class_name or "system-node-critical",
+        "tolerations": [t.to_wire() for t in daemonsets.tolerations or []],
+        **pod_spec,
+    }
+    if daemonsets.pod_security_context:
+        pod["securityContext"] = daemonsets.pod_security_context.to_wire()
+    strategy: dict[str, Any] = {"type": daemonsets.update_strategy or "RollingUpdate"}
+    if strategy["type"] == "RollingUpdate":
+        rolling = daemonsets.rolling_update
+        limit = (rolling.max_unavailable if rolling else None) or "100%"
+        # "1" is a count: the API server takes a string only as a percent.
+        strategy["rollingUpdate"] = {"maxUnavailable": int(limit) if limit.isdigit() else limit}
+        if max_surge_zero:
+            # Two plugin pods on one node would fight over the registration socket.
+            strategy["rollingUpdate"]["maxSurge"] = 0
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}
+    template_meta: dict[str, Any] = {"labels": labels}
+    if daemonsets.annotations:
+        template_meta["annotations"] = dict(daemonsets.annotations)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": metadata,
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": template_meta, "spec": pod},
+            "updateStrategy": strategy,
+        },
+    }
+
+
+def _account(name: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(MANAGED)},
+    }
+
+
+def _admin_claims(name: str, request: str, namespace: str, mode: str) -> dict[str, Any]:
+    exactly: dict[str, Any] = {
+        "adminAccess": True,
+        "allocationMode": mode,
+        "deviceClassName": "gpu.nvidia.com",
+    }
+    if mode == "ExactCount":
+        exactly["count"] = 1
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(MANAGED)},
+        "spec": {"spec": {"devices": {"requests": [{"name": request, "exactly": exactly}]}}},
+    }
+
+
+def plugin_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:
+    ns = facts.namespace
+    kubelet_dir = spec.host_paths.kubelet_root_dir or "/var/lib/kubelet"
+    gpus = spec.dra_driver.gpus.kubelet_plugin if spec.dra_driver.gpus else None
+    gates = spec.dra_driver.feature_gates or {}
+    env = [
+        _field_env("NODE_NAME", "spec.nodeName"),
+        _field_env("NAMESPACE", "metadata.namespace"),
+        {"name": "CDI_ROOT", "value": "/var/run/cdi"},
+        {"name": "KUBELET_REGISTRAR_DIRECTORY_PATH", "value": f"{kubelet_dir}/plugins_registry"},
+        {"name": "KUBELET_PLUGINS_DIRECTORY_PATH", "value": f"{kubelet_dir}/plugins"},
+        {"name": "DEV_ROOT", "value": "/host"},
+    ]
+    if gates:
+        text = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(gates.items()))
+        env.append({"name": "FEATURE_GATES", "value": text})
+    env += _env(gpus.env if gpus else None)
+    container: dict[str, Any] = {
+        "name": "gpus",
+        "image": facts.operator_image,
+        "imagePullPolicy": spec.dra_driver.image_pull_policy or "IfNotPresent",
+        "args": ["agent", "dra-plugin"],
+        "env": env,
+        "securityContext": {"privileged": True},
+        "volumeMounts": [
+            {"name": "plugins-registry", "mountPath": f"{kubelet_dir}/plugins_registry"},
+            {"name": "plugins", "mountPath": f"{kubelet_dir}/plugins"},
+            {"name": "cdi", "mountPath": "/var/run/cdi"},
+            {"name": "host-dev", "mountPath": "/host/dev", "readOnly": True},
+        ],
+    }
+    resources = _resources(gpus.resources if gpus else None)
+    if resources:
+        container["resources"] = resources
+    pod: dict[str, Any] = {
+        "serviceAccountName": PLUGIN_ACCOUNT,
+        "containers": [container],
+        "volumes": [
+            _host_volume("plugins-registry", f"{kubelet_dir}/plugins_registry"),
+            _host_volume("plugins", f"{kubelet_dir}/plugins"),
+            _host_volume("cdi", "/var/run/cdi", "DirectoryOrCreate"),
+            _host_volume("host-dev", "/dev"),
+        ],
+    }
+    secrets = spec.dra_driver.image_pull_secrets
+    if secrets:
+        pod["imagePullSecrets"] = [{"name": s} for s in secrets]
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": PLUGIN_ACCOUNT, "labels": dict(MANAGED)},
+        "rules": PLUGIN_RULES,
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": PLUGIN_ACCOUNT, "labels": dict(MANAGED)},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": PLUGIN_ACCOUNT,
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": PLUGIN_ACCOUNT, "namespace": ns}],
+    }
+    daemonset = _daemonset(PLUGIN, ns, spec.daemonsets, pod, max_surge_zero=True)
+    return [_account(PLUGIN_ACCOUNT, ns), role, binding, *device_classes(), daemonset]
+
+
+def validator_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:
+    ns = facts.namespace
+    pod = {
+        "serviceAccountName": VALIDATOR,
+        "resourceClaims": [
+            {"name": "validation-gpu", "resourceClaimTemplateName": VALIDATOR_CLAIMS}
+        ],
+        "initContainers": [
+            {
+                "name": "gpu-validation",
+                "image": facts.operator_image,
+                "args": ["agent", "validate", "--components", "cuda"],
+                "env": [_field_env("NODE_NAME", "spec.nodeName")],
+                "resources": {"claims": [{"name": "validation-gpu"}]},
+            }
+        ],
+        "containers": [
+            {
+                "name": VALIDATOR,
+                "image": facts.operator_image,
+                "command": ["sh", "-c", "echo all validations are successful; sleep infinity"],
+            }
+        ],
+    }
+    return [
+        _account(VALIDATOR, ns),
+        _admin_claims(VALIDATOR_CLAIMS, "validation-gpu", ns, "ExactCount"),
+        _daemonset(VALIDATOR, ns, spec.daemonsets, pod, max_surge_zero=False),
+    ]
+
+
+def exporter_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:
+    ns = facts.namespace
+    exporter = spec.dcgm_exporter
+    env = [
+        {"name": "DCGM_EXPORTER_LISTEN", "value": ":9400"},
+        {"name": "DCGM_EXPORTER_KUBERNETES", "value": "true"},
+        _field_env("NODE_NAME", "spec.nodeName"),
+        {"name": "KUBERNETES_ENABLE_DRA", "value": "true"},
+        *_env(exporter.env),
+    ]
+    container: dict[str, Any] = {
+        "name": EXPORTER,
+        "image": facts.operator_image,
+        "args": ["agent", "exporter", *(exporter.args or [])],
+        "env": env,
+        "ports": [{"name": "metrics", "containerPort": 9400}],
+        "resources": {**_resources(exporter.resources), "claims": [{"name": "admin-gpus"}]},
+        "volumeMounts": [
+            {
+                "name": "pod-gpu-resources",
+                "mountPath": "/var/lib/kubelet/pod-resources",
+                "readOnly": True,
+            }
+        ],
+    }
+    pod: dict[str, Any] = {
+        "serviceAccountName": EXPORTER,
+        "resourceClaims": [{"name": "admin-gpus", "resourceClaimTemplateName": EXPORTER_CLAIMS}],
+        "containers": [container],
+        "volumes": [_host_volume("pod-gpu-resources", "/var/lib/kubelet/pod-resources")],
+    }
+    if exporter.host_network:
+        pod["hostNetwork"] = True
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": EXPORTER, "namespace": ns, "labels": _labels(EXPORTER, EXPORTER)},
+        "spec": {
+            "selector": {"app": EXPORTER},
+            "ports": [{"name": "gpu-metrics", "port": 9400, "targetPort": 9400}],
+            "internalTrafficPolicy": (
+                exporter.service.internal_traffic_policy if exporter.service else None
+            )
+            or "Cluster",
+        },
+    }
+    return [
+        _account(EXPORTER, ns),
+        _admin_claims(EXPORTER_CLAIMS, "admin-gpus", ns, "All"),
+        service,
+        _daemonset(EXPORTER, ns, spec.daemonsets, pod, max_surge_zero=False),
+    ]
+
+
+def render_gpucluster(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:
+    """Every object the GPUCluster asks for, in apply order. ComputeDomains are not rendered
+    (reported NotImplemented); neither is standalone DCGM (the exporter embeds it)."""
+    objects = plugin_objects(spec, facts) + validator_objects(spec, facts)
+    if spec.dcgm_exporter.enabled:
+        objects += exporter_objects(spec, facts)
+    return objects

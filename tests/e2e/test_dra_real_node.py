@@ -1,0 +1,166 @@
+"""DRA end to end on a real node: the real kubelet finds the plugin through its registration
+socket, calls NodePrepareResources for a pod's claim, and containerd injects the device from
+the CDI spec the plugin wrote; after the pod goes, NodeUnprepareResources removes the spec.
+
+The plugin runs in this process, serving in the node's directories (the kubelet sees them as
+/var/lib/kubelet and /var/run/cdi in its mount namespace), on simulated GPUs."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpu_operator import testenv
+from gpu_operator.agent.dra import agent as dra_agent
+from gpu_operator.agent.dra import devices as dra_devices
+from gpu_operator.agent.dra.prepare import spec_file_name
+from gpu_operator.agent.dra.server import DraPlugin, PluginPaths
+from gpu_operator.kube import Kube
+from gpu_operator.render.dra import device_classes
+
+from .support import wait_for
+
+pytestmark = pytest.mark.real_nodes
+
+SHELL = testenv.binaries.node_image_name("shell")
+DRIVER = dra_devices.DRIVER
+
+
+@pytest.fixture
+def kube(real_cluster: testenv.Cluster) -> Iterator[tuple[Kube, str]]:
+    with real_cluster.api_client() as api:
+        k = Kube(api)
+        ns = f"dra-{uuid.uuid4().hex[:8]}"
+        k.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        wait_for("the default ServiceAccount", lambda: k.get("ServiceAccount", "default", ns))
+        try:
+            yield k, ns
+        finally:
+            k.delete("Namespace", ns)
+
+
+def _socket_dirs(node_dir: Path, tmp: Path) -> tuple[Path, Path]:
+    """Unix socket paths are limited to 107 bytes: serve under a short directory and link the
+    kubelet's names to it (the plugin watcher and the dialer follow links)."""
+    plugin = node_dir / "kubelet" / "plugins" / DRIVER
+    plugin.mkdir(parents=True, exist_ok=True)
+    (tmp / "plugin").mkdir()
+    (tmp / "reg").mkdir()
+    return tmp / "plugin", tmp / "reg"
+
+
+def test_a_pod_with_a_claim_sees_its_gpu_through_cdi_on_a_real_node(
+    real_cluster: testenv.Cluster, kube: tuple[Kube, str]
+) -> None:
+    api, ns = kube
+    node = real_cluster.real_nodes[0]
+    node_dir = real_cluster.real_node_dir(node)
+    for obj in device_classes():
+        api.apply(obj)
+    inventory = dra_agent.simulated_inventory("a100-40gb:1", node)
+    refs = dra_devices.refs_by_name(inventory)
+    with tempfile.TemporaryDirectory(prefix="dra", dir="/tmp") as tmp:
+        plugin_dir, reg_dir = _socket_dirs(node_dir, Path(tmp))
+        paths = PluginPaths(
+            plugin_dir=plugin_dir,
+            registry_dir=reg_dir,
+            cdi_dir=node_dir / "cdi",
+            kubelet_plugin_dir=Path("/var/lib/kubelet/plugins") / DRIVER,
+        )
+
+        def read_claim(namespace: str, name: str) -> dict[str, Any] | None:
+            return api.get("ResourceClaim", name, namespace)
+
+        plugin = DraPlugin(node, paths, lambda: refs, read_claim).start()
+        kubelet_sock = node_dir / "kubelet" / "plugins" / DRIVER / "dra.sock"
+        registration = node_dir / "kubelet" / "plugins_registry" / f"{DRIVER}-reg.sock"
+        try:
+            kubelet_sock.unlink(missing_ok=True)
+            os.symlink(paths.plugin_socket, kubelet_sock)
+            registration.unlink(missing_ok=True)
+            os.symlink(paths.registration_socket, registration)
+            wait_for(
+                "the kubelet to register the DRA plugin",
+                lambda: (True, "") in plugin.registrations.statuses,
+                timeout=60,
+            )
+            dra_agent.publish(api, node, inventory, dra_agent.node_owner(api, node))
+            api.create(
+                {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceClaimTemplate",
+                    "metadata": {"name": "one-gpu", "namespace": ns},
+                    "spec": {"spec": {"devices": {"requests": [
+                        {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+                    ]}}},
+                }
+            )  # fmt: skip
+            api.create(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": "cuda", "namespace": ns},
+                    "spec": {
+                        "nodeSelector": {"kubernetes.io/hostname": node},
+                        "restartPolicy": "Never",
+                        "terminationGracePeriodSeconds": 1,
+                        "resourceClaims": [
+                            {"name": "gpu", "resourceClaimTemplateName": "one-gpu"}
+                        ],
+                        "containers": [
+                            {
+                                "name": "main",
+                                "image": SHELL,
+                                "imagePullPolicy": "Never",
+                                "command": ["sh", "-c",
+                                            'echo "gpu=$NVIDIA_DRA_GPU_0"; sleep 3600'],
+                                "resources": {"claims": [{"name": "gpu"}]},
+                            }
+                        ],
+                    },
+                }
+            )  # fmt: skip
+
+            def running() -> str | None:
+                pod = api.get("Pod", "cuda", ns) or {}
+                phase = (pod.get("status") or {}).get("phase")
+                return phase if phase in ("Running", "Failed") else None
+
+            assert wait_for("the pod Running", running, timeout=120) == "Running"
+
+            uuid_ = refs["gpu-0"].uuid
+            claim_uid = next(iter(plugin.checkpoint.uids()))
+            assert (node_dir / "cdi" / spec_file_name(claim_uid)).exists()
+            log = wait_for("the container's output", _log_reader(api, ns), timeout=60)
+            assert f"gpu={uuid_}" in log, log
+
+            api.delete("Pod", "cuda", ns, grace_period_seconds=0)
+            wait_for(
+                "NodeUnprepareResources to remove the CDI spec",
+                lambda: not (node_dir / "cdi" / spec_file_name(claim_uid)).exists(),
+                timeout=90,
+            )
+            assert not plugin.checkpoint.uids()
+        finally:
+            plugin.stop()
+            kubelet_sock.unlink(missing_ok=True)
+            registration.unlink(missing_ok=True)
+            for s in api.list_objects("ResourceSlice", field_selector=f"spec.nodeName={node}"):
+                api.delete("ResourceSlice", s["metadata"]["name"])
+
+
+def _log_reader(api: Kube, ns: str) -> Any:
+    core = client.CoreV1Api(api.api)
+
+    def read() -> str | None:
+        text = str(core.read_namespaced_pod_log("cuda", ns))
+        return text if "gpu=" in text else None
+
+    return read

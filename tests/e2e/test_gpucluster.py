@@ -1,0 +1,161 @@
+"""The GPUCluster loop against the real control plane, with deploy/'s least-privilege RBAC:
+NVIDIA's sample accepted unchanged, an invalid one refused naming the field, the DRA stack
+rendered and reported, and a ClusterPolicy's device plugin on the same nodes reported on both
+objects and the nodes instead of advertising GPUs twice."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from gpu_operator import testenv
+from gpu_operator.install import manifests
+from gpu_operator.kube import Kube
+from tests.e2e.support import (
+    node_events,
+    policy_status,
+    private_cluster,
+    service_account_config,
+    start_operator,
+    wait_for,
+)
+from tests.paths import REPO
+from tests.prerequisites import REFERENCE
+
+NS = "gpu-operator"
+NODES = ["gpu-node-0", "gpu-node-1"]
+PLUGIN = "nvidia-dra-driver-kubelet-plugin"
+DRA_LABEL = "nvidia.com/gpu.deploy.dra-driver"
+
+
+def gpucluster_doc() -> dict[str, Any]:
+    """NVIDIA's sample when it sits beside the checkout, else ours (the unit tests check both)."""
+    sample = REFERENCE / "nvidia" / "gpucluster-sample.yaml"
+    path = sample if sample.exists() else REPO / "examples" / "gpucluster.yaml"
+    doc: dict[str, Any] = yaml.safe_load(path.read_text())
+    return doc
+
+
+def conditions(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    status = (obj or {}).get("status") or {}
+    return {c["type"]: c for c in status.get("conditions") or []}
+
+
+@pytest.fixture(scope="module")
+def env(testenv_bin_dir: Path) -> Iterator[tuple[testenv.Cluster, Kube]]:
+    with private_cluster(testenv_bin_dir, gpu_nodes=2) as cluster, cluster.api_client() as api:
+        kube = Kube(api)
+        kube.apply(manifests.namespace_object(NS))
+        for obj in manifests.rbac_objects(NS):
+            kube.apply(obj)
+        operator = start_operator(service_account_config(cluster, NS, "gpu-operator", ""), NS)
+        try:
+            wait_for(
+                "the GPUCluster API served",
+                lambda: _served(kube),
+                timeout=60,
+            )
+            yield cluster, kube
+        finally:
+            operator.stop()
+
+
+def _served(kube: Kube) -> bool:
+    try:
+        kube.list_objects("GPUCluster")
+        return True
+    except ApiException:
+        return False
+
+
+def test_an_invalid_gpucluster_is_refused_naming_the_field(
+    env: tuple[testenv.Cluster, Kube],
+) -> None:
+    _, kube = env
+    bad = copy.deepcopy(gpucluster_doc())
+    bad["spec"]["daemonsets"]["updateStrategy"] = "Sometimes"
+    with pytest.raises(ApiException) as err:
+        kube.create(bad)
+    assert err.value.status == 422
+    assert "spec.daemonsets.updateStrategy" in str(err.value.body)
+    named = copy.deepcopy(gpucluster_doc())
+    named["metadata"]["name"] = "my-cluster"
+    with pytest.raises(ApiException) as err:
+        kube.create(named)
+    assert "singleton" in str(err.value.body)
+
+
+def test_the_sample_renders_the_dra_stack_and_then_a_device_plugin_conflict_is_reported(
+    env: tuple[testenv.Cluster, Kube],
+) -> None:
+    _, kube = env
+    created = kube.create(gpucluster_doc())  # accepted unchanged
+    assert created["metadata"]["name"] == "gpu-cluster"
+
+    def plugin_everywhere() -> dict[str, Any] | None:
+        ds = kube.get("DaemonSet", PLUGIN, NS)
+        status = (ds or {}).get("status") or {}
+        return ds if status.get("desiredNumberScheduled") == len(NODES) else None
+
+    ds = wait_for("the DRA plugin DaemonSet on both GPU nodes", plugin_everywhere, timeout=90)
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
+    assert ds["metadata"]["ownerReferences"][0]["kind"] == "GPUCluster"
+    for name in ("gpu.nvidia.com", "mig.nvidia.com"):
+        assert kube.get("DeviceClass", name)
+    assert not [
+        d for d in kube.list_objects("DaemonSet", NS) if "device-plugin" in d["metadata"]["name"]
+    ]
+
+    def reported() -> dict[str, Any] | None:
+        obj = kube.get("GPUCluster", "gpu-cluster")
+        cond = conditions(obj)
+        ready = cond.get("Ready", {}).get("status") == "True"
+        return obj if ready and "NotImplemented" in cond else None
+
+    obj = wait_for("GPUCluster ready, ComputeDomains NotImplemented", reported, timeout=90)
+    assert obj["status"]["state"] == "ready"
+    assert obj["status"]["namespace"] == NS
+
+    # A ClusterPolicy with the device plugin (its default) on the same nodes.
+    policy = yaml.safe_load((REPO / "examples" / "clusterpolicy.yaml").read_text())
+    kube.create(policy)
+    name = policy["metadata"]["name"]
+
+    def conflict() -> dict[str, Any] | None:
+        cond = conditions(kube.get("GPUCluster", "gpu-cluster")).get("DevicePluginConflict")
+        return cond if cond and all(n in cond["message"] for n in NODES) else None
+
+    cond = wait_for("the conflict in the GPUCluster status", conflict, timeout=90)
+    assert cond["status"] == "True"
+    wait_for(
+        "the conflict in the ClusterPolicy status",
+        lambda: (
+            "DRAConflict" in {c["type"] for c in policy_status(kube, name).get("conditions") or []}
+        ),
+        timeout=90,
+    )
+    for node in NODES:
+        wait_for(
+            f"a DevicePluginAndDRA Event on {node}",
+            lambda n=node: [e for e in node_events(kube, n) if e["reason"] == "DevicePluginAndDRA"],
+            timeout=60,
+        )
+        labels = (kube.get("Node", node) or {})["metadata"]["labels"]
+        assert labels[DRA_LABEL] == "false"  # no DRA where the device plugin runs
+    wait_for(
+        "the DRA plugin off the device plugin's nodes",
+        lambda: (
+            ((kube.get("DaemonSet", PLUGIN, NS) or {}).get("status") or {}).get(
+                "desiredNumberScheduled"
+            )
+            == 0
+        ),
+        timeout=60,
+    )
+    kube.delete("ClusterPolicy", name)

@@ -1,0 +1,191 @@
+"""Leader election on a Lease: who may take it, renewing, losing and handing it over."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from gpu_operator.controller.leader import LeaderElector, _fmt, _parse, lease_free
+from tests.unit.controller.builders import NAMESPACE
+from tests.unit.controller.fakes import FakeKube
+
+T0 = datetime(2024, 1, 15, 8, 0, 0, tzinfo=UTC)  # long past: a Lease renewed then expired
+LEASE = "gpu-operator-leader"
+
+
+def lease(
+    holder: str | None, renewed: datetime | None = None, duration: int = 30, **spec: Any
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"holderIdentity": holder, "leaseDurationSeconds": duration, **spec}
+    if renewed is not None:
+        body["renewTime"] = _fmt(renewed)
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": LEASE, "namespace": NAMESPACE},
+        "spec": body,
+    }
+
+
+def elector(kube: FakeKube, identity: str = "me", **kw: Any) -> LeaderElector:
+    return LeaderElector(kube, NAMESPACE, identity, **kw)
+
+
+def spec_of(kube: FakeKube) -> dict[str, Any]:
+    obj = kube.obj("Lease", LEASE, NAMESPACE)
+    assert obj is not None
+    spec: dict[str, Any] = obj["spec"]
+    return spec
+
+
+@pytest.mark.parametrize(
+    ("spec", "now", "free"),
+    [
+        ({}, T0, True),  # nobody holds it
+        ({"holderIdentity": "me", "renewTime": _fmt(T0)}, T0, True),  # I do
+        ({"holderIdentity": "other", "renewTime": _fmt(T0), "leaseDurationSeconds": 30},
+         T0 + timedelta(seconds=29), False),
+        ({"holderIdentity": "other", "renewTime": _fmt(T0), "leaseDurationSeconds": 30},
+         T0 + timedelta(seconds=31), True),  # expired
+        ({"holderIdentity": "other", "acquireTime": _fmt(T0), "leaseDurationSeconds": 30},
+         T0 + timedelta(seconds=10), False),  # never renewed: acquired counts
+        ({"holderIdentity": "other"}, T0, True),  # no time at all: cannot be live
+    ],
+)  # fmt: skip
+def test_lease_free(spec: dict[str, Any], now: datetime, free: bool) -> None:
+    assert lease_free(spec, "me", now) is free
+
+
+def test_times_round_trip() -> None:
+    assert _parse(_fmt(T0)) == T0
+    assert _parse(None) is None and _parse("") is None
+
+
+def test_the_first_candidate_creates_the_lease() -> None:
+    kube = FakeKube()
+    assert elector(kube, lease_seconds=15)._try()
+    spec = spec_of(kube)
+    assert spec["holderIdentity"] == "me"
+    assert spec["leaseDurationSeconds"] == 15
+    assert spec["leaseTransitions"] == 0
+
+
+def test_a_live_lease_of_another_is_not_taken() -> None:
+    kube = FakeKube().add(lease("other", datetime.now(UTC)))
+    assert not elector(kube)._try()
+    assert kube.writes == []
+
+
+def test_an_expired_lease_is_taken_over_and_counted() -> None:
+    kube = FakeKube().add(lease("other", T0, leaseTransitions=4))
+    assert elector(kube)._try()
+    spec = spec_of(kube)
+    assert spec["holderIdentity"] == "me" and spec["leaseTransitions"] == 5
+
+
+def test_renewing_keeps_the_acquire_time() -> None:
+    kube = FakeKube().add(lease("me", T0, acquireTime=_fmt(T0), leaseTransitions=2))
+    assert elector(kube)._try()
+    spec = spec_of(kube)
+    assert spec["acquireTime"] == _fmt(T0)
+    assert spec["renewTime"] != _fmt(T0)
+    assert spec["leaseTransitions"] == 2
+
+
+@pytest.mark.parametrize(("verb", "status"), [("create", 409), ("patch", 409)])
+def test_losing_a_race_is_not_an_error(verb: str, status: int) -> None:
+    kube = FakeKube()
+    if verb == "patch":
+        kube.add(lease("other", T0))
+    kube.refuse(verb, "Lease", status=status)
+    assert not elector(kube)._try()
+
+
+def test_a_missing_namespace_is_named_with_the_fix() -> None:
+    kube = FakeKube().refuse("create", "Lease", status=404)
+    with pytest.raises(RuntimeError, match="kubectl create namespace gpu-operator"):
+        elector(kube)._try()
+
+
+@pytest.mark.parametrize("verb", ["create", "patch", "get"])
+def test_other_api_errors_surface(verb: str) -> None:
+    kube = FakeKube()
+    if verb == "patch":
+        kube.add(lease("other", T0))
+    kube.refuse(verb, "Lease", status=403)
+    with pytest.raises(ApiException):
+        elector(kube)._try()
+
+
+def test_acquire_waits_until_the_holder_lets_go(caplog: pytest.LogCaptureFixture) -> None:
+    kube = FakeKube().add(lease("other", datetime.now(UTC)))
+    candidate = elector(kube, renew_seconds=0.01)
+
+    async def scenario() -> None:
+        waiting = asyncio.create_task(candidate.acquire())
+        while not any("waiting for leadership" in r.message for r in caplog.records):
+            await asyncio.sleep(0.001)  # until the candidate has tried once
+        elector(kube, "other").release()
+        await asyncio.wait_for(waiting, timeout=30)
+
+    with caplog.at_level(logging.INFO, "gpu_operator.controller.leader"):
+        asyncio.run(scenario())
+    assert spec_of(kube)["holderIdentity"] == "me"
+
+
+def test_hold_returns_once_renewal_failed_for_a_whole_lease() -> None:
+    kube = FakeKube().refuse("get", "Lease", status=500)
+    leader = elector(kube, lease_seconds=0, renew_seconds=0)
+    asyncio.run(asyncio.wait_for(leader.hold(), timeout=30))
+
+
+def test_hold_keeps_leading_through_refused_renewals_within_the_lease() -> None:
+    kube = FakeKube()
+    leader = elector(kube, lease_seconds=3600, renew_seconds=0)
+    assert leader._try()
+    kube.refuse("patch", "Lease", status=500, times=2)
+
+    async def scenario() -> bool:
+        holding = asyncio.create_task(leader.hold())
+        while sum(1 for w in kube.writes if w[0] == "patch") < 2:  # renewed twice since
+            assert not holding.done()
+            await asyncio.sleep(0.001)
+        lost = holding.done()
+        holding.cancel()
+        return lost
+
+    assert asyncio.run(asyncio.wait_for(scenario(), timeout=30)) is False
+    assert not kube.refusals  # both refusals were met and outlived
+
+
+def test_release_hands_the_lease_over() -> None:
+    kube = FakeKube()
+    leader = elector(kube)
+    assert leader._try()
+    leader.release()
+    spec = spec_of(kube)
+    assert spec.get("holderIdentity") is None
+    assert spec["leaseDurationSeconds"] == 1
+    assert elector(kube, "next")._try()
+
+
+def test_release_leaves_another_holders_lease_alone() -> None:
+    kube = FakeKube().add(lease("other", T0))
+    elector(kube).release()
+    assert kube.writes == []
+    elector(FakeKube()).release()  # no Lease at all: nothing to do
+
+
+def test_a_failed_release_is_only_logged(caplog: pytest.LogCaptureFixture) -> None:
+    kube = FakeKube()
+    leader = elector(kube)
+    assert leader._try()
+    kube.refuse("patch", "Lease", status=500)
+    with caplog.at_level(logging.WARNING, "gpu_operator.controller.leader"):
+        leader.release()
+    assert "could not release the lease" in caplog.text

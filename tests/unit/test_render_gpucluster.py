@@ -1,0 +1,206 @@
+"""A GPUCluster's rendering, compared field by field with what NVIDIA's operator renders
+(``../shared/reference/nvidia/golden-gpucluster/``).
+
+Deliberate differences (also in the README):
+- images and commands: every pod runs this project's image (``gpu-operator agent dra-plugin``,
+  ``agent exporter``, ``agent validate``), as the ClusterPolicy stack's agents do;
+- the kubelet plugin's ClusterRole is smaller: no ComputeDomains (not implemented), no pod
+  reads, nodes only ``get``; ResourceSlices ``patch`` instead of ``update`` (server-side apply);
+- no MPS or driver-validation Roles, no ``vfio.gpu.nvidia.com`` DeviceClass (no MPS control
+  daemon, no passthrough), no ValidatingAdmissionPolicy (a follow-up), no gRPC health probes;
+- the plugin's rolling update also says ``maxSurge: 0`` (two plugin pods on one node would fight
+  over its registration socket); ``nvidia.com/gpu.deploy.*`` node selectors as NVIDIA's, but
+  no nodeAffinity on NFD labels (the operator's labeller sets the deploy labels).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from gpu_operator.api.gpucluster import example_document, parse_gpucluster
+from gpu_operator.render.facts import Facts
+from gpu_operator.render.gpucluster import render_gpucluster
+from tests.prerequisites import nvidia
+from tests.schema import validate_kubernetes
+
+FACTS = Facts(namespace="test-operator")
+
+
+def golden(name: str) -> dict[tuple[str, str], dict[str, Any]]:
+    path = nvidia(f"golden-gpucluster/{name}")
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+@pytest.fixture(scope="module")
+def ours() -> dict[tuple[str, str], dict[str, Any]]:
+    doc = example_document()
+    doc["spec"]["daemonsets"] = {
+        "priorityClassName": "system-node-critical",
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    }
+    objs = render_gpucluster(parse_gpucluster(doc), FACTS)
+    return {(o["kind"], o["metadata"]["name"]): o for o in objs}
+
+
+def pod(ds: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = ds["spec"]["template"]["spec"]
+    return spec
+
+
+def env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def same(ours_: dict[str, Any], theirs: dict[str, Any], *paths: str) -> None:
+    for path in paths:
+        a: Any = ours_
+        b: Any = theirs
+        for part in path.split("."):
+            a = a.get(part) if isinstance(a, dict) else None
+            b = b.get(part) if isinstance(b, dict) else None
+        assert a == b, f"{path}: ours {a!r}, NVIDIA's {b!r}"
+
+
+def test_every_object_is_valid_kubernetes_and_none_is_a_device_plugin(
+    ours: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    for obj in ours.values():
+        assert validate_kubernetes(obj), obj["kind"]
+    assert not [k for k in ours if "device-plugin" in k[1]]
+
+
+def test_device_classes_are_nvidias(ours: dict[tuple[str, str], dict[str, Any]]) -> None:
+    theirs = golden("gpucluster-dra-driver-gpus-only.yaml")
+    for name in ("gpu.nvidia.com", "mig.nvidia.com"):
+        assert ours[("DeviceClass", name)]["spec"] == theirs[("DeviceClass", name)]["spec"]
+
+
+def test_kubelet_plugin_daemonset_field_by_field(
+    ours: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    theirs = golden("gpucluster-dra-driver-gpus-only.yaml")
+    key = ("DaemonSet", "nvidia-dra-driver-kubelet-plugin")
+    mine, nvidia = ours[key], theirs[key]
+    same(mine, nvidia, "metadata.namespace", "spec.selector", "spec.updateStrategy.type")
+    same(
+        pod(mine),
+        pod(nvidia),
+        "nodeSelector",
+        "priorityClassName",
+        "serviceAccountName",
+        "tolerations",
+    )
+    assert mine["spec"]["updateStrategy"]["rollingUpdate"] == {
+        **nvidia["spec"]["updateStrategy"]["rollingUpdate"],
+        "maxSurge": 0,
+    }
+    (c,) = pod(mine)["containers"]
+    (n,) = pod(nvidia)["containers"]
+    assert c["name"] == n["name"] == "gpus"
+    assert c["securityContext"] == n["securityContext"]
+    for name in ("NODE_NAME", "NAMESPACE", "CDI_ROOT", "KUBELET_REGISTRAR_DIRECTORY_PATH",
+                 "KUBELET_PLUGINS_DIRECTORY_PATH"):  # fmt: skip
+        assert env(c)[name] == env(n)[name], name
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod(mine)["volumes"]}
+    theirs_volumes = {v["name"]: v["hostPath"]["path"] for v in pod(nvidia)["volumes"]}
+    for name in ("plugins-registry", "plugins", "cdi"):
+        assert volumes[name] == theirs_volumes[name], name
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert {k: mounts[k] for k in ("plugins-registry", "plugins", "cdi")} == {
+        m["name"]: m["mountPath"]
+        for m in n["volumeMounts"]
+        if m["name"] in ("plugins-registry", "plugins", "cdi")
+    }
+
+
+def _grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {
+        (g, r, v)
+        for rule in rules
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+
+
+def test_plugin_rbac_is_least_privilege(ours: dict[tuple[str, str], dict[str, Any]]) -> None:
+    theirs = golden("gpucluster-dra-driver-gpus-only.yaml")
+    key = ("ClusterRole", "nvidia-dra-driver-kubeletplugin")
+    mine = _grants(ours[key]["rules"])
+    nvidia = _grants(theirs[key]["rules"])
+    # server-side apply is a patch where NVIDIA's client updates
+    assert mine - nvidia == {("resource.k8s.io", "resourceslices", "patch")}
+    assert mine == {
+        ("resource.k8s.io", "resourceclaims", "get"),
+        *{("resource.k8s.io", "resourceslices", v)
+          for v in ("get", "list", "watch", "create", "patch", "delete")},
+        ("", "nodes", "get"),
+    }  # fmt: skip
+    binding = ours[("ClusterRoleBinding", "nvidia-dra-driver-kubeletplugin")]
+    same(binding, theirs[("ClusterRoleBinding", "nvidia-dra-driver-kubeletplugin")],
+         "roleRef", "subjects")  # fmt: skip
+
+
+def test_validator_field_by_field(ours: dict[tuple[str, str], dict[str, Any]]) -> None:
+    theirs = golden("gpucluster-dra-validation.yaml")
+    key = ("ResourceClaimTemplate", "nvidia-dra-validator-gpu")
+    assert ours[key]["spec"] == theirs[key]["spec"]
+    ds = ("DaemonSet", "nvidia-dra-validator")
+    same(ours[ds], theirs[ds], "metadata.namespace", "spec.updateStrategy")
+    same(pod(ours[ds]), pod(theirs[ds]), "nodeSelector", "priorityClassName",
+         "serviceAccountName", "tolerations", "resourceClaims")  # fmt: skip
+    (init,) = pod(ours[ds])["initContainers"]
+    (their_init,) = pod(theirs[ds])["initContainers"]
+    assert init["name"] == their_init["name"]
+    assert init["resources"] == their_init["resources"]
+
+
+def test_exporter_field_by_field(ours: dict[tuple[str, str], dict[str, Any]]) -> None:
+    theirs = golden("gpucluster-dcgm-exporter-embedded.yaml")
+    key = ("ResourceClaimTemplate", "nvidia-dcgm-exporter-admin")
+    assert ours[key]["spec"] == theirs[key]["spec"]
+    ds = ("DaemonSet", "nvidia-dcgm-exporter-dra")
+    same(pod(ours[ds]), pod(theirs[ds]), "nodeSelector", "priorityClassName",
+         "serviceAccountName", "tolerations", "resourceClaims", "volumes")  # fmt: skip
+    (c,) = pod(ours[ds])["containers"]
+    (n,) = pod(theirs[ds])["containers"]
+    assert c["name"] == n["name"] and c["ports"] == n["ports"]
+    assert c["resources"]["claims"] == n["resources"]["claims"]
+    assert c["volumeMounts"] == n["volumeMounts"]
+    for name in ("DCGM_EXPORTER_LISTEN", "DCGM_EXPORTER_KUBERNETES", "NODE_NAME",
+                 "KUBERNETES_ENABLE_DRA"):  # fmt: skip
+        assert env(c)[name] == env(n)[name], name
+    service = ("Service", "nvidia-dcgm-exporter-dra")
+    assert ours[service]["spec"]["ports"][0]["port"] == theirs[service]["spec"]["ports"][0]["port"]
+
+
+def test_feature_gates_and_env_reach_the_plugin() -> None:
+    doc = example_document()
+    doc["spec"]["draDriver"]["featureGates"] = {"MPSSupport": True, "AdminAccess": False}
+    doc["spec"]["draDriver"]["gpus"] = {"kubeletPlugin": {"env": [{"name": "X", "value": "1"}]}}
+    objs = render_gpucluster(parse_gpucluster(doc), FACTS)
+    ds = next(o for o in objs if o["metadata"]["name"] == "nvidia-dra-driver-kubelet-plugin")
+    (c,) = pod(ds)["containers"]
+    assert env(c)["FEATURE_GATES"] == "AdminAccess=false,MPSSupport=true"
+    assert env(c)["X"] == "1"
+
+
+def test_a_disabled_exporter_is_not_rendered() -> None:
+    doc = example_document()
+    doc["spec"]["dcgmExporter"] = {"enabled": False}
+    names = {o["metadata"]["name"] for o in render_gpucluster(parse_gpucluster(doc), FACTS)}
+    assert "nvidia-dcgm-exporter-dra" not in names
+    assert "nvidia-dra-driver-kubelet-plugin" in names
+
+
+def test_a_count_max_unavailable_is_an_integer() -> None:
+    """NVIDIA's sample says maxUnavailable "1"; the API server refuses the string."""
+    doc = example_document()
+    doc["spec"]["daemonsets"] = {"rollingUpdate": {"maxUnavailable": "1"}}
+    objs = render_gpucluster(parse_gpucluster(doc), FACTS)
+    for ds in (o for o in objs if o["kind"] == "DaemonSet"):
+        assert ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] == 1
