@@ -26,7 +26,7 @@ demo: $(STAMP) testenv
 ## test: every check and test, e2e against a real local control plane
 test: lint typecheck testenv
 	@echo "test order: seed $(SEED) (make test SEED=$(SEED) repeats it)"
-	$(PYTEST) tests
+	$(PYTEST) --durations=25 tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

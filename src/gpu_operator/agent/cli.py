@@ -485,6 +485,8 @@ def _cmd_simulate_driver(args: argparse.Namespace) -> int:
     driver_root = Path(args.driver_root)
     if args.action == "smi":
         return sim.main_smi(driver_root, sim_dir)
+    if args.action == "manager":
+        return sim.run_manager(driver_root)
     return sim.run_driver(sim_dir / labels.SIMULATED_GPUS_PROFILE, driver_root, sim_dir)
 
 
@@ -729,7 +731,9 @@ def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
         "simulate-driver",
         help="SIMULATED NVIDIA driver container (testenv stand-in images only)",
     )
-    p.add_argument("action", nargs="?", choices=["init", "smi"], default="init")
+    p.add_argument("action", nargs="?", choices=["init", "smi", "manager"], default="init")
+    # k8s-driver-manager's own step word (uninstall_driver); the stand-in has only that one.
+    p.add_argument("step", nargs="?", help=argparse.SUPPRESS)
     p.add_argument("--host-root", default=os.environ.get("HOST_ROOT", "/host"))
     p.add_argument("--driver-root", default=labels.SIMULATED_DRIVER_ROOT)
     p.set_defaults(func=_cmd_simulate_driver)

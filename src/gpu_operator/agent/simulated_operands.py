@@ -96,6 +96,17 @@ def uninstall_driver(driver_root: Path) -> None:
     (driver_root / labels.SIMULATED_NVML_DESCRIPTOR).unlink(missing_ok=True)
 
 
+def run_manager(driver_root: Path) -> int:
+    """k8s-driver-manager's `uninstall_driver` before a driver pod starts: the real one evicts
+    the node's GPU pods and unloads the old kernel modules; here the operator has already
+    drained the node (its upgrade controller), so unloading is forgetting the old descriptor."""
+    say("k8s-driver-manager stand-in from the gpu-operator image")
+    loaded = (driver_root / labels.SIMULATED_NVML_DESCRIPTOR).exists()
+    uninstall_driver(driver_root)
+    say("previous driver 'unloaded'" if loaded else "no driver loaded; nothing to unload")
+    return 0
+
+
 def run_driver(
     profile_file: Path, driver_root: Path, sim_dir: Path, stop: threading.Event | None = None
 ) -> int:

@@ -77,7 +77,13 @@ CLUSTER_RULES: tuple[Rule, ...] = (
         ("get", "list", "watch", "patch"),
         "find GPU nodes; labels, taint, cordon for upgrades (operands get a subset)",
     ),
-    Rule("", ("pods",), ("get", "list"), "list GPU workload pods on a node being upgraded"),
+    Rule(
+        "",
+        ("pods",),
+        READ,
+        "list GPU workload pods on a node being upgraded (watch: granted to the exporter, "
+        "which copies pod labels onto metrics)",
+    ),
     Rule(
         "",
         ("pods",),
@@ -128,8 +134,9 @@ DRA_CLUSTER_RULES: tuple[Rule, ...] = (
     Rule("nvidia.com", ("gpuclusters",), ("get", "list"), "read the GPUCluster (polled)"),
     Rule("nvidia.com", ("gpuclusters/status",), ("patch",), "write the GPUCluster status"),
     Rule("resource.k8s.io", ("deviceclasses",), MANAGE, "DeviceClasses gpu/mig.nvidia.com"),
-    Rule("resource.k8s.io", ("resourceclaims",), ("get",),
-         "granted to the DRA plugin (read the claim it prepares)"),
+    Rule("resource.k8s.io", ("resourceclaims",), ("get", "list"),
+         "granted to the DRA plugin (the claim it prepares) and the driver manager (claims on "
+         "the node it empties)"),
     Rule("resource.k8s.io", ("resourceslices",),
          ("get", "list", "watch", "create", "patch", "delete"),
          "granted to the DRA plugin (publish its node's pool)"),

@@ -176,21 +176,21 @@ class DriverValues:
     init_containers: tuple[Mapping[str, Any], ...]
     volumes: tuple[Mapping[str, Any], ...]
     pod_spec: Mapping[str, Any]  # scheduling and security fields of the pod
+    openshift: bool = False  # the SCC and ClusterVersion rules exist only there
 
 
 # The driver container's readiness contract: the validators wait for this file. Our own script.
 PROBE_SCRIPT = """#!/bin/sh
-# Ready when the kernel module is loaded and nvidia-smi answers; the validators and the
-# side containers wait for the ready file, which lists what this driver enabled.
+# Ready when nvidia-smi answers (it cannot without the kernel module); the validators and
+# the side containers wait for the ready file, which lists what this driver enabled.
 set -eu
 dir=/run/nvidia/validations
 mkdir -p "$dir"
-test -f /sys/module/nvidia/refcnt || { echo "nvidia kernel module not loaded"; exit 1; }
 status_file="$dir/.driver-daemons-status"
 if [ -f "$status_file" ] && [ "$(cat "$status_file")" != Ready ]; then
   echo "driver daemons not ready: $(cat "$status_file")"; exit 1
 fi
-nvidia-smi >/dev/null || { echo "nvidia-smi failed"; exit 1; }
+nvidia-smi >/dev/null || { echo "nvidia-smi failed: driver not loaded yet"; exit 1; }
 printf 'GDRCOPY_ENABLED: %s\\nGDS_ENABLED: %s\\nGPU_DIRECT_RDMA_ENABLED: %s\\n' \\
   "${GDRCOPY_ENABLED:-false}" "${GDS_ENABLED:-false}" "${GPU_DIRECT_RDMA_ENABLED:-false}" \\
   > "$dir/.driver-ctr-ready.tmp"
@@ -720,6 +720,7 @@ def driver_values(
             ]
         ),
         pod_spec=pod_spec,
+        openshift=extra.openshift,
     )
 
 

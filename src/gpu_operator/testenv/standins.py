@@ -6,6 +6,8 @@ defaults name NVIDIA's image (so nothing in the ClusterPolicy or the rendered Da
 changes), labelled SIMULATED, and provides the commands those DaemonSets run:
 
 - driver: `nvidia-driver init` and `nvidia-smi` -> `gpu-operator agent simulate-driver`
+- k8s-driver-manager (the driver pod's init container): `driver-manager uninstall_driver` ->
+  `gpu-operator agent simulate-driver manager` (unloads the previous simulated driver)
 - container-toolkit: its entrypoint -> `gpu-operator agent simulate-toolkit`
 - device-plugin: `nvidia-device-plugin` -> the project's own `gpu-operator agent device-plugin`
 
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_operator.render import components
+from gpu_operator.render.driver import DEFAULT_MANAGER
 from gpu_operator.render.images import with_os_tag
 
 from . import nodes
@@ -43,6 +46,7 @@ class StandIn:
 COMMANDS = {
     "nvidia-driver": 'exec gpu-operator agent simulate-driver "$@"',
     "nvidia-smi": "exec gpu-operator agent simulate-driver smi",
+    "driver-manager": 'exec gpu-operator agent simulate-driver manager "$@"',
     "nvidia-toolkit": 'exec gpu-operator agent simulate-toolkit "$@"',
     "nvidia-device-plugin": (
         'echo "SIMULATED: NVIDIA device plugin stand-in: gpu-operator agent device-plugin on '
@@ -72,6 +76,8 @@ def standins() -> list[StandIn]:
         if name == "driver":
             reference = with_os_tag(reference, node_os_tag())
         found.append(StandIn(name, reference, entrypoint))
+    # Not a component of its own: the init container of every driver pod.
+    found.append(StandIn("driver-manager", DEFAULT_MANAGER.reference, ("driver-manager",)))
     return found
 
 

@@ -90,3 +90,13 @@ def test_the_seed_gives_pods_without_node_name_the_node_s_uuids(
     monkeypatch.delenv("NODE_NAME")
     monkeypatch.setenv(ENV_SEED, "real-node-0")
     assert [g.uuid for g in build_simulated_nvml("t4:2").node.gpus] == expected
+
+
+def test_manager_unloads_the_previous_driver_and_succeeds_without_one(tmp_path: Path) -> None:
+    root = tmp_path / "driver"
+    root.mkdir()
+    descriptor = root / labels.SIMULATED_NVML_DESCRIPTOR
+    descriptor.write_text("GPU_OPERATOR_SIMULATE=a100-40gb:2\n")
+    assert sim.run_manager(root) == 0
+    assert not descriptor.exists()
+    assert sim.run_manager(root) == 0  # nothing loaded: nothing to do, still success

@@ -28,6 +28,11 @@ DIFFERENCES = {
     "(.driver-ctr-ready in /run/nvidia/validations)",
     "labels": "ours add app.kubernetes.io/managed-by and part-of (the operator finds its "
     "objects by them); NVIDIA's labels are all present",
+    "RBAC": "the driver manager's Role and ClusterRole grant only what the operator holds "
+    "(Kubernetes refuses a Role wider than its author's): no `update` on nodes (patch "
+    "cordons), no cluster-wide pods `watch` (it lists), DaemonSets `get` in a Role of the "
+    "namespace instead of cluster-wide, and the SCC and ClusterVersion rules only on OpenShift; "
+    "nothing is granted that NVIDIA's does not",
     "OpenShift Driver Toolkit": "not supported (03): the DTK side container, its env and "
     "the SCC/trusted-CA objects are not rendered; everything else of 03 is compared",
 }
@@ -73,6 +78,7 @@ def ours(data: dict[str, Any]) -> list[dict[str, Any]]:
     pool = Pool(os.id, os.version_id, kernel=kernel, rhcos_version=rhcos)
     extra = ExtraConfig(
         namespace=data["Runtime"]["Namespace"],
+        openshift=bool(data.get("Openshift")),
         volumes=tuple((data.get("AdditionalConfigs") or {}).get("Volumes") or ()),
         mounts=tuple((data.get("AdditionalConfigs") or {}).get("VolumeMounts") or ()),
     )
@@ -151,8 +157,35 @@ def test_rbac_objects_match_nvidias_golden(name: str) -> None:
         (mine,) = _by_kind(rendered, kind)
         assert mine["metadata"]["name"] == theirs["metadata"]["name"], kind
         assert mine.get("metadata", {}).get("namespace") == theirs["metadata"].get("namespace")
-        for field in ("rules", "roleRef", "subjects"):
+        for field in ("roleRef", "subjects"):
             assert mine.get(field) == theirs.get(field), (kind, field)
+    # DIFFERENCES["RBAC"]: a subset of NVIDIA's grants, short of exactly these.
+    openshift = bool(data.get("Openshift"))
+    mine_, theirs_ = _grants(rendered), _grants(golden)
+    assert mine_ <= theirs_
+    assert theirs_ - mine_ == NOT_GRANTED | (set() if openshift else OPENSHIFT_GRANTS)
+
+
+Grant = tuple[str, str, str]
+NOT_GRANTED: set[Grant] = {("", "nodes", "update"), ("", "pods", "watch")}
+OPENSHIFT_GRANTS: set[Grant] = {
+    ("security.openshift.io", "securitycontextconstraints", "use"),
+    ("config.openshift.io", "clusterversions", "get"),
+    ("config.openshift.io", "clusterversions", "list"),
+}
+
+
+def _grants(objects: list[dict[str, Any]]) -> set[Grant]:
+    """(group, resource, verb) of the Role and ClusterRole together: the scope may differ."""
+    return {
+        (group, resource, verb)
+        for obj in objects
+        if obj["kind"] in ("Role", "ClusterRole")
+        for rule in obj["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
 
 
 def test_probe_configmap_only_where_nvidia_has_one() -> None:

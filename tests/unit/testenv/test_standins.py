@@ -11,7 +11,9 @@ import yaml
 
 from gpu_operator import labels
 from gpu_operator.cli import main as cli_main
+from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
 from gpu_operator.testenv import nodeconfig, nvidia_runtime, standins
+from tests.paths import REPO
 
 
 def test_standins_are_named_as_the_rendered_default_images(
@@ -21,13 +23,33 @@ def test_standins_are_named_as_the_rendered_default_images(
     rendered = set()
     for doc in yaml.safe_load_all(capsys.readouterr().out):
         if doc and doc["kind"] == "DaemonSet":
-            for c in doc["spec"]["template"]["spec"]["containers"]:
+            pod = doc["spec"]["template"]["spec"]
+            for c in pod["containers"] + pod.get("initContainers", []):
                 rendered.add((c["image"], tuple(c.get("command") or ())))
     for standin in standins.standins():
         commands = {cmd for image, cmd in rendered if image == standin.reference}
         assert commands, f"{standin.reference} is not rendered by default"
         for command in commands:  # the command the DaemonSet runs is one the stand-in has
             assert not command or command[0] in standins.COMMANDS
+
+
+def test_every_image_the_real_stack_runs_is_the_projects_or_a_stand_in(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The real-node e2e reconciles examples/clusterpolicy.yaml: an image it renders that has no
+    stand-in would sit in ImagePullBackOff there (no registry), init containers included."""
+    example = str(REPO / "examples" / "clusterpolicy.yaml")
+    node_os = standins.node_os_tag()
+    assert cli_main(["render", "-f", example, "--node-os", node_os, "-o", "yaml"]) == 0
+    known = {s.reference for s in standins.standins()} | {DEFAULT_OPERATOR_IMAGE}
+    missing = set()
+    for doc in yaml.safe_load_all(capsys.readouterr().out):
+        if doc and doc["kind"] == "DaemonSet":
+            pod = doc["spec"]["template"]["spec"]
+            for c in pod["containers"] + pod.get("initContainers", []):
+                if c["image"] not in known:
+                    missing.add(f"{doc['metadata']['name']}/{c['name']}: {c['image']}")
+    assert missing == set()
 
 
 def test_context_marks_every_command_simulated(tmp_path: Path) -> None:
