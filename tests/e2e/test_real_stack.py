@@ -24,6 +24,7 @@ from kubernetes.stream import stream
 from gpu_operator import testenv
 from gpu_operator.controller.runner import OperatorThread
 from gpu_operator.kube import Kube
+from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
 from tests.e2e.support import policy_status, service_account_config, start_operator, wait_for
 from tests.paths import REPO
 
@@ -188,10 +189,13 @@ def test_discovery_labels_each_real_node_from_inside_its_container(stack: Stack)
         assert labels["nvidia.com/gpu.product"] == PRODUCTS[planned.gpus]
         assert labels["nvidia.com/gpu.count"] == "8"
         assert labels["nvidia.com/mig.capable"] == "true"
-        # The device plugin (the project's agent in the stand-in image) registered with the
-        # real kubelet: the node advertises the GPUs.
-        node = stack.kube.get("Node", planned.name) or {}
-        assert node["status"]["allocatable"].get("nvidia.com/gpu") == "8"
+        # The device plugin (the project's agent in the stand-in image) registers with the
+        # real kubelet, in its own time: the node comes to advertise the GPUs.
+        wait_for(
+            f"{planned.name} advertising 8 GPUs",
+            lambda n=planned.name: _allocatable(stack, n) == "8",
+            timeout=300,
+        )
 
 
 def _exec(stack: Stack, pod: str, container: str, command: list[str]) -> str:
@@ -202,15 +206,12 @@ def _exec(stack: Stack, pod: str, container: str, command: list[str]) -> str:
     return out
 
 
-def test_exporter_serves_metrics_naming_the_pod_that_holds_a_gpu(stack: Stack) -> None:
-    """A pod gets a GPU from the device plugin through the real kubelet; the exporter on that
-    node reads the kubelet's PodResources socket and labels the GPU's series with the pod."""
-    node = stack.cluster.real_nodes[0]
-    shell = testenv.binaries.node_image_name("shell")
-    pod = {
+def _gpu_pod(name: str, node: str, gpus: int) -> dict[str, Any]:
+    """A pod on ``node`` asking the device plugin for ``gpus`` nvidia.com/gpu."""
+    return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "gpu-user", "namespace": NS},
+        "metadata": {"name": name, "namespace": NS},
         "spec": {
             "nodeName": node,
             "terminationGracePeriodSeconds": 1,
@@ -218,27 +219,32 @@ def test_exporter_serves_metrics_naming_the_pod_that_holds_a_gpu(stack: Stack) -
             "containers": [
                 {
                     "name": "main",
-                    "image": shell,
+                    "image": testenv.binaries.node_image_name("shell"),
                     "imagePullPolicy": "Never",
                     "command": [
                         "sh",
                         "-c",
                         "echo NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES; sleep 3600",
                     ],
-                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
                 }
             ],
         },
     }
-    wait_for(
-        f"{node} advertising nvidia.com/gpu",
-        lambda: (
-            ((stack.kube.get("Node", node) or {}).get("status") or {})
-            .get("allocatable", {})
-            .get("nvidia.com/gpu")
-        ),
-        timeout=300,
-    )
+
+
+def _allocatable(stack: Stack, node: str) -> str | None:
+    status = (stack.kube.get("Node", node) or {}).get("status") or {}
+    value: str | None = status.get("allocatable", {}).get("nvidia.com/gpu")
+    return value
+
+
+def test_exporter_serves_metrics_naming_the_pod_that_holds_a_gpu(stack: Stack) -> None:
+    """A pod gets a GPU from the device plugin through the real kubelet; the exporter on that
+    node reads the kubelet's PodResources socket and labels the GPU's series with the pod."""
+    node = stack.cluster.real_nodes[0]
+    pod = _gpu_pod("gpu-user", node, 1)
+    wait_for(f"{node} advertising nvidia.com/gpu", lambda: _allocatable(stack, node), timeout=300)
     stack.kube.create(pod)
     try:
         wait_for("gpu-user Running", lambda: _ready(stack.kube.get("Pod", "gpu-user", NS) or {}))
@@ -317,12 +323,7 @@ def test_mig_reconfiguration_on_a_real_node_pauses_and_resumes_the_operands(
         assert labels["nvidia.com/gpu.count"] == "56"
         wait_for(
             "the device plugin in its container advertises 56 MIG GPUs",
-            lambda: (
-                ((stack.kube.get("Node", node) or {}).get("status") or {})
-                .get("allocatable", {})
-                .get("nvidia.com/gpu")
-                == "56"
-            ),
+            lambda: _allocatable(stack, node) == "56",
             timeout=300,
         )
     finally:
@@ -334,6 +335,91 @@ def test_mig_reconfiguration_on_a_real_node_pauses_and_resumes_the_operands(
             lambda: (
                 _real_labels(stack.kube, node).get("nvidia.com/gpu.count") == "8"
                 and _real_labels(stack.kube, node).get("nvidia.com/mig.config.state") == "success"
+            ),
+            timeout=300,
+        )
+
+
+MPS_CONFIGS = {
+    "default": "version: v1\n",
+    "mps": (
+        "version: v1\nsharing:\n  mps:\n    failRequestsGreaterThanOne: true\n"
+        "    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
+    ),
+}
+
+
+def test_mps_on_a_real_node_runs_the_control_daemon_and_shares_each_gpu_four_ways(
+    stack: Stack,
+) -> None:
+    """The node label picks an MPS config: discovery in its container labels the node
+    mps.capable, so the control daemon's DaemonSet schedules there and runs (simulated, from the
+    project's image); the plugin then advertises 4 replicas per GPU and refuses a 2-replica
+    request through the real kubelet, naming failRequestsGreaterThanOne. Everything is put back
+    (the other tests share these nodes and this policy)."""
+    node = stack.cluster.real_nodes[1]
+    config = {"apiVersion": "v1", "kind": "ConfigMap",
+              "metadata": {"name": "dp-configs", "namespace": NS}, "data": MPS_CONFIGS}  # fmt: skip
+    stack.kube.apply(config)
+    # The project's image runs the plugin (its agent follows the label itself) and provides the
+    # simulated MPS control daemon; NVIDIA's would need its config-manager, which has no stand-in.
+    repository, _, tagged = DEFAULT_OPERATOR_IMAGE.rpartition("/")
+    image, _, version = tagged.partition(":")
+    device_plugin = {
+        "repository": repository,
+        "image": image,
+        "version": version,
+        "config": {"name": "dp-configs", "default": "default"},
+    }
+    stack.kube.merge_patch("ClusterPolicy", POLICY, {"spec": {"devicePlugin": device_plugin}})
+    stack.kube.merge_patch(
+        "Node", node, {"metadata": {"labels": {"nvidia.com/device-plugin.config": "mps"}}}
+    )
+    try:
+        wait_for(
+            f"{node} labelled mps.capable by discovery",
+            lambda: _real_labels(stack.kube, node).get("nvidia.com/mps.capable") == "true",
+            timeout=300,
+        )
+        daemon = wait_for(
+            "the MPS control daemon Ready on the node",
+            lambda: [
+                p for p in _pods(stack, "nvidia-device-plugin-mps-control-daemon", node)
+                if _ready(p)
+            ],
+            timeout=300,
+        )[0]  # fmt: skip
+        assert daemon["metadata"]["labels"]["app"] == "nvidia-device-plugin-mps-control-daemon"
+        log = stack.core.read_namespaced_pod_log(daemon["metadata"]["name"], NS)
+        assert "SIMULATED MPS control daemon for nvidia.com/gpu" in log, log
+        other = stack.cluster.real_nodes[0]  # its config is not MPS: no daemon there
+        assert not _pods(stack, "nvidia-device-plugin-mps-control-daemon", other)
+        wait_for("32 MPS replicas advertised", lambda: _allocatable(stack, node) == "32", 300)
+        stack.kube.create(_gpu_pod("two-replicas", node, 2))
+        refused = wait_for(
+            "the 2-replica pod refused at admission",
+            lambda: (
+                (s := (stack.kube.get("Pod", "two-replicas", NS) or {}).get("status") or {})
+                .get("phase") == "Failed" and s
+            ),
+            timeout=120,
+        )  # fmt: skip
+        assert refused.get("reason") == "UnexpectedAdmissionError", refused
+        assert "failRequestsGreaterThanOne" in refused.get("message", ""), refused
+    finally:
+        stack.kube.delete("Pod", "two-replicas", NS)
+        stack.kube.merge_patch(
+            "Node", node, {"metadata": {"labels": {"nvidia.com/device-plugin.config": None}}}
+        )
+        stack.kube.merge_patch(
+            "ClusterPolicy", POLICY, {"spec": {"devicePlugin": dict.fromkeys(device_plugin)}}
+        )
+        stack.kube.delete("ConfigMap", "dp-configs", NS)
+        wait_for(
+            "8 whole GPUs advertised again, no MPS",
+            lambda: (
+                _allocatable(stack, node) == "8"
+                and _real_labels(stack.kube, node).get("nvidia.com/mps.capable") == "false"
             ),
             timeout=300,
         )

@@ -142,7 +142,8 @@ def test_mps_daemon_as_nvidia_renders_it() -> None:
         "nvidia.com/mps.capable": "true",
     }
     assert spec["serviceAccountName"] == "nvidia-device-plugin"
-    assert spec["hostPID"] is True
+    # Its sidecar signals the daemon in the pod; the API server refuses hostPID beside this.
+    assert spec["shareProcessNamespace"] is True and "hostPID" not in spec
     assert [c["name"] for c in spec["initContainers"]] == [
         "mps-control-daemon-mounts",
         "config-manager-init",
@@ -181,3 +182,42 @@ def test_mps_daemon_of_the_projects_image_is_the_simulated_one() -> None:
         objects({**OWN_IMAGE, "config": {"name": "dp"}}, Facts(mps_configs={"dp"})), "DaemonSet"
     )[MPS_DS]
     assert main_container(real)["command"] == ["gpu-operator", "agent", "mps-control-daemon"]
+
+
+def test_discovery_of_the_projects_image_reads_the_same_configs_as_the_plugin() -> None:
+    """So the labels the MPS daemon is scheduled by (mps.capable) follow the node's config."""
+    config = {"config": {"name": "dp-configs", "default": "shared"}}
+    gfd = by_kind(objects(config), "DaemonSet")["gpu-feature-discovery"]  # the default image
+    container = main_container(gfd)
+    assert container["command"] == ["gpu-operator", "agent", "discover"]
+    env = env_of(container)
+    assert env["CONFIG_FILE_SRCDIR"] == "/available-configs"
+    assert env["DEFAULT_CONFIG"] == "shared"
+    assert env["NODE_LABEL"] == "nvidia.com/device-plugin.config"
+    assert {"name": "available-configs", "mountPath": "/available-configs"} in container[
+        "volumeMounts"
+    ]
+    assert {"name": "available-configs", "configMap": {"name": "dp-configs"}} in pod(gfd)["volumes"]
+    nvidia_gfd = {
+        "repository": "nvcr.io/nvidia",
+        "image": "k8s-device-plugin",
+        "version": "v0.17.4",
+    }
+    nvidias = main_container(
+        by_kind(objects(config, gfd=nvidia_gfd), "DaemonSet")["gpu-feature-discovery"]
+    )
+    assert "CONFIG_FILE_SRCDIR" not in env_of(nvidias)  # NVIDIA's image: unchanged
+    no_config = main_container(by_kind(objects({}), "DaemonSet")["gpu-feature-discovery"])
+    assert "CONFIG_FILE_SRCDIR" not in env_of(no_config)
+
+
+@pytest.mark.parametrize("image", [{}, OWN_IMAGE], ids=["nvidia", "project"])
+def test_no_pod_asks_for_both_host_pid_and_a_shared_process_namespace(
+    image: dict[str, str],
+) -> None:
+    """A rule of the API server that schema validation does not see (422 on apply)."""
+    facts = Facts(mps_configs={"dp"})
+    rendered = objects({**image, "config": {"name": "dp", "default": "mps"}}, facts)
+    for name, ds in by_kind(rendered, "DaemonSet").items():
+        spec = pod(ds)
+        assert not (spec.get("hostPID") and spec.get("shareProcessNamespace")), name

@@ -8,6 +8,7 @@ images, so manifests carry over.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -22,12 +23,13 @@ import yaml
 from gpu_operator import labels
 from gpu_operator.agent import discovery, kube, validate
 from gpu_operator.agent.deviceplugin.settings import ENV_NAMES as PLUGIN_ENV
-from gpu_operator.agent.deviceplugin_config import MigStrategy, load_device_plugin_config
+from gpu_operator.agent.deviceplugin_config import load_device_plugin_config
 from gpu_operator.agent.nvml import Nvml, NvmlError
 from gpu_operator.agent.podresources import KUBELET_SOCKET
 from gpu_operator.agent.simulated import ENV_SIMULATE, ENV_STATE, install_simulated_nvml
 
 if TYPE_CHECKING:
+    from gpu_operator.agent.deviceplugin.configs import ConfigDir
     from gpu_operator.agent.migparted import MigPartedConfig
 
 log = logging.getLogger(__name__)
@@ -73,11 +75,58 @@ def _node_name(args: argparse.Namespace) -> str | None:
     return cast(str | None, getattr(args, "node_name", None) or os.environ.get("NODE_NAME"))
 
 
+# -- named configs (NVIDIA's config-manager inputs) ----------------------------------------------
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    """The device-plugin config: one file, or a directory of named ones the node label picks."""
+    p.add_argument(
+        "--config-file",
+        default=os.environ.get("CONFIG_FILE") or None,
+        help="NVIDIA device-plugin config, version v1 (env CONFIG_FILE)",
+    )
+    p.add_argument(
+        "--config-dir",
+        default=os.environ.get("CONFIG_FILE_SRCDIR") or None,
+        help="directory of named configs; the node label picks one (env CONFIG_FILE_SRCDIR)",
+    )
+    p.add_argument("--default-config", default=os.environ.get("DEFAULT_CONFIG") or None)
+    p.add_argument(
+        "--fallback-strategies",
+        default=os.environ.get("FALLBACK_STRATEGIES") or "named,single",
+        help="without label or default: named, single and/or empty (env FALLBACK_STRATEGIES)",
+    )
+    p.add_argument(
+        "--node-label", default=os.environ.get("NODE_LABEL") or labels.DEVICE_PLUGIN_CONFIG
+    )
+
+
+def _config_dir(args: argparse.Namespace) -> ConfigDir | None:
+    """``--config-dir`` as a ConfigDir (None without one); raises ConfigSelectionError."""
+    from gpu_operator.agent.deviceplugin.configs import ConfigDir, parse_fallbacks
+
+    if not args.config_dir:
+        return None
+    if args.config_file:
+        log.info("--config-dir given: CONFIG_FILE %s is not read", args.config_file)
+    fallbacks = parse_fallbacks(args.fallback_strategies)
+    return ConfigDir(Path(args.config_dir), args.default_config or None, fallbacks, args.node_label)
+
+
 # -- discover -----------------------------------------------------------------------------------
 def _cmd_discover(args: argparse.Namespace) -> int:
+    from gpu_operator.agent.deviceplugin.configs import ConfigSelectionError
+
     _setup(args)
-    config = load_device_plugin_config(args.config_file)
-    strategy: MigStrategy = args.mig_strategy or config.flags.mig_strategy or "none"
+    try:
+        configs = _config_dir(args)
+    except ConfigSelectionError as exc:
+        log.error("%s", exc)
+        return 2
+    config = load_device_plugin_config(None if configs else args.config_file)
+    if configs:
+        # The interval is read once, from what applies without a node label; a failure here is
+        # no error yet: the node's label may name a config, and each pass chooses again.
+        with contextlib.suppress(OSError, ValueError):
+            config = configs.choose(None)[1]
     interval = args.sleep_interval
     if interval is None:
         gfd = config.flags.gfd
@@ -89,8 +138,7 @@ def _cmd_discover(args: argparse.Namespace) -> int:
     try:
         return discovery.run_discover(
             nvml.inventory,
-            mig_strategy=strategy,
-            sharing=config.sharing_settings(),
+            settings=discovery.Settings.chooser(args.mig_strategy, config, configs),
             node_name=node,
             api=api,
             output=args.output,
@@ -189,23 +237,16 @@ def _cmd_device_plugin(args: argparse.Namespace) -> int:
     import signal
 
     from gpu_operator.agent.deviceplugin import agent as plugin
-    from gpu_operator.agent.deviceplugin.configs import ConfigSelectionError, parse_fallbacks
+    from gpu_operator.agent.deviceplugin.configs import ConfigSelectionError
     from gpu_operator.agent.deviceplugin.health import xid_policy
 
     _setup(args)
     node = _node_name(args)
-    configs = None
-    if args.config_dir:
-        try:
-            fallbacks = parse_fallbacks(args.fallback_strategies)
-        except ConfigSelectionError as exc:
-            log.error("%s", exc)
-            return 2
-        configs = plugin.ConfigDir(
-            Path(args.config_dir), args.default_config or None, fallbacks, args.node_label
-        )
-        if args.config_file:
-            log.info("--config-dir given: CONFIG_FILE %s is not read", args.config_file)
+    try:
+        configs = _config_dir(args)
+    except ConfigSelectionError as exc:
+        log.error("%s", exc)
+        return 2
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
@@ -281,35 +322,31 @@ def _kwok_capacity(
 def _cmd_mps_control_daemon(args: argparse.Namespace) -> int:
     import signal
 
-    from gpu_operator.agent.deviceplugin import agent as plugin
     from gpu_operator.agent.deviceplugin import mps
-    from gpu_operator.agent.deviceplugin.configs import ConfigSelectionError, parse_fallbacks
+    from gpu_operator.agent.deviceplugin.configs import ConfigSelectionError
     from gpu_operator.agent.deviceplugin.resources import device_map
     from gpu_operator.agent.deviceplugin.settings import plugin_settings
 
     _setup(args)
-    if not args.simulated:
-        log.error(
-            "this image has no CUDA MPS control daemon: run it with --simulated for simulated "
-            "GPUs, or use NVIDIA's device-plugin image (devicePlugin.repository/image) for MPS "
-            "on real GPUs"
-        )
-        return 2
+    # Simulated GPUs (GPU_OPERATOR_SIMULATE, set by the renderer or by the node's runtime) get the
+    # simulated daemon; real GPUs need NVIDIA's.
     if not args.simulate:
-        log.error("--simulated needs simulated GPUs: --simulate or GPU_OPERATOR_SIMULATE")
+        if args.simulated:
+            log.error("--simulated needs simulated GPUs: --simulate or GPU_OPERATOR_SIMULATE")
+        else:
+            log.error(
+                "this image has no CUDA MPS control daemon: it runs only simulated, for "
+                "simulated GPUs (GPU_OPERATOR_SIMULATE); use NVIDIA's device-plugin image "
+                "(devicePlugin.repository/image) for MPS on real GPUs"
+            )
         return 2
     node = _node_name(args)
     api = kube.connect() if args.config_dir and node else None
     try:
-        fallbacks = parse_fallbacks(args.fallback_strategies)
+        configs = _config_dir(args)
     except ConfigSelectionError as exc:
         log.error("%s", exc)
         return 2
-    configs = (
-        plugin.ConfigDir(Path(args.config_dir), args.default_config or None, fallbacks)
-        if args.config_dir
-        else None
-    )
     nvml = Nvml()
     nvml.open()
     seen = {"version": ""}
@@ -522,11 +559,7 @@ def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
         default=os.environ.get("GFD_OUTPUT_FILE") or None,
         help="'-' prints key=value lines, a path writes them; default: patch the Node",
     )
-    p.add_argument(
-        "--config-file",
-        default=os.environ.get("CONFIG_FILE") or None,
-        help="device-plugin config (sharing, migStrategy) (env CONFIG_FILE)",
-    )
+    _add_config_args(p)
     p.add_argument(
         "--machine-type-file",
         default=os.environ.get("GFD_MACHINE_TYPE_FILE", str(discovery.MACHINE_TYPE_FILE)),
@@ -611,25 +644,7 @@ def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
         help="kubelet device plugin: advertise and allocate GPUs, MIG devices and replicas",
     )
     _add_common(p)
-    p.add_argument(
-        "--config-file",
-        default=os.environ.get("CONFIG_FILE") or None,
-        help="NVIDIA device-plugin config, version v1 (env CONFIG_FILE)",
-    )
-    p.add_argument(
-        "--config-dir",
-        default=os.environ.get("CONFIG_FILE_SRCDIR") or None,
-        help="directory of named configs; the node label picks one (env CONFIG_FILE_SRCDIR)",
-    )
-    p.add_argument("--default-config", default=os.environ.get("DEFAULT_CONFIG") or None)
-    p.add_argument(
-        "--fallback-strategies",
-        default=os.environ.get("FALLBACK_STRATEGIES") or "named,single",
-        help="without label or default: named, single and/or empty (env FALLBACK_STRATEGIES)",
-    )
-    p.add_argument(
-        "--node-label", default=os.environ.get("NODE_LABEL") or "nvidia.com/device-plugin.config"
-    )
+    _add_config_args(p)
     p.add_argument("--node-name", default=None, help="default: env NODE_NAME")
     for env in PLUGIN_ENV:
         p.add_argument(
@@ -682,15 +697,11 @@ def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--simulated",
         action="store_true",
-        help="required: no CUDA MPS server runs, only its files are laid out",
+        help="say so explicitly (implied by simulated GPUs): no CUDA MPS server runs, only its "
+        "files are laid out",
     )
     p.add_argument("--mps-root", default="/mps", help="the host's MPS root, as mounted here")
-    p.add_argument("--config-file", default=os.environ.get("CONFIG_FILE") or None)
-    p.add_argument("--config-dir", default=os.environ.get("CONFIG_FILE_SRCDIR") or None)
-    p.add_argument("--default-config", default=os.environ.get("DEFAULT_CONFIG") or None)
-    p.add_argument(
-        "--fallback-strategies", default=os.environ.get("FALLBACK_STRATEGIES") or "named,single"
-    )
+    _add_config_args(p)
     p.add_argument("--mig-strategy", default=os.environ.get("MIG_STRATEGY") or None)
     p.add_argument("--node-name", default=None, help="default: env NODE_NAME")
     p.set_defaults(func=_cmd_mps_control_daemon)

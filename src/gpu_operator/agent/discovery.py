@@ -14,14 +14,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpu_operator.agent import kube
-from gpu_operator.agent.deviceplugin_config import MigStrategy, Sharing
+from gpu_operator.agent.deviceplugin_config import DevicePluginConfig, MigStrategy, Sharing
 from gpu_operator.agent.inventory import Gpu, Inventory, MigDevice
 
 if TYPE_CHECKING:
+    from gpu_operator.agent.deviceplugin.configs import ConfigDir
     from gpu_operator.kube import Kube
 
 log = logging.getLogger(__name__)
@@ -272,11 +274,44 @@ def parse_interval(text: str | int | float) -> float:
     return float(match.group(1)) * scale
 
 
+@dataclass(frozen=True)
+class Settings:
+    """What one pass labels with: the MIG strategy and the sharing of the config that applies."""
+
+    mig_strategy: MigStrategy = "none"
+    sharing: Sharing | None = None
+
+    @staticmethod
+    def of(flag: MigStrategy | None, config: DevicePluginConfig) -> Settings:
+        return Settings(flag or config.flags.mig_strategy or "none", config.sharing_settings())
+
+    @staticmethod
+    def chooser(
+        flag: MigStrategy | None, config: DevicePluginConfig, configs: ConfigDir | None
+    ) -> Callable[[Mapping[str, str]], Settings]:
+        """Settings from the node's labels. With a config directory the node label picks the
+        config each pass, as it does for the device plugin, so ``mps.capable``, replicas and
+        sharing-strategy follow a label change; a label naming no config keeps the last."""
+        last = [Settings.of(flag, config)]
+
+        def choose(node_labels: Mapping[str, str]) -> Settings:
+            if configs is None:
+                return last[0]
+            try:
+                _, chosen = configs.choose(node_labels.get(configs.label_key))
+            except (OSError, ValueError) as exc:
+                log.error("device-plugin config not applied to the labels: %s", exc)
+                return last[0]
+            last[0] = Settings.of(flag, chosen)
+            return last[0]
+
+        return choose
+
+
 def run_discover(
     read_inventory: Callable[[], Inventory],
     *,
-    mig_strategy: MigStrategy,
-    sharing: Sharing | None,
+    settings: Callable[[Mapping[str, str]], Settings],
     node_name: str | None,
     api: Kube | None = None,
     output: str | None = None,
@@ -289,10 +324,16 @@ def run_discover(
     """Label the node (or print/write ``key=value`` lines) once or every ``interval_s``."""
     stop = stop or threading.Event()
     while True:
+        node = None
+        if not output:
+            if api is None or not node_name:
+                raise ValueError("labelling the node needs NODE_NAME and a Kubernetes client")
+            node = kube.read_node(api, node_name)
+        chosen = settings(node.labels if node else {})
         labels = labels_for(
             read_inventory(),
-            mig_strategy,
-            sharing,
+            chosen.mig_strategy,
+            chosen.sharing,
             machine_type(machine_file),
             timestamp=int(time.time()) if with_timestamp else None,
         )
@@ -304,10 +345,7 @@ def run_discover(
             tmp = target.with_name(target.name + ".tmp")
             tmp.write_text(format_labels(labels))
             tmp.replace(target)
-        else:
-            if api is None or not node_name:
-                raise ValueError("labelling the node needs NODE_NAME and a Kubernetes client")
-            node = kube.read_node(api, node_name)
+        elif node is not None and api is not None and node_name:
             patch = label_patch(node.labels, labels)
             if patch:
                 kube.patch_node_metadata(api, node_name, labels=patch)

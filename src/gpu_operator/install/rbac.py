@@ -81,8 +81,8 @@ CLUSTER_RULES: tuple[Rule, ...] = (
         "",
         ("pods",),
         READ,
-        "list GPU workload pods on a node being upgraded (watch: granted to the exporter, "
-        "which copies pod labels onto metrics)",
+        "operand readiness; GPU workload pods on a node being upgraded (watch: granted to the "
+        "exporter, which copies pod labels onto metrics)",
     ),
     Rule(
         "",
@@ -114,7 +114,6 @@ CLUSTER_RULES: tuple[Rule, ...] = (
 NAMESPACE_RULES: tuple[Rule, ...] = (
     Rule("apps", ("daemonsets",), MANAGE, "the operand DaemonSets"),
     Rule("apps", ("controllerrevisions",), READ, "driver pod revisions for upgrades"),
-    Rule("", ("pods",), READ, "operand readiness (its own namespace only)"),
     Rule("", ("configmaps",), MANAGE,
          "operand configs; user ConfigMaps are read to roll pods when they change"),
     Rule("", ("services", "serviceaccounts"), MANAGE, "operand Services and identities"),

@@ -141,6 +141,11 @@ class ExporterValues:
 @dataclass(frozen=True)
 class GfdValues:
     mig_strategy: str
+    # The project's agent reads the device-plugin configs and follows the node's config label,
+    # so its sharing labels (mps.capable, replicas) match what the plugin advertises. None for
+    # NVIDIA's image, or without devicePlugin.config.
+    config_name: str | None = None
+    default_config: str = ""
 
 
 @dataclass(frozen=True)
@@ -360,7 +365,15 @@ def exporter_values(policy: ClusterPolicySpec, facts: Facts, comp: ComponentDef)
 
 
 def gfd_values(policy: ClusterPolicySpec, facts: Facts, comp: ComponentDef) -> GfdValues:
-    return GfdValues(mig_strategy=mig_strategy(policy))
+    config = policy.device_plugin.config
+    agent = runs_agent(comp, component_image(comp, section(policy, comp), facts), facts.operator_image)
+    if not (agent and config is not None and config.name):
+        return GfdValues(mig_strategy=mig_strategy(policy))
+    return GfdValues(
+        mig_strategy=mig_strategy(policy),
+        config_name=config.name,
+        default_config=config.default or "",
+    )
 
 
 def mig_manager_values(

@@ -23,12 +23,12 @@ import pytest
 from gpu_operator.agent import migparted
 from gpu_operator.agent.deviceplugin import cdi
 from gpu_operator.agent.deviceplugin.agent import (
-    ConfigDir,
     DevicePluginAgent,
     HealthOptions,
     Paths,
     server_changes,
 )
+from gpu_operator.agent.deviceplugin.configs import ConfigDir
 from gpu_operator.agent.deviceplugin.kubelet import LocalKubelet
 from gpu_operator.agent.deviceplugin.server import Advertised
 from gpu_operator.agent.deviceplugin.settings import PluginSettings

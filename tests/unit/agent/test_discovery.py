@@ -406,8 +406,7 @@ def test_run_discover_patches_the_node_once_then_only_on_change(
         for _ in range(2):
             discovery.run_discover(
                 nvml.inventory,
-                mig_strategy="none",
-                sharing=None,
+                settings=lambda _: discovery.Settings(),
                 node_name="n1",
                 api=api,
                 oneshot=True,
@@ -418,3 +417,57 @@ def test_run_discover_patches_the_node_once_then_only_on_change(
     assert api.labels["nvidia.com/gpu.machine"] == "unknown"
     assert api.labels["team"] == "ml"
     assert "nvidia.com/mig-1g.5gb.count" not in api.labels
+
+
+def test_the_node_label_picks_the_config_each_pass_so_mps_capable_follows_it(
+    simulate: Simulate, tmp_path: Path
+) -> None:
+    """Feature discovery follows nvidia.com/device-plugin.config as the device plugin does: the
+    MPS control daemon's nodeSelector (mps.capable=true) matches once the node's config is MPS."""
+    from gpu_operator.agent.deviceplugin.configs import ConfigDir
+    from gpu_operator.agent.deviceplugin_config import DevicePluginConfig
+    from gpu_operator.agent.nvml import Nvml
+
+    simulate("a100-40gb:2")
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / "default").write_text("version: v1\n")
+    (configs / "mps").write_text(
+        "version: v1\nsharing:\n  mps:\n    resources:\n    - {name: gpu, replicas: 4}\n"
+    )
+    settings = discovery.Settings.chooser(
+        None, DevicePluginConfig(), ConfigDir(configs, default="default")
+    )
+    api = _Kube({})
+
+    def one_pass() -> dict[str, str]:
+        with Nvml() as nvml:
+            discovery.run_discover(
+                nvml.inventory,
+                settings=settings,
+                node_name="n1",
+                api=api,
+                oneshot=True,
+                machine_file=tmp_path / "missing",
+            )
+        return api.labels
+
+    assert one_pass()["nvidia.com/mps.capable"] == "false"
+    api.labels["nvidia.com/device-plugin.config"] = "mps"
+    got = one_pass()
+    assert got["nvidia.com/mps.capable"] == "true"
+    assert got["nvidia.com/gpu.replicas"] == "4"
+    assert got["nvidia.com/gpu.sharing-strategy"] == "mps"
+    api.labels["nvidia.com/device-plugin.config"] = "no-such-config"
+    assert one_pass()["nvidia.com/mps.capable"] == "true"  # a bad label keeps the last config
+    api.labels["nvidia.com/device-plugin.config"] = "default"
+    assert one_pass()["nvidia.com/gpu.replicas"] == "1"
+
+
+def test_without_a_config_directory_the_settings_are_the_files() -> None:
+    from gpu_operator.agent.deviceplugin_config import parse_device_plugin_config
+
+    config = parse_device_plugin_config("version: v1\nflags: {migStrategy: mixed}\n")
+    choose = discovery.Settings.chooser(None, config, None)
+    assert choose({"nvidia.com/device-plugin.config": "x"}).mig_strategy == "mixed"
+    assert discovery.Settings.chooser("single", config, None)({}).mig_strategy == "single"

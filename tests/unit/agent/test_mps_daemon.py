@@ -58,15 +58,22 @@ def _command(*args: str) -> list[str]:
     return [sys.executable, "-m", "gpu_operator", "agent", "mps-control-daemon", *args]
 
 
-def test_without_simulated_the_command_refuses_and_says_what_to_use(tmp_path: Path) -> None:
-    done = subprocess.run(
-        _command("--simulate", "a100-40gb:1", "--mps-root", str(tmp_path)),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 2
-    assert "--simulated" in done.stderr and "NVIDIA's device-plugin image" in done.stderr
+def test_on_real_gpus_the_command_refuses_and_says_what_to_use(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "GPU_OPERATOR_SIMULATE"}
+
+    def refusal(*flags: str) -> str:
+        done = subprocess.run(
+            _command(*flags, "--mps-root", str(tmp_path)),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert done.returncode == 2
+        return done.stderr
+
+    assert "NVIDIA's device-plugin image" in refusal()
+    assert "--simulated needs simulated GPUs" in refusal("--simulated")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -78,9 +85,10 @@ def test_simulated_daemon_lays_out_the_files_and_removes_started_on_sigterm(
     root = tmp_path / "mps"
     started = root / "nvidia.com/gpu" / ".started"
     env = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "CONFIG_FILE_SRCDIR")}
+    # Simulated GPUs alone make it the simulated daemon (as the node's runtime sets them).
+    env["GPU_OPERATOR_SIMULATE"] = "a100-40gb:2"
     proc = subprocess.Popen(
-        _command("--simulated", "--simulate", "a100-40gb:2", "--mps-root", str(root),
-                 "--config-file", str(config)),
+        _command("--mps-root", str(root), "--config-file", str(config)),
         stderr=subprocess.PIPE,
         text=True,
         env=env,

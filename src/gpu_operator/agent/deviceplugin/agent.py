@@ -30,12 +30,7 @@ import grpc
 
 from gpu_operator.agent import kube
 from gpu_operator.agent.deviceplugin import cdi, health, mps
-from gpu_operator.agent.deviceplugin.configs import (
-    CONFIG_LABEL,
-    DEFAULT_FALLBACKS,
-    available_configs,
-    select_config,
-)
+from gpu_operator.agent.deviceplugin.configs import ConfigDir
 from gpu_operator.agent.deviceplugin.resources import device_map
 from gpu_operator.agent.deviceplugin.server import Advertised, PluginServer, ResourceState
 from gpu_operator.agent.deviceplugin.settings import plugin_settings
@@ -43,7 +38,6 @@ from gpu_operator.agent.deviceplugin.topology import read_locality
 from gpu_operator.agent.deviceplugin_config import (
     DevicePluginConfig,
     load_device_plugin_config,
-    parse_device_plugin_config,
 )
 from gpu_operator.agent.inventory import Inventory
 from gpu_operator.agent.nvml import Nvml, NvmlError
@@ -80,31 +74,6 @@ class HealthOptions:
     policy: health.XidPolicy = field(default_factory=health.XidPolicy)
     recovery_s: float = health.DEFAULT_RECOVERY_S
     poll_s: float = 0.5  # also the longest NVML is asked to wait for an event
-
-
-@dataclass(frozen=True)
-class ConfigDir:
-    """A directory of named configs (NVIDIA's config-manager inputs)."""
-
-    directory: Path
-    default: str | None = None
-    fallbacks: tuple[str, ...] = DEFAULT_FALLBACKS
-    label_key: str = CONFIG_LABEL
-
-    def choose(self, label: str | None) -> tuple[str | None, DevicePluginConfig]:
-        """The selected name and its parsed config; raises ConfigSelectionError,
-        DevicePluginConfigError (the message names the file) or OSError."""
-        available = available_configs(self.directory)
-        name = select_config(
-            label, available, self.default, self.fallbacks, label_key=self.label_key
-        )
-        if name is None:
-            return None, DevicePluginConfig()
-        text = (self.directory / name).read_text()
-        try:
-            return name, parse_device_plugin_config(text)
-        except ValueError as exc:
-            raise type(exc)(f"config {name!r}: {exc}") from exc
 
 
 def server_changes(

@@ -10,7 +10,10 @@ a default, the fallback strategies are tried in order: ``named`` (a config calle
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+from gpu_operator.agent.deviceplugin_config import DevicePluginConfig, parse_device_plugin_config
 
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 FALLBACKS = ("named", "single", "empty")
@@ -72,3 +75,29 @@ def select_config(
         f"no {label_key} label, no default config and no fallback "
         f"({', '.join(fallbacks) or 'none'}) applies; available: {', '.join(names) or 'none'}"
     )
+
+
+@dataclass(frozen=True)
+class ConfigDir:
+    """A directory of named configs (NVIDIA's config-manager inputs); the device plugin and
+    feature discovery both follow the node label through it."""
+
+    directory: Path
+    default: str | None = None
+    fallbacks: tuple[str, ...] = DEFAULT_FALLBACKS
+    label_key: str = CONFIG_LABEL
+
+    def choose(self, label: str | None) -> tuple[str | None, DevicePluginConfig]:
+        """The selected name and its parsed config; raises ConfigSelectionError,
+        DevicePluginConfigError (the message names the file) or OSError."""
+        available = available_configs(self.directory)
+        name = select_config(
+            label, available, self.default, self.fallbacks, label_key=self.label_key
+        )
+        if name is None:
+            return None, DevicePluginConfig()
+        text = (self.directory / name).read_text()
+        try:
+            return name, parse_device_plugin_config(text)
+        except ValueError as exc:
+            raise type(exc)(f"config {name!r}: {exc}") from exc
