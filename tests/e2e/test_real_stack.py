@@ -273,11 +273,17 @@ def test_agents_run_as_rendered(stack: Stack) -> None:
     """The pods are the rendered ones: the `nvidia` RuntimeClass, the project's image for the
     agents, the stand-ins' names for NVIDIA's, and tokens from their own ServiceAccounts."""
     node = stack.cluster.real_nodes[1]
+
+    def one_pod(ds: str) -> dict[str, Any] | None:
+        """The node's pod of ``ds`` once there is exactly one (none yet, or a rollout, waits)."""
+        pods = _pods(stack, ds, node)
+        return pods[0] if len(pods) == 1 else None
+
     for ds in ("gpu-feature-discovery", "nvidia-dcgm-exporter", "nvidia-operator-validator"):
-        pod = _pods(stack, ds, node)[0]
+        pod = wait_for(f"one {ds} pod on {node}", lambda ds=ds: one_pod(ds), timeout=300)
         assert pod["spec"]["runtimeClassName"] == "nvidia"
-        assert pod["spec"]["containers"][0]["image"] == "ghcr.io/gpu-operator/gpu-operator:v0.1.0"
-    plugin = _pods(stack, "nvidia-device-plugin-daemonset", node)[0]
+        assert pod["spec"]["containers"][0]["image"] == DEFAULT_OPERATOR_IMAGE
+    plugin = wait_for("one device plugin pod", lambda: one_pod("nvidia-device-plugin-daemonset"))
     assert plugin["spec"]["containers"][0]["image"] == "nvcr.io/nvidia/k8s-device-plugin:v0.17.4"
 
 
@@ -420,6 +426,16 @@ def test_mps_on_a_real_node_runs_the_control_daemon_and_shares_each_gpu_four_way
             lambda: (
                 _allocatable(stack, node) == "8"
                 and _real_labels(stack.kube, node).get("nvidia.com/mps.capable") == "false"
+            ),
+            timeout=300,
+        )
+        wait_for(
+            "the device plugin back on NVIDIA's image (its stand-in), one Ready pod per node",
+            lambda: all(
+                len(pods := _pods(stack, "nvidia-device-plugin-daemonset", n)) == 1
+                and pods[0]["spec"]["containers"][0]["image"] != DEFAULT_OPERATOR_IMAGE
+                and _ready(pods[0])
+                for n in stack.cluster.real_nodes
             ),
             timeout=300,
         )
