@@ -366,7 +366,9 @@ def exporter_values(policy: ClusterPolicySpec, facts: Facts, comp: ComponentDef)
 
 def gfd_values(policy: ClusterPolicySpec, facts: Facts, comp: ComponentDef) -> GfdValues:
     config = policy.device_plugin.config
-    agent = runs_agent(comp, component_image(comp, section(policy, comp), facts), facts.operator_image)
+    agent = runs_agent(
+        comp, component_image(comp, section(policy, comp), facts), facts.operator_image
+    )
     if not (agent and config is not None and config.name):
         return GfdValues(mig_strategy=mig_strategy(policy))
     return GfdValues(
