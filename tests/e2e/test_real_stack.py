@@ -396,8 +396,15 @@ def test_mps_on_a_real_node_runs_the_control_daemon_and_shares_each_gpu_four_way
             timeout=300,
         )[0]  # fmt: skip
         assert daemon["metadata"]["labels"]["app"] == "nvidia-device-plugin-mps-control-daemon"
-        log = stack.core.read_namespaced_pod_log(daemon["metadata"]["name"], NS)
-        assert "SIMULATED MPS control daemon for nvidia.com/gpu" in log, log
+        # Ready as soon as it runs (NVIDIA's daemon has no probe either); it logs once laid out.
+        wait_for(
+            "the daemon saying it is the simulated one, for nvidia.com/gpu",
+            lambda: (
+                "SIMULATED MPS control daemon for nvidia.com/gpu"
+                in stack.core.read_namespaced_pod_log(daemon["metadata"]["name"], NS)
+            ),
+            timeout=120,
+        )
         other = stack.cluster.real_nodes[0]  # its config is not MPS: no daemon there
         assert not _pods(stack, "nvidia-device-plugin-mps-control-daemon", other)
         wait_for("32 MPS replicas advertised", lambda: _allocatable(stack, node) == "32", 300)
