@@ -25,6 +25,7 @@ from gpu_operator.render.facts import Facts
 from gpu_operator.render.gpucluster import render_gpucluster
 from tests.prerequisites import nvidia
 from tests.schema import validate_kubernetes
+from tests.unit.rbac_grants import verbs
 
 FACTS = Facts(namespace="test-operator")
 
@@ -117,21 +118,11 @@ def test_kubelet_plugin_daemonset_field_by_field(
     }
 
 
-def _grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
-    return {
-        (g, r, v)
-        for rule in rules
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-        for v in rule["verbs"]
-    }
-
-
 def test_plugin_rbac_is_least_privilege(ours: dict[tuple[str, str], dict[str, Any]]) -> None:
     theirs = golden("gpucluster-dra-driver-gpus-only.yaml")
     key = ("ClusterRole", "nvidia-dra-driver-kubeletplugin")
-    mine = _grants(ours[key]["rules"])
-    nvidia = _grants(theirs[key]["rules"])
+    mine = verbs(ours[key]["rules"])
+    nvidia = verbs(theirs[key]["rules"])
     # server-side apply is a patch where NVIDIA's client updates
     assert mine - nvidia == {("resource.k8s.io", "resourceslices", "patch")}
     assert mine == {

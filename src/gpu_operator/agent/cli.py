@@ -23,7 +23,7 @@ import yaml
 from gpu_operator import labels
 from gpu_operator.agent import discovery, kube, validate
 from gpu_operator.agent.deviceplugin.settings import ENV_NAMES as PLUGIN_ENV
-from gpu_operator.agent.deviceplugin_config import load_device_plugin_config
+from gpu_operator.agent.deviceplugin_config import DevicePluginConfig, load_device_plugin_config
 from gpu_operator.agent.nvml import Nvml, NvmlError
 from gpu_operator.agent.podresources import KUBELET_SOCKET
 from gpu_operator.agent.simulated import ENV_SIMULATE, ENV_STATE, install_simulated_nvml
@@ -121,10 +121,12 @@ def _cmd_discover(args: argparse.Namespace) -> int:
     except ConfigSelectionError as exc:
         log.error("%s", exc)
         return 2
-    config = load_device_plugin_config(None if configs else args.config_file)
-    if configs:
+    if configs is None:
+        config = load_device_plugin_config(args.config_file)
+    else:
         # The interval is read once, from what applies without a node label; a failure here is
         # no error yet: the node's label may name a config, and each pass chooses again.
+        config = DevicePluginConfig()
         with contextlib.suppress(OSError, ValueError):
             config = configs.choose(None)[1]
     interval = args.sleep_interval

@@ -5,8 +5,6 @@ ClusterVersion rules are left out: those come from the OpenShift bundle's own pe
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,23 +23,14 @@ from gpu_operator.render import Facts, render
 from gpu_operator.render.driver import ExtraConfig, Pool, driver_names, render_driver
 from gpu_operator.render.gpucluster import render_gpucluster
 from tests.paths import REPO
+from tests.unit.rbac_grants import Grant, grants
 from tests.unit.render_cases import CASES_DIR, load_policy
 
-Grant = tuple[str, str, str, str]  # api group, resource, verb, resource name ("" for any)
 OPENSHIFT_ONLY = {"security.openshift.io", "config.openshift.io"}
 
 
-def grants(rules: list[dict[str, Any]]) -> Iterator[Grant]:
-    for rule in rules:
-        for group in rule.get("apiGroups") or [""]:
-            for resource in rule["resources"]:
-                for verb in rule["verbs"]:
-                    for name in rule.get("resourceNames") or [""]:
-                        yield group, resource, verb, name
-
-
 def held(rules: tuple[Rule, ...]) -> set[Grant]:
-    return set(grants([r.to_k8s() for r in rules]))
+    return grants(r.to_k8s() for r in rules)
 
 
 CLUSTER = held(CLUSTER_RULES + DRA_CLUSTER_RULES)
@@ -51,11 +40,11 @@ NAMESPACE = CLUSTER | held(NAMESPACE_RULES + DRA_NAMESPACE_RULES)
 def not_held(obj: dict[str, Any]) -> list[Grant]:
     """The grants of a Role or ClusterRole the operator could not give."""
     have = CLUSTER if obj["kind"] == "ClusterRole" else NAMESPACE
-    return [
+    return sorted(
         g
         for g in grants(obj.get("rules") or [])
         if g[0] not in OPENSHIFT_ONLY and g not in have and (*g[:3], "") not in have
-    ]
+    )
 
 
 def _roles(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -67,7 +56,8 @@ def clusterpolicy_roles() -> list[dict[str, Any]]:
     return _roles(render(spec, Facts()))
 
 
-def nvidiadriver_roles() -> list[dict[str, Any]]:
+def nvidiadriver_objects(openshift: bool = False) -> list[dict[str, Any]]:
+    """The first NVIDIADriver of the example, rendered for one ubuntu22.04 pool."""
     doc = next(
         d
         for d in yaml.safe_load_all((REPO / "examples" / "nvidiadriver-pools.yaml").read_text())
@@ -75,7 +65,12 @@ def nvidiadriver_roles() -> list[dict[str, Any]]:
     )
     spec = parse_driver_spec(doc["spec"])
     pool = Pool("ubuntu", "22.04")
-    return _roles(render_driver(spec, pool, driver_names("pool", "uid", spec, pool), ExtraConfig()))
+    names = driver_names("pool", "uid", spec, pool)
+    return render_driver(spec, pool, names, ExtraConfig(openshift=openshift))
+
+
+def nvidiadriver_roles() -> list[dict[str, Any]]:
+    return _roles(nvidiadriver_objects())
 
 
 def gpucluster_roles() -> list[dict[str, Any]]:
@@ -105,23 +100,8 @@ def test_the_check_sees_a_verb_the_operator_lacks() -> None:
 
 
 def test_openshift_rules_render_only_on_openshift() -> None:
-    doc = next(
-        d
-        for d in yaml.safe_load_all((REPO / "examples" / "nvidiadriver-pools.yaml").read_text())
-        if d and d.get("kind") == "NVIDIADriver"
-    )
-    spec = parse_driver_spec(doc["spec"])
-    pool = Pool("ubuntu", "22.04")
-    names = driver_names("pool", "uid", spec, pool)
-
     def groups(openshift: bool) -> set[str]:
-        objs = render_driver(spec, pool, names, ExtraConfig(openshift=openshift))
-        return {g for o in _roles(objs) for g, *_ in grants(o["rules"])}
+        return {g for o in _roles(nvidiadriver_objects(openshift)) for g, *_ in grants(o["rules"])}
 
     assert groups(True) & OPENSHIFT_ONLY == OPENSHIFT_ONLY
     assert groups(False) & OPENSHIFT_ONLY == set()
-
-
-def test_sources_exist() -> None:
-    for path in ("nvidiadriver-pools.yaml", "gpucluster.yaml"):
-        assert Path(REPO / "examples" / path).is_file()

@@ -18,6 +18,7 @@ from gpu_operator.api.nvidiadriver import parse_driver_spec
 from gpu_operator.render.driver import DriverNames, ExtraConfig, Pool, render_driver
 from gpu_operator.render.facts import NodeOS
 from tests.unit.nvidiadriver.test_api import GOLDEN, need
+from tests.unit.rbac_grants import role_rules, verbs
 
 DIFFERENCES = {
     "DRIVER_CONFIG_DIGEST": "a digest of our own inputs (same purpose: a config change rolls "
@@ -161,31 +162,18 @@ def test_rbac_objects_match_nvidias_golden(name: str) -> None:
             assert mine.get(field) == theirs.get(field), (kind, field)
     # DIFFERENCES["RBAC"]: a subset of NVIDIA's grants, short of exactly these.
     openshift = bool(data.get("Openshift"))
-    mine_, theirs_ = _grants(rendered), _grants(golden)
+    mine_, theirs_ = verbs(role_rules(rendered)), verbs(role_rules(golden))
     assert mine_ <= theirs_
     assert theirs_ - mine_ == NOT_GRANTED | (set() if openshift else OPENSHIFT_GRANTS)
 
 
-Grant = tuple[str, str, str]
-NOT_GRANTED: set[Grant] = {("", "nodes", "update"), ("", "pods", "watch")}
-OPENSHIFT_GRANTS: set[Grant] = {
+Verb = tuple[str, str, str]
+NOT_GRANTED: set[Verb] = {("", "nodes", "update"), ("", "pods", "watch")}
+OPENSHIFT_GRANTS: set[Verb] = {
     ("security.openshift.io", "securitycontextconstraints", "use"),
     ("config.openshift.io", "clusterversions", "get"),
     ("config.openshift.io", "clusterversions", "list"),
 }
-
-
-def _grants(objects: list[dict[str, Any]]) -> set[Grant]:
-    """(group, resource, verb) of the Role and ClusterRole together: the scope may differ."""
-    return {
-        (group, resource, verb)
-        for obj in objects
-        if obj["kind"] in ("Role", "ClusterRole")
-        for rule in obj["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    }
 
 
 def test_probe_configmap_only_where_nvidia_has_one() -> None:
