@@ -9,7 +9,11 @@ STAMP := $(VENV)/.installed
 ifndef SEED
 SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 endif
-PYTEST := $(BIN)/pytest -q -p randomly --randomly-seed=$(SEED)
+# Tests run on JOBS pytest-xdist workers, each taking whole groups (tests/conftest.py: a module,
+# or every real-node test together); the long e2e groups mostly wait on clusters, so 3 workers
+# beat 2 cores. JOBS=0 runs in this process.
+JOBS ?= 3
+PYTEST := $(BIN)/pytest -q -p randomly --randomly-seed=$(SEED) -n $(JOBS)
 
 .PHONY: demo test lint typecheck unit e2e testenv packages bench manifests clean image standins
 

@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO))
 from gpu_operator import testenv  # noqa: E402
 from tests.chaos.harness import (  # noqa: E402
     FAULTS,
+    LEASE_SECONDS,
     ChaosEnv,
     Outcome,
     compare,
@@ -86,13 +87,15 @@ def main() -> int:
     base = statistics.median(o.writes for o in results["no fault"])
     print(
         f"\n{args.runs} runs per fault, {time.monotonic() - started:.0f}s in all; a run = a "
-        "policy change + a new GPU node + a driver upgrade of 7 nodes (kwok), operator Lease 6s\n"
+        "policy change + a new GPU node + a driver upgrade of 7 nodes (kwok), operator Lease "
+        f"{LEASE_SECONDS}s\n"
     )
     print(
         "| fault | converged after the fault (median s) | API writes (median, x fault-free) "
-        "| objects lost | duplicated | upgraded twice | leader hand-over (median s) |"
+        "| objects lost | duplicated | upgraded twice | leader hand-over (median s) "
+        "| operator exits (per run) |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, outcomes in results.items():
         writes = statistics.median(o.writes for o in outcomes)
         handovers = [o.handover_s for o in outcomes if o.handover_s is not None]
@@ -102,7 +105,8 @@ def main() -> int:
             f"| {sum(len(o.lost) for o in outcomes)} "
             f"| {sum(len(o.duplicated) for o in outcomes)} "
             f"| {sum(len(o.upgraded_twice) for o in outcomes)} "
-            f"| {f'{statistics.median(handovers):.1f}' if handovers else '-'} |"
+            f"| {f'{statistics.median(handovers):.1f}' if handovers else '-'} "
+            f"| {'; '.join(str(o.exits) for o in outcomes)} |"
         )
     return 0
 

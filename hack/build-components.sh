@@ -454,14 +454,16 @@ build_standins() {
   base=$(operator_image_name)
   buildah_cmd inspect --type image "$base" >/dev/null 2>&1 || { log "build the image first: make image"; return 3; }
   archive="$IMAGE_DIR/standins.oci.tar"
-  id=$(buildah_cmd images --noheading --no-trunc --format '{{.ID}}' "$base")
+  rm -rf "$ctx" && mkdir -p "$ctx"
+  list=$(PYTHONPATH="$REPO_ROOT/src" "$py" -m gpu_operator.testenv.standins "$ctx" "$base")
+  # Current when built FROM this very image with these very names and entrypoints.
+  id="$(buildah_cmd images --noheading --no-trunc --format '{{.ID}}' "$base") $(sha256sum <<<"$list" | cut -c1-16)"
   if [ -f "$archive" ] && [ "$(cat "$archive.id" 2>/dev/null)" = "$id" ]; then
+    rm -rf "$ctx"
     log "stand-ins current for $base: $archive"
     echo "$archive"
     return
   fi
-  rm -rf "$ctx" && mkdir -p "$ctx"
-  list=$(PYTHONPATH="$REPO_ROOT/src" "$py" -m gpu_operator.testenv.standins "$ctx" "$base")
   step "building the stand-ins' common image FROM $base" \
     buildah_cmd bud --quiet --layers --pull=never --isolation chroot -f "$ctx/Containerfile" \
     -t localhost/testenv/standins:latest "$ctx"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,7 +45,10 @@ WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 USER_LABELS = {"team": "ml"}
 USER_TAINT = {"key": "dedicated", "value": "ml", "effect": "PreferNoSchedule"}
 USER_CHOICE = ("gpu-node-5", "nvidia.com/gpu.deploy.gpu-feature-discovery", "false")
-LEASE_SECONDS = 6
+# Shorter than the 30 s default so that hand-overs fit a test; long enough that 2 s of latency
+# per request leaves a renewal (one round trip) inside half the renew deadline (two thirds of the
+# Lease): a holder renewing back to back answers each renewal one round trip after its renew time.
+LEASE_SECONDS = 9
 
 
 def policy(version: str, marker: str) -> dict[str, Any]:
@@ -265,6 +269,9 @@ class ChaosEnv:
         self.proxy.stop()
         self.toxiproxy.stop()
         self.api.close()
+        # The components' logs outlive the cluster, beside the operators' (for a failed run).
+        with contextlib.suppress(OSError):
+            shutil.copytree(self.cluster.state_dir / "logs", self.workdir / "cluster-logs")
         self.cluster.stop(remove_state=True)
 
     # -- state --------------------------------------------------------------------------------
@@ -392,7 +399,10 @@ class ChaosEnv:
             if not last:
                 return time.monotonic() - started
             time.sleep(0.5)
-        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last}")
+        raise AssertionError(
+            f"timed out after {timeout:.0f}s waiting for {what}; last: {last} "
+            f"(logs in {self.workdir})"
+        )
 
     def target(self) -> tuple[str, str]:
         return VERSIONS[self.round % 2], f"r{self.round}"
@@ -472,6 +482,7 @@ def compare(outcome: Outcome, baseline: dict[str, Any], now: dict[str, Any]) -> 
 
 # -- the faults ------------------------------------------------------------------------------
 FAULT_S = 10.0  # how long the HTTP-level faults and the latency last
+SLOW_LINK = "2s latency on every request"
 
 
 def sigkill_apiserver(env: ChaosEnv) -> None:
@@ -511,7 +522,7 @@ FAULTS: dict[str, Callable[[ChaosEnv], None]] = {
     "apiserver SIGKILL + restart": sigkill_apiserver,
     f"apiserver SIGSTOP {LEASE_SECONDS * 2}s (Lease {LEASE_SECONDS}s)": sigstop_apiserver,
     "30s of connection resets": toxic("reset_peer", 30.0, timeout=0),
-    "2s latency on every request": toxic("latency", FAULT_S, latency=2000),
+    SLOW_LINK: toxic("latency", FAULT_S, latency=2000),
     "20% of writes 409": http_fault(Fault(409, 0.2, writes_only=True, duration_s=FAULT_S)),
     "10% of requests 429 + Retry-After": http_fault(
         Fault(429, 0.1, retry_after_s=1, duration_s=FAULT_S)

@@ -2,49 +2,24 @@
 operator keeps retrying or exits non-zero and is restarted, never stays alive but deaf, and
 ``/healthz`` says which.
 
-A scenario of its own (its own cluster, about 7 minutes): it runs when ``CHAOS_OUTAGE_S`` is set
-(300 for the issue's 5 minutes, less for a quick local run) and is skipped with one line
-otherwise, so that ``make test`` stays within its time budget.
+A scenario of its own (its own cluster, about 9 minutes, mostly waiting: ``make test`` runs it on
+a worker of its own beside the rest). ``CHAOS_OUTAGE_S`` shortens the outage for a quick local
+run (default 300 s).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
-from datetime import UTC, datetime
 
 import pytest
 
-from gpu_operator.labels import MANAGED_SELECTOR
-from tests.chaos.harness import NS, ChaosEnv
+from tests.chaos.harness import ChaosEnv
 
-OUTAGE_S = float(os.environ.get("CHAOS_OUTAGE_S") or 0)
-
-
-def revive(env: ChaosEnv, stop: threading.Event) -> None:
-    """Stand in for the kubelets: after its node was unreachable for minutes, the node
-    lifecycle controller marks a pod NotReady, and kwok (unlike a kubelet) never reports it
-    Ready again. Pods NotReady for over 20 s are deleted, so their DaemonSets make new ones."""
-    while not stop.wait(5.0):
-        try:
-            pods = env.kube.list_objects("Pod", NS, label_selector=MANAGED_SELECTOR)
-        except Exception:
-            continue
-        now = datetime.now(UTC)
-        for pod in pods:
-            for cond in (pod.get("status") or {}).get("conditions") or []:
-                since = cond.get("lastTransitionTime")
-                if cond.get("type") != "Ready" or cond.get("status") == "True" or not since:
-                    continue
-                age = now - datetime.fromisoformat(since.replace("Z", "+00:00"))
-                if age.total_seconds() > 20:
-                    with contextlib.suppress(Exception):
-                        env.kube.delete("Pod", pod["metadata"]["name"], NS)
+OUTAGE_S = float(os.environ.get("CHAOS_OUTAGE_S") or 300)
 
 
-@pytest.mark.skipif(not OUTAGE_S, reason="set CHAOS_OUTAGE_S=300 for the 5-minute outage")
 @pytest.mark.timeout(OUTAGE_S + 900)
 def test_five_minutes_without_an_api_server(env: ChaosEnv) -> None:
     operator = env.operators["a"]
@@ -64,14 +39,9 @@ def test_five_minutes_without_an_api_server(env: ChaosEnv) -> None:
         finally:
             stop.set()
             thread.join(10)
-        threading.Thread(target=revive, args=(env, reviving), daemon=True).start()
 
-    reviving = threading.Event()
     started = time.monotonic()
-    try:
-        outcome = env.run(f"apiserver down {OUTAGE_S:.0f}s", outage)
-    finally:
-        reviving.set()
+    outcome = env.run(f"apiserver down {OUTAGE_S:.0f}s", outage)
     print(
         f"\noutage of {OUTAGE_S:.0f}s: converged {outcome.converge_s}s after it, exits "
         f"{outcome.exits}, /healthz samples {sorted(set(samples))} "

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -21,6 +23,7 @@ from gpu_operator.controller.runner import OperatorThread, RunOptions
 from gpu_operator.kube import Kube
 
 T = TypeVar("T")
+REPO = Path(__file__).resolve().parents[2]
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 
 
@@ -199,3 +202,15 @@ def policy_status(kube: Kube, name: str) -> dict[str, Any]:
     obj = kube.get("ClusterPolicy", name) or {}
     status: dict[str, Any] = obj.get("status") or {}
     return status
+
+
+def hack_testenv(state_dir: Path, bin_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`hack/testenv --state-dir STATE_DIR ARGS...` with the given binaries, as a user runs it."""
+    return subprocess.run(
+        [str(REPO / "hack" / "testenv"), "--state-dir", str(state_dir), *args],
+        env={**os.environ, "TESTENV_BIN_DIR": str(bin_dir)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )

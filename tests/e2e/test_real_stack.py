@@ -2,11 +2,11 @@
 (`make image`) and the SIMULATED stand-ins for NVIDIA's images (`make standins`) loaded into the
 real nodes, the operator reconciling examples/clusterpolicy.yaml (the project's defaults, whose
 agents run the project's image; NVIDIA's Helm defaults name NVIDIA's agent images, which have
-no stand-ins yet). Every agent runs from
-the rendered DaemonSet (its probes, hostPaths, securityContext, ServiceAccount token, the
-`nvidia` RuntimeClass): discovery labels its node from inside its container, the validator's
-readiness probe passes only once its checks have, and the exporter reads the kubelet's real
-PodResources socket."""
+no stand-ins yet). Every agent runs from the rendered DaemonSet (its probes, hostPaths,
+securityContext, ServiceAccount token, the `nvidia` RuntimeClass): discovery labels its node
+from inside its container, the validator's readiness probe passes only once its checks have,
+the exporter reads the kubelet's real PodResources socket, and a driver upgrade evicts, restarts
+and validates for real."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -25,7 +26,14 @@ from gpu_operator import testenv
 from gpu_operator.controller.runner import OperatorThread
 from gpu_operator.kube import Kube
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
-from tests.e2e.support import policy_status, service_account_config, start_operator, wait_for
+from gpu_operator.testenv.standins import UPGRADE_DRIVER_VERSION
+from tests.e2e.support import (
+    audit_writes,
+    policy_status,
+    service_account_config,
+    start_operator,
+    wait_for,
+)
 from tests.paths import REPO
 
 # The first run builds the image and the stand-ins (minutes; a changed tree rebuilds them).
@@ -33,6 +41,8 @@ pytestmark = [pytest.mark.real_nodes, pytest.mark.timeout(1800)]
 
 NS = "gpu-operator"
 POLICY = "cluster-policy"
+OPERATOR_USER = f"system:serviceaccount:{NS}:gpu-operator"
+UPGRADE_STATE = "nvidia.com/gpu-driver-upgrade-state"
 # The agents the project's own image runs, and the stand-ins' operands, on each real node.
 ON_EACH_REAL_NODE = (
     "nvidia-driver-daemonset-ubuntu22.04",
@@ -446,3 +456,70 @@ def test_mps_on_a_real_node_runs_the_control_daemon_and_shares_each_gpu_four_way
             ),
             timeout=300,
         )
+
+
+def test_a_driver_upgrade_rolls_across_the_real_nodes(stack: Stack) -> None:
+    """A new driver version (the stand-in's other tag): node by node, cordoned, its GPU pod
+    evicted through the real eviction API, its driver pod replaced by one of the new image (the
+    real kubelet starts it through its init container and startup probe), validated and
+    uncordoned; never more than maxParallelUpgrades (2) nodes cordoned at once."""
+    nodes = stack.cluster.real_nodes
+    policy = stack.kube.get("ClusterPolicy", POLICY) or {}
+    current = policy["spec"]["driver"]["version"]
+    first = _example_policy()["spec"]["driver"]["version"]
+    target = UPGRADE_DRIVER_VERSION if current != UPGRADE_DRIVER_VERSION else first
+
+    def driver(node: str) -> dict[str, Any] | None:
+        pods = [p for p in _pods(stack, "nvidia-driver-daemonset", node) if _ready(p)]
+        return pods[0] if len(pods) == 1 else None
+
+    wait_for("a Ready driver on each real node", lambda: all(map(driver, nodes)), timeout=420)
+    before = {n: driver(n)["metadata"]["uid"] for n in nodes}  # type: ignore[index]
+    node = nodes[0]
+    wait_for(f"{node} advertising nvidia.com/gpu", lambda: _allocatable(stack, node), timeout=300)
+    stack.kube.create(_gpu_pod("gpu-job", node, 1))
+    wait_for("gpu-job Running", lambda: _ready(stack.kube.get("Pod", "gpu-job", NS) or {}))
+    since = datetime.now(UTC)
+    # Two at a time (of the 3 GPU nodes: the real two and the kwok one), to keep the test short;
+    # one at a time is what the kwok upgrade e2e (test_upgrade.py) holds to on 8 nodes.
+    upgrade_policy = {"maxParallelUpgrades": 2, "maxUnavailable": "100%"}
+    stack.kube.merge_patch(
+        "ClusterPolicy",
+        POLICY,
+        {"spec": {"driver": {"version": target, "upgradePolicy": upgrade_policy}}},
+    )
+    unavailable: list[int] = []
+
+    def upgraded(name: str) -> bool:
+        pod = driver(name)
+        state = _real_labels(stack.kube, name).get(UPGRADE_STATE, "")
+        spec = (stack.kube.get("Node", name) or {}).get("spec") or {}
+        return bool(
+            pod
+            and pod["metadata"]["uid"] != before[name]
+            and target in pod["spec"]["containers"][0]["image"]
+            and state == "upgrade-done"
+            and not spec.get("unschedulable")
+        )
+
+    def done() -> bool:
+        cordoned = [n for n in stack.kube.list_objects("Node") if n["spec"].get("unschedulable")]
+        unavailable.append(len(cordoned))
+        return all(upgraded(n) for n in nodes)
+
+    try:
+        wait_for(f"driver {target} on every real node", done, timeout=600, every=1.0)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_diagnose(stack)}") from None
+    finally:
+        stack.kube.delete("Pod", "gpu-job", NS)
+    assert 1 <= max(unavailable) <= 2, f"cordoned nodes per sample: {sorted(set(unavailable))}"
+    evictions = [
+        e
+        for e in audit_writes(stack.cluster, OPERATOR_USER, since)
+        if (e.get("objectRef") or {}).get("subresource") == "eviction"
+        and e["objectRef"].get("name") == "gpu-job"
+    ]
+    assert evictions, "the GPU pod was not evicted through the eviction API"
+    wait_for("ClusterPolicy ready again", lambda: policy_status(stack.kube, POLICY).get(
+        "state") == "ready", timeout=300)  # fmt: skip

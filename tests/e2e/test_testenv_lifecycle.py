@@ -1,11 +1,9 @@
 """Starting and stopping the control plane leaves no processes and no bound ports behind,
-however the starter ends: stopped cleanly, exited after a detached `up`, or killed; with real
-nodes, `down` also leaves no mount, network device, network namespace, iptables rule or cgroup."""
+however the starter ends: stopped cleanly, exited after a detached `up`, or killed (with real
+nodes: test_real_nodes_lifecycle.py)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -13,19 +11,14 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
-from kubernetes import client
-
 from gpu_operator import testenv
 from gpu_operator.testenv.processes import (
     alive,
-    cmdline,
     listening_ports,
     port_bindable,
-    start_time,
 )
+from tests.e2e.support import hack_testenv
 
-REPO = Path(__file__).resolve().parents[2]
 CYCLES = 10
 
 
@@ -60,36 +53,25 @@ def test_ten_start_stop_cycles_leave_no_processes_or_ports(
     )
 
 
-def _cli(state_dir: Path, bin_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(REPO / "hack" / "testenv"), "--state-dir", str(state_dir), *args],
-        env={**os.environ, "TESTENV_BIN_DIR": str(bin_dir)},
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-
-
 def test_detached_up_outlives_the_cli_and_down_removes_everything(
     tmp_path: Path, testenv_bin_dir: Path
 ) -> None:
     state_dir = tmp_path / "env"
-    up = _cli(state_dir, testenv_bin_dir, "up", "--gpu-nodes", "1", "--cpu-nodes", "1")
+    up = hack_testenv(state_dir, testenv_bin_dir, "up", "--gpu-nodes", "1", "--cpu-nodes", "1")
     try:
         assert up.returncode == 0, up.stderr
         kubeconfig = state_dir / "kubeconfig"
         assert up.stdout.splitlines() == [str(kubeconfig), f"export KUBECONFIG={kubeconfig}"]
         cluster = testenv.load(state_dir)
         assert cluster is not None and cluster.healthy(), "components outlive the CLI"
-        status = _cli(state_dir, testenv_bin_dir, "status")
+        status = hack_testenv(state_dir, testenv_bin_dir, "status")
         assert status.returncode == 0 and "2/2 Ready" in status.stdout, status.stdout
     finally:
-        down = _cli(state_dir, testenv_bin_dir, "down")
+        down = hack_testenv(state_dir, testenv_bin_dir, "down")
     assert down.returncode == 0, down.stderr
     assert cluster is not None
     _assert_nothing_left(state_dir, cluster)
-    assert _cli(state_dir, testenv_bin_dir, "status").returncode == 1
+    assert hack_testenv(state_dir, testenv_bin_dir, "status").returncode == 1
 
 
 def test_killed_starter_takes_its_components_with_it(tmp_path: Path, testenv_bin_dir: Path) -> None:
@@ -120,150 +102,3 @@ def test_killed_starter_takes_its_components_with_it(tmp_path: Path, testenv_bin
     finally:
         testenv.stop(state_dir)
     _assert_nothing_left(state_dir, cluster)
-
-
-def _cgroup_paths(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cgroup").read_text()
-    except OSError:
-        return ""
-
-
-def _pids_of(state_dir: Path, cluster_id: str) -> list[int]:
-    """Live processes that belong to the cluster: arguments naming its state dir (or only its
-    nodes' dir), or a cgroup inside its nodes' (containers: the pause and the pod's own)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        pid = int(entry.name)
-        args = " ".join(cmdline(pid))
-        if start_time(pid) is not None and (
-            str(state_dir) in args or cluster_id in _cgroup_paths(pid)
-        ):
-            found.append(pid)
-    return found
-
-
-def _netns_inodes() -> set[str]:
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                found.add(os.readlink(entry / "ns" / "net"))
-    return found
-
-
-@pytest.mark.real_nodes
-def test_up_with_real_nodes_and_a_pod_then_down_leaves_nothing_behind(
-    tmp_path: Path, testenv_bin_dir: Path, real_nodes_runtime: Path
-) -> None:
-    """`down` removes every process (kubelets, containerds, shims, containers), mount, network
-    device, network namespace and cgroup that `up --real-nodes 2` made, and `up` added no
-    iptables rule to the root namespace."""
-    state_dir = tmp_path / "env"
-    iptables_before = subprocess.run(
-        ["iptables-save"], capture_output=True, text=True, check=True
-    ).stdout
-    netns_before = _netns_inodes()
-    t0 = time.monotonic()
-    up = _cli(state_dir, testenv_bin_dir, "up", "--real-nodes", "2", "--gpu-nodes", "0",
-              "--cpu-nodes", "0")  # fmt: skip
-    up_seconds = time.monotonic() - t0
-    cluster = testenv.load(state_dir)
-    try:
-        assert up.returncode == 0, up.stderr
-        assert cluster is not None and cluster.real is not None
-        real = cluster.real
-        links = [real.network.bridge, *(n.host_veth for n in real.nodes)]
-        assert set(links) <= set(os.listdir("/sys/class/net"))
-        node_netns = {os.readlink(f"/proc/{p.pid}/ns/net") for p in cluster.processes
-                      if p.name.startswith(testenv.realnodes.PROCESS_PREFIX)}  # fmt: skip
-        assert len(node_netns) == 2 and not node_netns & netns_before
-        with cluster.api_client() as api:
-            core = client.CoreV1Api(api)
-            shell = testenv.binaries.node_image_name("shell")
-            core.create_namespaced_pod("default", {
-                "metadata": {"name": "sleeper"},
-                "spec": {"nodeName": "real-node-1", "containers": [
-                    {"name": "c", "image": shell, "imagePullPolicy": "Never",
-                     "command": ["sleep", "3600"]}]},
-            })  # fmt: skip
-
-            def running() -> bool:
-                pod = core.read_namespaced_pod("sleeper", "default")
-                return bool(pod.status and pod.status.phase == "Running")
-
-            deadline = time.monotonic() + 60
-            while not running():
-                assert time.monotonic() < deadline, "the pod on real-node-1 never ran"
-                time.sleep(0.2)
-        archive = real_nodes_runtime / "images" / "shell.oci.tar"
-        loaded = _cli(state_dir, testenv_bin_dir, "load-image", str(archive))
-        assert loaded.returncode == 0, loaded.stderr
-        assert "imported into real-node-0, real-node-1" in loaded.stderr
-        cluster_id = testenv.nodeconfig.cluster_id(state_dir)
-        pids = _pids_of(state_dir, cluster_id)
-        names = {os.path.basename(cmdline(p)[0]) for p in pids if cmdline(p)}
-        assert {"kubelet", "containerd", "kube-proxy", "pause", "sleep"} <= names, names
-        assert testenv.realnodes.leftover_cgroups(state_dir, real)
-    finally:
-        t0 = time.monotonic()
-        down = _cli(state_dir, testenv_bin_dir, "down")
-        down_seconds = time.monotonic() - t0
-    assert down.returncode == 0, down.stderr
-    assert _pids_of(state_dir, cluster_id) == []
-    mounts = Path("/proc/self/mountinfo").read_text()
-    assert str(state_dir) not in mounts
-    assert not [line for line in mounts.splitlines() if "/var/lib/kubelet" in line]
-    assert not set(links) & set(os.listdir("/sys/class/net"))
-    assert not node_netns & _netns_inodes()
-    assert testenv.realnodes.leftover_cgroups(state_dir, real) == []
-    iptables_after = subprocess.run(
-        ["iptables-save"], capture_output=True, text=True, check=True
-    ).stdout
-    assert real.network.bridge not in iptables_after
-    assert real.network.subnet.rsplit(".", 1)[0] not in iptables_after
-
-    def rules(text: str) -> list[str]:
-        return [line for line in text.splitlines() if not line.startswith("#")]
-
-    assert rules(iptables_after) == rules(iptables_before)
-    print(f"\nup --real-nodes 2 (warm): {up_seconds:.1f}s; down: {down_seconds:.1f}s")
-
-
-@pytest.mark.real_nodes
-def test_killed_starter_takes_its_real_nodes_with_it(
-    tmp_path: Path, testenv_bin_dir: Path, real_nodes_runtime: Path
-) -> None:
-    """SIGKILL of the test process kills each node's `unshare` (PDEATHSIG SIGKILL, as it ignores
-    SIGTERM), hence the node's init and every process in its PID namespace; the next `stop()`
-    removes the cgroups and the bridge that nothing holds any more."""
-    state_dir = tmp_path / "env"
-    script = textwrap.dedent(
-        f"""
-        import os, signal
-        from pathlib import Path
-        from gpu_operator import testenv
-        testenv.start(Path({str(state_dir)!r}), real_nodes=1,
-                      bin_dir=Path({str(testenv_bin_dir)!r}))
-        print("up", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-        """
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=180, check=False
-    )
-    assert proc.stdout.strip() == "up", proc.stderr
-    cluster = testenv.load(state_dir)
-    assert cluster is not None and cluster.real is not None
-    cluster_id = testenv.nodeconfig.cluster_id(state_dir)
-    try:
-        deadline = time.monotonic() + 15
-        while _pids_of(state_dir / "nodes", cluster_id) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _pids_of(state_dir / "nodes", cluster_id) == []
-    finally:
-        testenv.stop(state_dir)
-    assert testenv.realnodes.leftover_cgroups(state_dir, cluster.real) == []
-    assert cluster.real.network.bridge not in os.listdir("/sys/class/net")

@@ -1,11 +1,13 @@
 """Leader election: a holder that cannot confirm a renewal stops before anyone can take over;
-a refused renewal (409) is tried again at once. Against an in-memory Lease store."""
+a refused renewal (409) is tried again at once; a renewal is one request, so a slow link does
+not cost the Lease. Against an in-memory Lease store."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -23,11 +25,16 @@ class Leases:
         self.released = threading.Event()
         self.conflicts = 0  # answer the next N patches 409
         self.writes = 0
+        self.requests = 0
+        self.latency = 0.0  # seconds each request takes (a slow link)
 
     def with_retry(self, _: Any) -> Leases:
         return self
 
     def _wait(self) -> None:
+        self.requests += 1
+        if self.latency:
+            time.sleep(self.latency)
         if self.hang.is_set():
             self.released.wait(30)
 
@@ -42,7 +49,7 @@ class Leases:
         self.obj = copy.deepcopy(body)
         self.obj["metadata"]["resourceVersion"] = "1"
         self.writes += 1
-        return self.obj
+        return copy.deepcopy(self.obj)
 
     def merge_patch(self, kind: str, name: str, patch: Any, namespace: Any = None) -> Any:
         self._wait()
@@ -55,7 +62,7 @@ class Leases:
         self.obj["spec"].update(patch["spec"])
         self.obj["metadata"]["resourceVersion"] = str(int(patch["metadata"]["resourceVersion"]) + 1)
         self.writes += 1
-        return self.obj
+        return copy.deepcopy(self.obj)
 
 
 LEASE = 4
@@ -124,3 +131,41 @@ def test_a_standby_waits_and_takes_over_once_the_lease_expired() -> None:
     asyncio.run(scenario())
     assert store.obj is not None and store.obj["spec"]["holderIdentity"] == "b"
     assert store.obj["spec"]["leaseTransitions"] == 1
+
+
+def test_a_renewal_is_one_request_and_a_slow_link_keeps_the_lease() -> None:
+    """Round trips of 0.8 s against a 2 s renew deadline: reading before writing (two trips)
+    would leave too little margin; one trip, spaced from the renew time written, holds."""
+    store = Leases()
+    a = elector(store, "a")
+
+    async def scenario() -> None:
+        await a.acquire()
+        before = store.requests
+        assert a._try() is not None
+        assert store.requests - before == 1, "a renewal read the Lease first"
+        store.latency = 0.8
+        hold = asyncio.create_task(a.hold())
+        await asyncio.sleep(5.0)  # two and a half renew deadlines
+        assert not hold.done(), "leadership lost on a slow but working link"
+        hold.cancel()
+
+    asyncio.run(scenario())
+    assert store.obj is not None and store.obj["spec"]["holderIdentity"] == "a"
+
+
+def test_a_holder_whose_lease_was_written_by_another_reads_it_and_stops_renewing() -> None:
+    store = Leases()
+    a, b = elector(store, "a"), elector(store, "b")
+
+    async def scenario() -> None:
+        await a.acquire()
+        assert store.obj is not None
+        # Someone else took the Lease (it expired while a was cut off, say).
+        store.obj["spec"]["holderIdentity"] = "b"
+        store.obj["metadata"]["resourceVersion"] = "99"
+        assert a._try() is None, "a blind renewal overwrote another holder"
+        assert b._try() is not None
+
+    asyncio.run(scenario())
+    assert store.obj is not None and store.obj["spec"]["holderIdentity"] == "b"

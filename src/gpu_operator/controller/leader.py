@@ -10,6 +10,11 @@ any other replica can take the Lease over, even when the API server hangs (each 
 at most until the deadline) or its network is cut. Lease requests are never retried inside the
 client (a stale renewal must not land late); a refused one (409: written meanwhile) is tried
 again soon, re-reading the Lease.
+
+A renewal is one request (a patch carrying the resourceVersion of the holder's own last write;
+only a 409 makes it read the Lease first), and renewals are spaced from the renew time written,
+not from when its answer came: on a slow link (seconds per round trip) the holder then still
+renews well within its deadline.
 """
 
 from __future__ import annotations
@@ -66,10 +71,32 @@ class LeaderElector:
         if self.renew_deadline_s is None:
             self.renew_deadline_s = self.lease_seconds * 2 / 3
         self.renewed: datetime | None = None  # the renew time last written and confirmed
+        # The Lease as this process last wrote it (resourceVersion, acquireTime, transitions).
+        self._written: dict[str, Any] | None = None
+
+    def _renew_blind(self, now: datetime) -> datetime | None:
+        """Renew in one request, from the Lease as last written; None when it changed since."""
+        written = self._written
+        assert written is not None
+        spec = written.get("spec") or {}
+        patch = {
+            "metadata": {"resourceVersion": written["metadata"]["resourceVersion"]},
+            "spec": {**spec, "renewTime": _fmt(now)},
+        }
+        try:
+            self._written = self.kube.merge_patch("Lease", self.name, patch, self.namespace)
+            return now
+        except ApiException as exc:
+            if exc.status == 409:
+                self._written = None
+                return None
+            raise
 
     def _try(self) -> datetime | None:
         """Take or renew the Lease: the renew time written, or None when another holds it."""
         now = _now()
+        if self._written is not None and self._renew_blind(now) is not None:
+            return now
         lease = self.kube.get("Lease", self.name, self.namespace)
         if lease is None:
             body = {
@@ -79,7 +106,7 @@ class LeaderElector:
                 "spec": self._spec(now, now, 0),
             }
             try:
-                self.kube.create(body)
+                self._written = self.kube.create(body)
                 return now
             except ApiException as exc:
                 if exc.status == 409:
@@ -101,7 +128,7 @@ class LeaderElector:
             "spec": self._spec(acquired or now, now, transitions),
         }
         try:
-            self.kube.merge_patch("Lease", self.name, patch, self.namespace)
+            self._written = self.kube.merge_patch("Lease", self.name, patch, self.namespace)
             return now
         except ApiException as exc:
             if exc.status == 409:
@@ -146,7 +173,10 @@ class LeaderElector:
             self.renewed = _now()
         pause = self.renew_seconds
         while True:
-            await asyncio.sleep(max(0.0, min(pause, self.remaining(_now()))))
+            # The next renewal is due ``pause`` after the renew time last written.
+            assert self.renewed is not None
+            due = (self.renewed - _now()).total_seconds() + pause
+            await asyncio.sleep(max(0.0, min(due, self.remaining(_now()))))
             left = self.remaining(_now())
             if left <= 0:
                 break
@@ -162,7 +192,9 @@ class LeaderElector:
             if renewed is not None:
                 self.renewed = renewed
             else:
-                pause = self.renew_seconds / 4  # refused or failed: re-read and try soon
+                # Refused or failed: re-read and try soon (a quarter period after now).
+                assert self.renewed is not None
+                pause = (_now() - self.renewed).total_seconds() + self.renew_seconds / 4
         log.error(
             "leadership lost: no renewal confirmed for %.1fs (Lease %ss)",
             self.renew_deadline_s,

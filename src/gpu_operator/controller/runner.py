@@ -39,7 +39,7 @@ class RunOptions:
     health_endpoint: str | None = "http://0.0.0.0:8080/healthz"
     metrics_port: int | None = 8081
     lease_seconds: int = 30
-    renew_seconds: float = 10.0
+    renew_seconds: float = 5.0
     stall_seconds: float = 900.0  # a pass running longer means the operator is stuck
 
 
@@ -293,7 +293,9 @@ def main_run(
         health_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
         metrics_port=metrics_port or None,
         lease_seconds=lease_seconds,
-        renew_seconds=max(1.0, lease_seconds / 3),
+        # Every sixth of the Lease: a renewal may then take up to half the Lease (the renew
+        # deadline, two thirds, minus the period) before the holder gives up.
+        renew_seconds=max(1.0, lease_seconds / 6),
     )
     api_config = api_configuration(kubeconfig)
 

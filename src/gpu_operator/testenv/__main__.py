@@ -21,7 +21,9 @@ def _say(msg: str) -> None:
 def cmd_build(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     bin_dir = binaries.ensure_binaries()
-    _say(f"control-plane and kubelet binaries ready in {time.monotonic() - t0:.1f}s")
+    # The chaos suite's fault proxy: built here, once, rather than by parallel test workers.
+    binaries.ensure_toxiproxy(bin_dir)
+    _say(f"control-plane, kubelet and toxiproxy binaries ready in {time.monotonic() - t0:.1f}s")
     print(bin_dir)
     if args.no_nodes:
         return 0
@@ -118,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser(
-        "build", help="build (or find cached) etcd, kube-*, kwok, kubelet, containerd, images"
+        "build",
+        help="build (or find cached) etcd, kube-*, kwok, kubelet, toxiproxy, containerd, images",
     )
     build.add_argument(
         "--no-nodes", action="store_true", help="skip the real nodes' containerd and images"

@@ -720,8 +720,10 @@ def _start_once(
                 "--kube-api-burst=400",
                 # A CPU-starved kwok renews hundreds of node Leases late; past the default 50 s
                 # the node lifecycle controller marks the nodes' pods NotReady, and kwok never
-                # readies a started pod again: a large fleet would never converge.
-                "--node-monitor-grace-period=5m",
+                # readies a started pod again: a large fleet would never converge. Longer than
+                # the chaos suite's 5-minute API server outage too, for the same reason (a
+                # kubelet would report its pods Ready again after one; kwok does not).
+                "--node-monitor-grace-period=10m",
                 "--controllers=*",
                 "--profiling=false",
             ],

@@ -1,10 +1,13 @@
 """`make demo`: a simulated GPU cluster running the whole stack, left up for you to explore.
 
-Starts testenv with GPU nodes of different simulated models, the operator and, per GPU node,
-a discovery agent and the device plugin's simulated capacity (`--kwok-capacity`: the node's
-`nvidia.com/gpu` from the plugin's own computation) as background processes tied to the cluster
-(`hack/testenv down` ends them too), applies examples/clusterpolicy.yaml, waits for `ready`,
-runs one GPU pod per GPU node and prints what each node has and where its GPU pod runs.
+Starts testenv with two real nodes (kubelet + containerd, where this machine can run them: the
+stack runs there in real containers, from the project's image and the SIMULATED stand-ins for
+NVIDIA's images) and four kwok GPU nodes of different simulated models. For the kwok nodes, which
+run no containers, the node agents run as background processes tied to the cluster (`hack/testenv
+down` ends them too): a discovery agent, the device plugin's simulated capacity
+(`--kwok-capacity`: the node's `nvidia.com/gpu` from the plugin's own computation), the MIG
+manager and the DRA plugin. It applies examples/clusterpolicy.yaml, waits for `ready`, runs one
+GPU pod per GPU node and prints what each node is and has, and where its GPU pod runs.
 `--short` (what `make test` runs) does the same and then takes the cluster down again.
 """
 
@@ -14,13 +17,14 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from gpu_operator.kube import Kube
-from gpu_operator.testenv import binaries, nodes
+from gpu_operator.testenv import binaries, nodes, realnodes
 from gpu_operator.testenv.cluster import Cluster, default_state_dir, start
 from gpu_operator.testenv.processes import spawn
 
@@ -28,6 +32,7 @@ REPO = Path(__file__).resolve().parents[3]
 NAMESPACE = "gpu-operator"
 WORKLOADS = "default"  # where the demo's GPU pods run
 GPU_POD = "gpu-pod-{node}"
+REAL_NODES = 2  # beside the kwok ones, where this machine can run them
 # name -> (simulated GPUs, OS id, OS version)
 GPU_NODES = {
     "gpu-a100": ("a100-40gb:8", "ubuntu", "22.04"),
@@ -75,9 +80,29 @@ def _established(kube: Kube) -> bool:
     )
 
 
-def gpu_pod(node: str) -> dict[str, Any]:
+def gpu_pod(node: str, real: bool = False) -> dict[str, Any]:
     """A pod asking for one GPU on ``node`` (tolerating the GPU taint, as the admission plugin
-    ExtendedResourceToleration would add it)."""
+    ExtendedResourceToleration would add it). On a real node it runs the local shell image
+    (nothing is pulled) and prints the GPU the device plugin gave it."""
+    if real:
+        container = {
+            "name": "cuda",
+            "image": binaries.node_image_name("shell"),
+            "imagePullPolicy": "Never",
+            "command": [
+                "sh",
+                "-c",
+                "echo NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES; sleep 3600",
+            ],
+            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+        }
+    else:
+        container = {
+            "name": "cuda",
+            "image": "nvcr.io/nvidia/cuda:12.8.0-base-ubuntu22.04",
+            "command": ["nvidia-smi", "-L"],
+            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+        }
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -85,14 +110,8 @@ def gpu_pod(node: str) -> dict[str, Any]:
         "spec": {
             "nodeSelector": {"kubernetes.io/hostname": node},
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
-            "containers": [
-                {
-                    "name": "cuda",
-                    "image": "nvcr.io/nvidia/cuda:12.8.0-base-ubuntu22.04",
-                    "command": ["nvidia-smi", "-L"],
-                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                }
-            ],
+            "terminationGracePeriodSeconds": 1,
+            "containers": [container],
         },
     }
 
@@ -108,11 +127,12 @@ def gpu_pod_state(pod: dict[str, Any] | None) -> str:
     return str(status.get("phase") or "Pending")
 
 
-def node_table(kube: Kube) -> str:
+def node_table(kube: Kube, real: Sequence[str] = ()) -> str:
+    """One row per node; KIND says which nodes are real (kubelet and containerd) and which kwok."""
     pods = kube.list_objects("Pod", NAMESPACE)
     workloads = {p["metadata"]["name"]: p for p in kube.list_objects("Pod", WORKLOADS)}
-    rows = [("NODE", "PRODUCT", "GPUS", "MEMORY", "DRIVER", "CUDA", "MIG", "TAINT", "READY",
-             "ALLOCATABLE", "GPU POD")]  # fmt: skip
+    rows = [("NODE", "KIND", "PRODUCT", "GPUS", "MEMORY", "DRIVER", "CUDA", "MIG", "TAINT",
+             "READY", "ALLOCATABLE", "GPU POD")]  # fmt: skip
     for node in sorted(kube.list_objects("Node"), key=lambda n: n["metadata"]["name"]):
         name = node["metadata"]["name"]
         labels = node["metadata"].get("labels") or {}
@@ -130,6 +150,7 @@ def node_table(kube: Kube) -> str:
             mig = f"{layout} ({labels.get('nvidia.com/mig.config.state', 'pending')})"
         rows.append((
             name,
+            "real" if name in real else "kwok",
             labels.get("nvidia.com/gpu.product", "-" if not gpu else "?"),
             labels.get("nvidia.com/gpu.count", "-"),
             f"{labels['nvidia.com/gpu.memory']} MiB" if "nvidia.com/gpu.memory" in labels else "-",
@@ -164,9 +185,15 @@ def slice_table(kube: Kube) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
 
 
+def _mig_capable(gpus: str) -> bool:
+    return gpus.startswith(("a100", "h100"))
+
+
 def _run_stack(cluster: Cluster, t0: float) -> None:
     """The operator and the node agents in the background, the policy, and the wait for ready."""
     python = sys.executable
+    real = {n.name: n.gpus for n in cluster.real.nodes} if cluster.real else {}
+    gpu_nodes = {**real, **{n: gpus for n, (gpus, _, _) in GPU_NODES.items()}}
     kubeconfig = str(cluster.kubeconfig)
     with cluster.api_client() as api:
         kube = Kube(api)
@@ -207,7 +234,7 @@ def _run_stack(cluster: Cluster, t0: float) -> None:
         layouts = cluster.state_dir / "mig-parted-config.yaml"
         layouts.write_text(next(iter(configmap["data"].values())))
         for name, (gpus, _, _) in GPU_NODES.items():
-            if gpus.startswith(("a100", "h100")):
+            if _mig_capable(gpus):
                 _run_in_background(
                     cluster, f"mig-manager-{name}",
                     [python, "-m", "gpu_operator", "agent", "mig-manager",
@@ -220,32 +247,33 @@ def _run_stack(cluster: Cluster, t0: float) -> None:
             policy = kube.get("ClusterPolicy", "cluster-policy") or {}
             labelled = all(
                 "nvidia.com/gpu.product" in (kube.get("Node", n) or {})["metadata"]["labels"]
-                for n in GPU_NODES
+                for n in gpu_nodes
             )
             mig_done = all(
                 (kube.get("Node", n) or {})["metadata"]["labels"].get("nvidia.com/mig.config.state")
                 == "success"
-                for n, (gpus, _, _) in GPU_NODES.items()
-                if gpus.startswith(("a100", "h100"))
+                for n, gpus in gpu_nodes.items()
+                if _mig_capable(gpus)
             )
             return labelled and mig_done and (policy.get("status") or {}).get("state") == "ready"
 
-        _wait("ClusterPolicy ready and every GPU node discovered", ready)
+        # Real nodes start their operands in real containers: minutes on a busy machine.
+        _wait("ClusterPolicy ready and every GPU node discovered", ready, timeout=600)
         _say(f"demo: ClusterPolicy ready {time.monotonic() - t0:.1f}s after start")
 
         # One GPU pod per GPU node, placed by the real scheduler on the simulated capacity.
-        for name in GPU_NODES:
-            kube.create(gpu_pod(name))
+        for name in gpu_nodes:
+            kube.create(gpu_pod(name, real=name in real))
 
         def running() -> bool:
             return all(
                 gpu_pod_state(kube.get("Pod", GPU_POD.format(node=n), WORKLOADS)) == "Running"
-                for n in GPU_NODES
+                for n in gpu_nodes
             )
 
-        _wait("one running GPU pod per GPU node", running)
+        _wait("one running GPU pod per GPU node", running, timeout=300)
         _say(f"demo: a GPU pod runs on each GPU node {time.monotonic() - t0:.1f}s after start\n")
-        _say(node_table(kube))
+        _say(node_table(kube, list(real)))
 
         # DRA: each GPU node's pool published by the DRA plugin's own process (publish-only:
         # kwok has no kubelet to serve), following the node's simulated NVML and MIG state.
@@ -272,17 +300,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--short", action="store_true", help="take the cluster down after the table (for tests)"
     )
+    parser.add_argument(
+        "--real-nodes",
+        type=int,
+        default=REAL_NODES,
+        help=f"real kubelet nodes beside the kwok ones (default {REAL_NODES}; 0: kwok only)",
+    )
     args = parser.parse_args(argv)
     state_dir = default_state_dir()
     _say("demo: building or finding the control-plane binaries (first time: many minutes)")
     bin_dir = binaries.ensure_binaries()
+    real_nodes, archives = args.real_nodes, []
+    why_not = realnodes.why_unavailable(state_dir) if real_nodes else None
+    if why_not:
+        _say(f"demo: no real nodes on this machine ({why_not}); kwok nodes only")
+        real_nodes = 0
+    if real_nodes:
+        _say("demo: building or finding the real nodes' runtime, the project's image and the "
+             "stand-ins (first time: many minutes)")  # fmt: skip
+        binaries.ensure_node_runtime()
+        archives = binaries.ensure_project_images()
     t0 = time.monotonic()
-    cluster = start(state_dir, cpu_nodes=1, bin_dir=bin_dir, detach=True)
+    cluster = start(state_dir, cpu_nodes=1, real_nodes=real_nodes, bin_dir=bin_dir, detach=True)
+    for archive in archives:
+        cluster.load_image(archive)
     cluster.create_nodes(
         [nodes.node_manifest(n, gpu=True, os_id=os_id, os_version=ver)
          for n, (_, os_id, ver) in GPU_NODES.items()]
     )  # fmt: skip
-    _say(f"demo: control plane with {len(GPU_NODES)} GPU nodes + 1 CPU node up in "
+    _say(f"demo: control plane with {real_nodes} real GPU nodes ({', '.join(cluster.real_nodes)}"
+         f"), {len(GPU_NODES)} kwok GPU nodes and 1 kwok CPU node up in "
          f"{time.monotonic() - t0:.1f}s")  # fmt: skip
 
     try:

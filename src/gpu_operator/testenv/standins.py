@@ -5,7 +5,8 @@ stand-in is built FROM the project's image (`make standins`), named exactly as t
 defaults name NVIDIA's image (so nothing in the ClusterPolicy or the rendered DaemonSets
 changes), labelled SIMULATED, and provides the commands those DaemonSets run:
 
-- driver: `nvidia-driver init` and `nvidia-smi` -> `gpu-operator agent simulate-driver`
+- driver: `nvidia-driver init` and `nvidia-smi` -> `gpu-operator agent simulate-driver` (also
+  tagged with UPGRADE_DRIVER_VERSION, for the driver upgrade on real nodes)
 - k8s-driver-manager (the driver pod's init container): `driver-manager uninstall_driver` ->
   `gpu-operator agent simulate-driver manager` (unloads the previous simulated driver)
 - container-toolkit: its entrypoint -> `gpu-operator agent simulate-toolkit`
@@ -33,6 +34,9 @@ from gpu_operator.render.images import with_os_tag
 from . import nodes
 
 SIMULATED_LABEL = "SIMULATED"
+# A second driver version, tagged on the driver stand-in too, so that the real-node e2e can roll
+# a driver upgrade across the real nodes (for the nodes, what changes is the image reference).
+UPGRADE_DRIVER_VERSION = "580.105.08"
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,9 @@ def standins() -> list[StandIn]:
         assert default is not None, name
         reference = default.reference
         if name == "driver":
+            repository = reference.rsplit(":", 1)[0]
+            upgrade = with_os_tag(f"{repository}:{UPGRADE_DRIVER_VERSION}", node_os_tag())
+            found.append(StandIn(name, upgrade, entrypoint))
             reference = with_os_tag(reference, node_os_tag())
         found.append(StandIn(name, reference, entrypoint))
     # Not a component of its own: the init container of every driver pod.

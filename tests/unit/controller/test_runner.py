@@ -333,5 +333,5 @@ def test_main_run_configures_from_flags_and_env(
     assert opts.config.operator_image == "example.com/op:1"
     assert opts.config.image_env == {"DRIVER_IMAGE": "example.com/driver:2"}
     assert opts.health_endpoint is None and opts.metrics_port == 9999
-    assert (opts.lease_seconds, opts.renew_seconds) == (15, 5.0)
+    assert (opts.lease_seconds, opts.renew_seconds) == (15, 2.5)
     assert not opts.apply_crd
