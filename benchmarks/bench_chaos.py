@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from gpu_operator import testenv  # noqa: E402
 from tests.chaos.harness import (  # noqa: E402
+    AFTER_OUTAGE_S,
     FAULTS,
     LEASE_SECONDS,
     ChaosEnv,
@@ -47,7 +48,9 @@ def scenarios(env: ChaosEnv, outage_s: float) -> dict[str, Callable[[], Outcome]
     runs["leader network cut, standby healthy"] = lambda: leader_network_cut(env)[0]
     if outage_s:
         name = f"apiserver down {outage_s:.0f}s"
-        runs[name] = lambda: env.run(name, lambda: env.cluster.restart_apiserver(down_s=outage_s))
+        runs[name] = lambda: env.run(
+            name, lambda: env.cluster.restart_apiserver(down_s=outage_s), AFTER_OUTAGE_S
+        )
     return runs
 
 

@@ -49,6 +49,10 @@ USER_CHOICE = ("gpu-node-5", "nvidia.com/gpu.deploy.gpu-feature-discovery", "fal
 # per request leaves a renewal (one round trip) inside half the renew deadline (two thirds of the
 # Lease): a holder renewing back to back answers each renewal one round trip after its renew time.
 LEASE_SECONDS = 9
+# After the API server was away for minutes, kube-controller-manager's DaemonSet controller may
+# hold off creating pods until its expectations expire (5 minutes): the driver pods an upgrade
+# deletes then come back that late, whatever the operator does.
+AFTER_OUTAGE_S = 600.0
 
 
 def policy(version: str, marker: str) -> dict[str, Any]:
@@ -428,7 +432,9 @@ class ChaosEnv:
         wait_for(f"{name} gone", lambda: self.kube.get("Node", name) is None)
         self.converge(f"settling after {name} went")
 
-    def run(self, name: str, fault: Callable[[], None] | None) -> Outcome:
+    def run(
+        self, name: str, fault: Callable[[], None] | None, converge_timeout: float = 240.0
+    ) -> Outcome:
         """The workload, then ``fault`` (which returns when the fault is over), then
         convergence; judged by the end state and the API writes it took."""
         self.retire_extra_node()
@@ -439,7 +445,7 @@ class ChaosEnv:
         if fault is not None:
             fault()
         fault_end = time.monotonic()
-        self.converge(f"convergence after {name}")
+        self.converge(f"convergence after {name}", converge_timeout)
         converge_s = time.monotonic() - fault_end
         until = datetime.now(UTC)
         writes = self.writes(users, since, until)

@@ -15,12 +15,12 @@ import time
 
 import pytest
 
-from tests.chaos.harness import ChaosEnv
+from tests.chaos.harness import AFTER_OUTAGE_S, ChaosEnv
 
 OUTAGE_S = float(os.environ.get("CHAOS_OUTAGE_S") or 300)
 
 
-@pytest.mark.timeout(OUTAGE_S + 900)
+@pytest.mark.timeout(OUTAGE_S + AFTER_OUTAGE_S + 600)
 def test_five_minutes_without_an_api_server(env: ChaosEnv) -> None:
     operator = env.operators["a"]
     samples: list[tuple[int, str]] = []
@@ -41,7 +41,7 @@ def test_five_minutes_without_an_api_server(env: ChaosEnv) -> None:
             thread.join(10)
 
     started = time.monotonic()
-    outcome = env.run(f"apiserver down {OUTAGE_S:.0f}s", outage)
+    outcome = env.run(f"apiserver down {OUTAGE_S:.0f}s", outage, AFTER_OUTAGE_S)
     print(
         f"\noutage of {OUTAGE_S:.0f}s: converged {outcome.converge_s}s after it, exits "
         f"{outcome.exits}, /healthz samples {sorted(set(samples))} "

@@ -15,6 +15,8 @@ from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
 from gpu_operator.testenv import nodeconfig, nvidia_runtime, standins
 from tests.paths import REPO
 
+UPGRADE_TAG = f"{standins.UPGRADE_DRIVER_VERSION}-{standins.node_os_tag()}"
+
 
 def test_standins_are_named_as_the_rendered_default_images(
     capsys: pytest.CaptureFixture[str],
@@ -27,10 +29,33 @@ def test_standins_are_named_as_the_rendered_default_images(
             for c in pod["containers"] + pod.get("initContainers", []):
                 rendered.add((c["image"], tuple(c.get("command") or ())))
     for standin in standins.standins():
+        if standin.reference.endswith(UPGRADE_TAG):
+            continue  # rendered for a policy naming that version (the next test)
         commands = {cmd for image, cmd in rendered if image == standin.reference}
         assert commands, f"{standin.reference} is not rendered by default"
         for command in commands:  # the command the DaemonSet runs is one the stand-in has
             assert not command or command[0] in standins.COMMANDS
+
+
+def test_the_upgrade_stand_in_is_the_driver_a_policy_with_that_version_renders(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The real-node driver upgrade bumps the example's version to UPGRADE_DRIVER_VERSION: the
+    driver image rendered for it must be a stand-in's name."""
+    policy = yaml.safe_load((REPO / "examples" / "clusterpolicy.yaml").read_text())
+    policy["spec"]["driver"]["version"] = standins.UPGRADE_DRIVER_VERSION
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy))
+    assert cli_main(["render", "-f", str(path), "--node-os", standins.node_os_tag()]) == 0
+    drivers = {
+        c["image"]
+        for doc in yaml.safe_load_all(capsys.readouterr().out)
+        if doc and doc["kind"] == "DaemonSet"
+        for c in doc["spec"]["template"]["spec"]["containers"]
+        if c["name"] == "nvidia-driver-ctr"
+    }
+    upgrade = {s.reference for s in standins.standins() if s.reference.endswith(UPGRADE_TAG)}
+    assert drivers == upgrade and len(upgrade) == 1, (drivers, upgrade)
 
 
 def test_every_image_the_real_stack_runs_is_the_projects_or_a_stand_in(
