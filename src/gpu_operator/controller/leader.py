@@ -171,16 +171,15 @@ class LeaderElector:
         """Renew; return (leadership lost) once no renewal was confirmed within the deadline."""
         if self.renewed is None:
             self.renewed = _now()
-        pause = self.renew_seconds
+        period = timedelta(seconds=self.renew_seconds)
+        due = self.renewed + period  # a period after the renew time last written
         while True:
-            # The next renewal is due ``pause`` after the renew time last written.
-            assert self.renewed is not None
-            due = (self.renewed - _now()).total_seconds() + pause
-            await asyncio.sleep(max(0.0, min(due, self.remaining(_now()))))
+            await asyncio.sleep(
+                max(0.0, min((due - _now()).total_seconds(), self.remaining(_now())))
+            )
             left = self.remaining(_now())
             if left <= 0:
                 break
-            pause = self.renew_seconds
             try:
                 renewed = await asyncio.wait_for(asyncio.to_thread(self._try), timeout=left)
             except TimeoutError:
@@ -191,10 +190,9 @@ class LeaderElector:
                 renewed = None
             if renewed is not None:
                 self.renewed = renewed
+                due = renewed + period
             else:
-                # Refused or failed: re-read and try soon (a quarter period after now).
-                assert self.renewed is not None
-                pause = (_now() - self.renewed).total_seconds() + self.renew_seconds / 4
+                due = _now() + period / 4  # refused or failed: re-read and try soon
         log.error(
             "leadership lost: no renewal confirmed for %.1fs (Lease %ss)",
             self.renew_deadline_s,
