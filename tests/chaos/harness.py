@@ -276,6 +276,7 @@ class ChaosEnv:
         # The components' logs outlive the cluster, beside the operators' (for a failed run).
         with contextlib.suppress(OSError):
             shutil.copytree(self.cluster.state_dir / "logs", self.workdir / "cluster-logs")
+            shutil.copy(self.cluster.audit_log, self.workdir / "cluster-logs" / "audit.log")
         self.cluster.stop(remove_state=True)
 
     # -- state --------------------------------------------------------------------------------

@@ -4,7 +4,9 @@ nodes: test_real_nodes_lifecycle.py)."""
 
 from __future__ import annotations
 
+import os
 import signal
+import ssl
 import subprocess
 import sys
 import textwrap
@@ -12,6 +14,7 @@ import time
 from pathlib import Path
 
 from gpu_operator import testenv
+from gpu_operator.testenv.cluster import https_ok
 from gpu_operator.testenv.processes import (
     alive,
     listening_ports,
@@ -72,6 +75,39 @@ def test_detached_up_outlives_the_cli_and_down_removes_everything(
     assert cluster is not None
     _assert_nothing_left(state_dir, cluster)
     assert hack_testenv(state_dir, testenv_bin_dir, "status").returncode == 1
+
+
+def test_an_exited_controller_manager_is_started_again_and_down_stops_its_loop(
+    tmp_path: Path, testenv_bin_dir: Path
+) -> None:
+    """kcm and the scheduler are restarted when they exit, as a kubelet restarts a control
+    plane's static pods (a leader-elected kcm exits during a long API server outage)."""
+    state_dir = tmp_path / "env"
+    cluster = testenv.start(state_dir, bin_dir=testenv_bin_dir)
+    markers = testenv.stray_markers(state_dir)
+    try:
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE  # self-signed serving certs
+        for name, port in (("kube-controller-manager", "kcm"), ("kube-scheduler", "scheduler")):
+            (first,) = testenv.find_strays([name], markers)
+            os.kill(first, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            again: list[int] = []
+            while time.monotonic() < deadline:
+                again = [p for p in testenv.find_strays([name], markers) if p != first]
+                if again:
+                    break
+                time.sleep(0.2)
+            assert again, f"{name} was not started again"
+            url = f"https://127.0.0.1:{cluster.ports[port]}/healthz"
+            while not https_ok(url, insecure) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert https_ok(url, insecure), f"{name} started again but never healthy"
+    finally:
+        cluster.stop()
+    _assert_nothing_left(state_dir, cluster)
+    assert testenv.find_strays(["sh"], markers) == [], "a restart loop outlived down"
 
 
 def test_killed_starter_takes_its_components_with_it(tmp_path: Path, testenv_bin_dir: Path) -> None:

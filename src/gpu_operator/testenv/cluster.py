@@ -300,7 +300,7 @@ class Cluster:
         (self.state_dir / STATE_FILE).write_text(json.dumps(self.to_json(), indent=2) + "\n")
         deadline = time.monotonic() + timeout
         ctx = self.ssl_context()
-        while not _https_ok(self.api_url + "/readyz", ctx):
+        while not https_ok(self.api_url + "/readyz", ctx):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise TestenvError(
                     f"kube-apiserver did not come back; last lines of its log:\n{_tail(record.log)}"
@@ -387,7 +387,28 @@ def stray_markers(state_dir: Path) -> list[str]:
     ]
 
 
-STRAY_NAMES = (*binaries.COMPONENTS, "unshare")
+STRAY_NAMES = (*binaries.COMPONENTS, "unshare", "sh")  # sh: the loop of :func:`restarted`
+
+# The kubelet's part for a control plane's static pods: started again when it exits (after 1,
+# 2, 4, then every 8 seconds). The loop forwards SIGTERM, so nothing outlives it.
+_RESTART_LOOP = (
+    "trap 'kill \"$pid\" 2>/dev/null; exit 143' TERM INT; delay=1; "
+    'while :; do "$@" & pid=$!; wait "$pid"; '
+    'echo "testenv: ${1##*/} exited ($?), starting it again in ${delay}s" >&2; '
+    'sleep "$delay"; [ "$delay" -lt 8 ] && delay=$((delay * 2)); done'
+)
+
+
+def restarted(argv: Sequence[str]) -> list[str]:
+    """``argv`` run by a loop that starts it again whenever it exits.
+
+    kube-controller-manager and kube-scheduler are leader-elected, as in a production control
+    plane: when the API server is gone for longer than their renew deadline (10 s) they exit,
+    and the kubelet starts them again with caches listed afresh. Run once and never restarted
+    (as testenv used to), they live through a long outage with informers that resume minutes
+    late, and kcm's DaemonSet controller then works from a stale cache (issue 16's outage).
+    """
+    return ["/bin/sh", "-c", _RESTART_LOOP, "testenv-restart", *argv]
 
 
 def stop(state_dir: Path | None = None) -> None:
@@ -456,7 +477,7 @@ def _tail(path: str, lines: int = 25) -> str:
         return "(no log)"
 
 
-def _https_ok(url: str, ctx: ssl.SSLContext) -> bool:
+def https_ok(url: str, ctx: ssl.SSLContext) -> bool:
     try:
         with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
             return bool(resp.status == 200)
@@ -480,9 +501,10 @@ class _Starter:
         # Processes to record and stop that this object did not spawn (real nodes' inits).
         self.adopted: list[ProcessRecord] = []
 
-    def spawn(self, name: str, args: Sequence[str]) -> None:
+    def spawn(self, name: str, args: Sequence[str], *, restart: bool = False) -> None:
+        argv = [str(self.bin_dir / name), *args]
         self.spawn_argv(
-            name, [str(self.bin_dir / name), *args], self.state_dir / "logs" / f"{name}.log"
+            name, restarted(argv) if restart else argv, self.state_dir / "logs" / f"{name}.log"
         )
 
     def spawn_argv(
@@ -696,7 +718,7 @@ def _start_once(
         record_state()
         admin_ctx = cluster.ssl_context()
         starter.wait_for(
-            "kube-apiserver /readyz", lambda: _https_ok(api_url + "/readyz", admin_ctx), deadline
+            "kube-apiserver /readyz", lambda: https_ok(api_url + "/readyz", admin_ctx), deadline
         )
         kcm_kc = kubeconfigs["kube-controller-manager"]
         starter.spawn(
@@ -708,7 +730,7 @@ def _start_once(
                 "--bind-address=127.0.0.1",
                 f"--secure-port={ports['kcm']}",
                 f"--cert-dir={state_dir / 'kcm'}",
-                "--leader-elect=false",
+                "--leader-elect=true",  # and restarted: see restarted()
                 f"--service-account-private-key-file={keys.sa_key}",
                 f"--root-ca-file={ca}",
                 f"--cluster-signing-cert-file={ca}",
@@ -727,6 +749,7 @@ def _start_once(
                 "--controllers=*",
                 "--profiling=false",
             ],
+            restart=True,
         )
         sched_kc = kubeconfigs["kube-scheduler"]
         starter.spawn(
@@ -738,11 +761,12 @@ def _start_once(
                 "--bind-address=127.0.0.1",
                 f"--secure-port={ports['scheduler']}",
                 f"--cert-dir={state_dir / 'scheduler'}",
-                "--leader-elect=false",
+                "--leader-elect=true",  # and restarted: see restarted()
                 "--kube-api-qps=200",
                 "--kube-api-burst=400",
                 "--profiling=false",
             ],
+            restart=True,
         )
         kwok_config = state_dir / "kwok.yaml"
         # An explicit config keeps a developer's ~/.kwok/kwok.yaml out of the picture.
@@ -766,7 +790,7 @@ def _start_once(
         for what, port in (("kube-controller-manager", "kcm"), ("kube-scheduler", "scheduler")):
             url = f"https://127.0.0.1:{ports[port]}/healthz"
             starter.wait_for(
-                f"{what} /healthz", functools.partial(_https_ok, url, insecure), deadline
+                f"{what} /healthz", functools.partial(https_ok, url, insecure), deadline
             )
         starter.wait_for("kwok /healthz", lambda: _http_ok(ports["kwok"]), deadline)
         with cluster.api_client() as api:
