@@ -219,7 +219,7 @@ def _cmd_exporter(args: argparse.Namespace) -> int:
         counters,
         hostname=os.environ.get("NODE_NAME") or None,
         interval_s=args.interval_ms / 1000.0,
-        pod_resources_socket=args.pod_resources_socket or None,
+        pod_resources_socket=(args.pod_resources_socket or None) if args.kubernetes else None,
     ).start()
     server = exporter.make_server(metrics, host, int(port or EXPORTER_PORT))
     log.info("serving /metrics and /health on %s", args.address)
@@ -611,6 +611,14 @@ def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--pod-resources-socket",
         default=os.environ.get("POD_RESOURCES_SOCKET", KUBELET_SOCKET),
+    )
+    p.add_argument(
+        "--kubernetes",
+        "-k",
+        action=argparse.BooleanOptionalAction,
+        default=_env_bool("DCGM_EXPORTER_KUBERNETES", True),
+        help="label series with the pod holding the GPU, from the PodResources socket (env "
+        "DCGM_EXPORTER_KUBERNETES; on unless set false, where NVIDIA's exporter is off)",
     )
     p.set_defaults(func=_cmd_exporter)
 
