@@ -54,9 +54,13 @@ STAND_IN_LINES = {
 def stack(
     real_cluster: testenv.Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    policy: dict[str, Any] = yaml.safe_load(nvidia("clusterpolicy-helm-default.yaml").read_text())
-    with real_stack(real_cluster, policy, tmp_path_factory) as running:
+    with real_stack(real_cluster, _helm_default(), tmp_path_factory) as running:
         yield running
+
+
+def _helm_default() -> dict[str, Any]:
+    policy: dict[str, Any] = yaml.safe_load(nvidia("clusterpolicy-helm-default.yaml").read_text())
+    return policy
 
 
 def _images(pod: dict[str, Any]) -> set[str]:
@@ -95,14 +99,17 @@ def test_every_operand_is_ready_on_the_real_nodes_through_its_real_probes(stack:
 
 def test_gpu_feature_discovery_labels_each_real_node(stack: Stack) -> None:
     """NVIDIA's gpu-feature-discovery command (the stand-in) labels each node as gpu-facts.md
-    says GFD does, for the node's simulated GPUs and the policy's MIG strategy."""
+    says GFD does, for the node's simulated GPUs, the policy's MIG strategy and the driver
+    version the policy installed."""
     check_discovery_labels(stack)
+    version = _helm_default()["spec"]["driver"]["version"]
     for planned in stack.cluster.real.nodes:  # type: ignore[union-attr]
         labels = node_labels(stack.kube, planned.name)
         assert labels["nvidia.com/gpu.family"] == FAMILIES[planned.gpus], labels
         assert labels["nvidia.com/gpu.memory"].isdigit(), labels
         assert labels["nvidia.com/mig.strategy"] == "single", labels
-        assert labels["nvidia.com/cuda.driver-version.full"].count(".") == 2, labels
+        assert labels["nvidia.com/cuda.driver-version.full"] == version, labels
+        assert labels["nvidia.com/cuda.driver.major"] == version.split(".")[0], labels
         assert labels["nvidia.com/gfd.timestamp"].isdigit(), labels
 
 

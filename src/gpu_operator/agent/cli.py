@@ -526,7 +526,12 @@ def _cmd_simulate_driver(args: argparse.Namespace) -> int:
         return sim.main_smi(driver_root, sim_dir)
     if args.action == "manager":
         return sim.run_manager(driver_root)
-    return sim.run_driver(sim_dir / labels.SIMULATED_GPUS_PROFILE, driver_root, sim_dir)
+    return sim.run_driver(
+        sim_dir / labels.SIMULATED_GPUS_PROFILE,
+        driver_root,
+        sim_dir,
+        driver_version=args.driver_version or None,
+    )
 
 
 def _cmd_simulate_toolkit(args: argparse.Namespace) -> int:
@@ -757,6 +762,11 @@ def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("step", nargs="?", help=argparse.SUPPRESS)
     p.add_argument("--host-root", default=os.environ.get("HOST_ROOT", "/host"))
     p.add_argument("--driver-root", default=labels.SIMULATED_DRIVER_ROOT)
+    p.add_argument(
+        "--driver-version",
+        default=os.environ.get("DRIVER_VERSION"),
+        help="the version installed (env DRIVER_VERSION, as NVIDIA's driver images set it)",
+    )
     p.set_defaults(func=_cmd_simulate_driver)
 
     p = sub.add_parser(

@@ -9,7 +9,9 @@ real nodes too (HELM_DEFAULT_IMAGES: its versions, and the images it names that 
 defaults replace with the project's own):
 
 - driver: `nvidia-driver init` and `nvidia-smi` -> `gpu-operator agent simulate-driver` (also
-  tagged with UPGRADE_DRIVER_VERSION, for the driver upgrade on real nodes)
+  tagged with UPGRADE_DRIVER_VERSION, for the driver upgrade on real nodes); each tag's image
+  sets DRIVER_VERSION to its version, as NVIDIA's driver images do, so the simulated NVML
+  reports the version the policy asked for
 - k8s-driver-manager (the driver pod's init container): `driver-manager uninstall_driver` ->
   `gpu-operator agent simulate-driver manager` (unloads the previous simulated driver)
 - container-toolkit: its entrypoint -> `gpu-operator agent simulate-toolkit`
@@ -30,8 +32,8 @@ They reach a node only through `hack/testenv load-image` (an explicit testenv/de
 real cluster pulls NVIDIA's real images and never sees these.
 
 `python -m gpu_operator.testenv.standins CONTEXT_DIR BASE_IMAGE` writes the build context (a
-Containerfile and the commands) and prints one line per stand-in: name, then its entrypoint as
-JSON, tab-separated.
+Containerfile and the commands) and prints one line per stand-in: name, its entrypoint as JSON
+and its environment (`KEY=value` words), tab-separated.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class StandIn:
     reference: str  # NVIDIA's image, exactly as rendered for the testenv's nodes
     entrypoint: tuple[str, ...]
     rendering: str = "defaults"  # which names it: "defaults", "upgrade" or "helm-default"
+    env: tuple[str, ...] = ()  # the image's own `KEY=value` environment
 
 
 # The commands each stand-in adds (under /usr/local/bin) and what they run.
@@ -137,9 +140,11 @@ def standins() -> list[StandIn]:
         for reference, rendering in named:
             if reference is None:
                 continue
+            env: tuple[str, ...] = ()
             if name == "driver":
+                env = (f"DRIVER_VERSION={reference.rsplit(':', 1)[1]}",)
                 reference = with_os_tag(reference, os_tag)
-            found.append(StandIn(name, reference, entrypoint, rendering))
+            found.append(StandIn(name, reference, entrypoint, rendering, env))
     return found
 
 
@@ -172,7 +177,8 @@ def main(argv: list[str]) -> int:
         return 2
     write_context(Path(argv[0]), argv[1])
     for standin in standins():
-        print(f"{standin.reference}\t{json.dumps(list(standin.entrypoint))}")
+        entrypoint = json.dumps(list(standin.entrypoint))
+        print(f"{standin.reference}\t{entrypoint}\t{' '.join(standin.env)}")
     return 0
 
 

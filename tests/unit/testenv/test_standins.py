@@ -50,6 +50,16 @@ def test_stand_ins_are_named_as_a_rendering_names_nvidias_images(
             assert not command or command[0] in standins.COMMANDS, (reference, command)
 
 
+def test_each_driver_stand_in_installs_the_version_of_its_tag() -> None:
+    """NVIDIA's driver images set DRIVER_VERSION; the stand-ins too, so the node's simulated
+    NVML reports the version the policy named."""
+    drivers = [s for s in standins.standins() if s.component == "driver"]
+    assert len(drivers) == 3
+    for standin in drivers:
+        version = standin.reference.rsplit(":", 1)[1].removesuffix(f"-{standins.node_os_tag()}")
+        assert standin.env == (f"DRIVER_VERSION={version}",), standin
+
+
 def test_the_upgrade_stand_in_is_the_driver_a_policy_with_that_version_renders(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
