@@ -449,7 +449,7 @@ build_image() {
 # archive for all of them, images/standins.oci.tar.
 build_standins() {
   local py=${PYTHON:-$REPO_ROOT/.venv/bin/python} base ctx="$IMAGE_DIR/standins-context" list
-  local name entrypoint ctr archive id
+  local name entrypoint env ctr archive id envs kv
   [ -x "$py" ] || py=python3
   base=$(operator_image_name)
   buildah_cmd inspect --type image "$base" >/dev/null 2>&1 || { log "build the image first: make image"; return 3; }
@@ -469,9 +469,11 @@ build_standins() {
     -t localhost/testenv/standins:latest "$ctx"
   # One OCI layout holding every stand-in (the layers once), archived for load-image.
   rm -rf "$ctx/layout" && mkdir -p "$ctx/layout"
-  while IFS=$'\t' read -r name entrypoint; do
+  while IFS=$'\t' read -r name entrypoint env; do
     ctr=$(buildah_cmd from --quiet --pull=never localhost/testenv/standins:latest)
-    buildah_cmd config --cmd '[]' --entrypoint "$entrypoint" \
+    envs=()
+    for kv in $env; do envs+=(--env "$kv"); done
+    buildah_cmd config --cmd '[]' --entrypoint "$entrypoint" "${envs[@]}" \
       --label org.opencontainers.image.title="SIMULATED stand-in for $name (gpu-operator testenv)" "$ctr"
     buildah_cmd commit --quiet --rm "$ctr" "$name" >/dev/null
     step "adding $name (SIMULATED) to $archive" \

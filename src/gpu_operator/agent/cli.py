@@ -219,7 +219,7 @@ def _cmd_exporter(args: argparse.Namespace) -> int:
         counters,
         hostname=os.environ.get("NODE_NAME") or None,
         interval_s=args.interval_ms / 1000.0,
-        pod_resources_socket=args.pod_resources_socket or None,
+        pod_resources_socket=(args.pod_resources_socket or None) if args.kubernetes else None,
     ).start()
     server = exporter.make_server(metrics, host, int(port or EXPORTER_PORT))
     log.info("serving /metrics and /health on %s", args.address)
@@ -526,7 +526,12 @@ def _cmd_simulate_driver(args: argparse.Namespace) -> int:
         return sim.main_smi(driver_root, sim_dir)
     if args.action == "manager":
         return sim.run_manager(driver_root)
-    return sim.run_driver(sim_dir / labels.SIMULATED_GPUS_PROFILE, driver_root, sim_dir)
+    return sim.run_driver(
+        sim_dir / labels.SIMULATED_GPUS_PROFILE,
+        driver_root,
+        sim_dir,
+        driver_version=args.driver_version or None,
+    )
 
 
 def _cmd_simulate_toolkit(args: argparse.Namespace) -> int:
@@ -611,6 +616,14 @@ def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--pod-resources-socket",
         default=os.environ.get("POD_RESOURCES_SOCKET", KUBELET_SOCKET),
+    )
+    p.add_argument(
+        "--kubernetes",
+        "-k",
+        action=argparse.BooleanOptionalAction,
+        default=_env_bool("DCGM_EXPORTER_KUBERNETES", True),
+        help="label series with the pod holding the GPU, from the PodResources socket (env "
+        "DCGM_EXPORTER_KUBERNETES; on unless set false, where NVIDIA's exporter is off)",
     )
     p.set_defaults(func=_cmd_exporter)
 
@@ -749,6 +762,11 @@ def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("step", nargs="?", help=argparse.SUPPRESS)
     p.add_argument("--host-root", default=os.environ.get("HOST_ROOT", "/host"))
     p.add_argument("--driver-root", default=labels.SIMULATED_DRIVER_ROOT)
+    p.add_argument(
+        "--driver-version",
+        default=os.environ.get("DRIVER_VERSION"),
+        help="the version installed (env DRIVER_VERSION, as NVIDIA's driver images set it)",
+    )
     p.set_defaults(func=_cmd_simulate_driver)
 
     p = sub.add_parser(

@@ -26,7 +26,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from gpu_operator import labels
-from gpu_operator.agent.simnvml import ENV_SEED, ENV_SIMULATE, ENV_STATE, build_simulated_nvml
+from gpu_operator.agent.simnvml import (
+    ENV_DRIVER,
+    ENV_SEED,
+    ENV_SIMULATE,
+    ENV_STATE,
+    build_simulated_nvml,
+)
 
 BANNER = "SIMULATED"
 TOOLKIT_DROP_IN = "99-nvidia-simulated.toml"
@@ -40,10 +46,14 @@ class SimulationError(RuntimeError):
     """The simulated operand cannot do its job; the message says what is missing."""
 
 
-def descriptor_text(spec: str, state_file: str, seed: str) -> str:
+def descriptor_text(spec: str, state_file: str, seed: str, driver_version: str) -> str:
     """`KEY=value` lines: the environment a container needs for the node's simulated NVML (the
-    seed makes every container on the node see the same GPU UUIDs, as on a real machine)."""
-    return f"{ENV_SIMULATE}={spec}\n{ENV_STATE}={state_file}\n{ENV_SEED}={seed}\n"
+    seed makes every container on the node see the same GPU UUIDs, as on a real machine; the
+    driver version is the one installed, which NVML reports)."""
+    return (
+        f"{ENV_SIMULATE}={spec}\n{ENV_STATE}={state_file}\n{ENV_SEED}={seed}\n"
+        f"{ENV_DRIVER}={driver_version}\n"
+    )
 
 
 def parse_descriptor(text: str) -> dict[str, str]:
@@ -69,16 +79,25 @@ def read_profile(path: Path) -> str:
     return spec
 
 
-def install_driver(profile_file: Path, driver_root: Path, sim_dir: Path) -> dict[str, str]:
+def install_driver(
+    profile_file: Path, driver_root: Path, sim_dir: Path, driver_version: str | None = None
+) -> dict[str, str]:
     """Lay out the driver root: the simulated NVML's descriptor and a README saying what it is.
 
     The NVML is built once here, so a bad profile fails the driver container (as a driver that
-    cannot load would), and the MIG state file the node's agents share is created."""
+    cannot load would), and the MIG state file the node's agents share is created.
+    ``driver_version``: the version this image installs (NVIDIA's driver images say it in
+    DRIVER_VERSION; the stand-ins too); None: the simulation's default."""
     spec = read_profile(profile_file)
     state_file = f"{labels.SIMULATED_GPUS_DIR}/{labels.SIMULATED_NVML_STATE}"
     # The state file as this container sees it (sim_dir is the node's SIMULATED_GPUS_DIR).
     seed = os.environ.get("NODE_NAME") or os.uname().nodename
-    sim = build_simulated_nvml(spec, state_file=sim_dir / labels.SIMULATED_NVML_STATE, seed=seed)
+    sim = build_simulated_nvml(
+        spec,
+        state_file=sim_dir / labels.SIMULATED_NVML_STATE,
+        seed=seed,
+        driver_version=driver_version,
+    )
     driver_root.mkdir(parents=True, exist_ok=True)
     (driver_root / "README.SIMULATED").write_text(
         "SIMULATED NVIDIA driver root (gpu-operator testenv): no kernel module, no libraries;\n"
@@ -86,9 +105,9 @@ def install_driver(profile_file: Path, driver_root: Path, sim_dir: Path) -> dict
     )
     descriptor = driver_root / labels.SIMULATED_NVML_DESCRIPTOR
     tmp = descriptor.with_name(descriptor.name + ".tmp")
-    tmp.write_text(descriptor_text(spec, state_file, seed))
-    tmp.replace(descriptor)
     version = sim.node.driver_version
+    tmp.write_text(descriptor_text(spec, state_file, seed, version))
+    tmp.replace(descriptor)
     return {"spec": spec, "driver_version": version, "gpus": str(len(sim.node.gpus))}
 
 
@@ -108,7 +127,11 @@ def run_manager(driver_root: Path) -> int:
 
 
 def run_driver(
-    profile_file: Path, driver_root: Path, sim_dir: Path, stop: threading.Event | None = None
+    profile_file: Path,
+    driver_root: Path,
+    sim_dir: Path,
+    stop: threading.Event | None = None,
+    driver_version: str | None = None,
 ) -> int:
     """`nvidia-driver init`: install, then hold the driver until told to stop (SIGTERM)."""
     stop = stop or threading.Event()
@@ -117,7 +140,7 @@ def run_driver(
             signal.signal(sig, lambda *_: stop.set())
     say("NVIDIA driver stand-in from the gpu-operator image; no kernel module is loaded")
     try:
-        info = install_driver(profile_file, driver_root, sim_dir)
+        info = install_driver(profile_file, driver_root, sim_dir, driver_version)
     except SimulationError as exc:
         say(f"driver not installed: {exc}")
         return 1
@@ -145,6 +168,7 @@ def smi_lines(env: Mapping[str, str], state_dir: Path) -> list[str]:
         env[ENV_SIMULATE],
         state_file=state_dir / labels.SIMULATED_NVML_STATE,
         seed=env.get(ENV_SEED),
+        driver_version=env.get(ENV_DRIVER),
     )
     return [f"GPU {g.index}: {g.model.name} (UUID: {g.uuid})" for g in sim.node.gpus]
 

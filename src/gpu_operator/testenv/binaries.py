@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import IO
 
@@ -134,12 +135,16 @@ def why_unbuildable() -> str | None:
 def _run_script(target: str, log: IO[str] | None) -> Path:
     script = build_script()
     assert script is not None
+    # The stand-ins' list comes from this package: the script runs it with this Python (its
+    # own default, the checkout's .venv, is absent in a git worktree or another venv).
+    env = {**os.environ, "PYTHON": os.environ.get("PYTHON") or sys.executable}
     proc = subprocess.run(
         ["bash", str(script), target],
         stdout=subprocess.PIPE,
         stderr=log if log is not None else None,
         text=True,
         check=False,
+        env=env,
     )
     if proc.returncode != 0:
         raise BinariesError(f"{script} {target} failed with exit code {proc.returncode}")

@@ -1,23 +1,39 @@
 """Stand-ins for NVIDIA's operand images, for the testenv's real nodes only.
 
-NVIDIA's driver, container-toolkit and device-plugin images cannot be pulled here. Each
-stand-in is built FROM the project's image (`make standins`), named exactly as the rendered
-defaults name NVIDIA's image (so nothing in the ClusterPolicy or the rendered DaemonSets
-changes), labelled SIMULATED, and provides the commands those DaemonSets run:
+NVIDIA's images cannot be pulled here. Each stand-in is built FROM the project's image
+(`make standins`), named exactly as a rendering names NVIDIA's image (so nothing in the
+ClusterPolicy or the rendered DaemonSets changes), labelled SIMULATED, and provides the commands
+those DaemonSets run. Two renderings name them: the project's defaults (examples/
+clusterpolicy.yaml), and NVIDIA's Helm chart's default ClusterPolicy, reconciled unchanged on
+real nodes too (HELM_DEFAULT_IMAGES: its versions, and the images it names that the project's
+defaults replace with the project's own):
 
 - driver: `nvidia-driver init` and `nvidia-smi` -> `gpu-operator agent simulate-driver` (also
-  tagged with UPGRADE_DRIVER_VERSION, for the driver upgrade on real nodes)
+  tagged with UPGRADE_DRIVER_VERSION, for the driver upgrade on real nodes); each tag's image
+  sets DRIVER_VERSION to its version, as NVIDIA's driver images do, so the simulated NVML
+  reports the version the policy asked for
 - k8s-driver-manager (the driver pod's init container): `driver-manager uninstall_driver` ->
   `gpu-operator agent simulate-driver manager` (unloads the previous simulated driver)
 - container-toolkit: its entrypoint -> `gpu-operator agent simulate-toolkit`
-- device-plugin: `nvidia-device-plugin` -> the project's own `gpu-operator agent device-plugin`
+- k8s-device-plugin: `nvidia-device-plugin` -> the project's own `gpu-operator agent
+  device-plugin`; `gpu-feature-discovery` (the same image) -> `gpu-operator agent discover`,
+  which labels the node through the API (NVIDIA's writes NFD's features.d file; the testenv has
+  no NFD, and the rendered ClusterRole grants it nodes get and patch either way)
+- k8s-mig-manager: its entrypoint -> `gpu-operator agent mig-manager` (CONFIG_FILE, NODE_NAME,
+  DEFAULT_GPU_CLIENTS_NAMESPACE as NVIDIA's reads them)
+- dcgm-exporter: its entrypoint -> `gpu-operator agent exporter` (DCGM_EXPORTER_LISTEN,
+  DCGM_EXPORTER_COLLECTORS, DCGM_EXPORTER_KUBERNETES and the mounted PodResources socket)
+
+None sets GPU_OPERATOR_SIMULATE: the operands NVIDIA runs with the `nvidia` RuntimeClass get the
+simulated NVML from the testenv's `nvidia` runtime (testenv/nvidia_runtime.py), as NVIDIA's get
+the driver's; the driver and toolkit stand-ins need none.
 
 They reach a node only through `hack/testenv load-image` (an explicit testenv/demo step): a
 real cluster pulls NVIDIA's real images and never sees these.
 
 `python -m gpu_operator.testenv.standins CONTEXT_DIR BASE_IMAGE` writes the build context (a
-Containerfile and the commands) and prints one line per stand-in: name, then its entrypoint as
-JSON, tab-separated.
+Containerfile and the commands) and prints one line per stand-in: name, its entrypoint as JSON
+and its environment (`KEY=value` words), tab-separated.
 """
 
 from __future__ import annotations
@@ -39,11 +55,26 @@ SIMULATED_LABEL = "SIMULATED"
 UPGRADE_DRIVER_VERSION = "580.105.08"
 
 
+# NVIDIA's images as NVIDIA's Helm chart's default ClusterPolicy names them
+# (reference/nvidia/clusterpolicy-helm-default.yaml; the driver's tag gets the node OS). A unit
+# test renders that policy and fails on an image without a stand-in here.
+HELM_DEFAULT_IMAGES = {
+    "driver": "nvcr.io/nvidia/driver:595.91.07",
+    "driver-manager": "nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.12.0",
+    "container-toolkit": "nvcr.io/nvidia/k8s/container-toolkit:v1.20.0",
+    "device-plugin": "nvcr.io/nvidia/k8s-device-plugin:v0.20.0",  # and gpu-feature-discovery
+    "mig-manager": "nvcr.io/nvidia/cloud-native/k8s-mig-manager:v0.15.0",
+    "dcgm-exporter": "nvcr.io/nvidia/k8s/dcgm-exporter:4.6.0-4.8.3-distroless",
+}
+
+
 @dataclass(frozen=True)
 class StandIn:
-    component: str  # the render registry's name
-    reference: str  # NVIDIA's default image, exactly as rendered for the testenv's nodes
+    component: str  # the render registry's name ("driver-manager": the driver's init container)
+    reference: str  # NVIDIA's image, exactly as rendered for the testenv's nodes
     entrypoint: tuple[str, ...]
+    rendering: str = "defaults"  # which names it: "defaults", "upgrade" or "helm-default"
+    env: tuple[str, ...] = ()  # the image's own `KEY=value` environment
 
 
 # The commands each stand-in adds (under /usr/local/bin) and what they run.
@@ -56,11 +87,28 @@ COMMANDS = {
         'echo "SIMULATED: NVIDIA device plugin stand-in: gpu-operator agent device-plugin on '
         'simulated NVML" >&2\nexec gpu-operator agent device-plugin "$@"'
     ),
+    "gpu-feature-discovery": (
+        'echo "SIMULATED: NVIDIA GPU feature discovery stand-in: gpu-operator agent discover on '
+        'simulated NVML, labelling the node through the API (no NFD features file)" >&2\n'
+        'exec gpu-operator agent discover "$@"'
+    ),
+    "nvidia-mig-manager": (
+        'echo "SIMULATED: NVIDIA MIG manager stand-in: gpu-operator agent mig-manager on '
+        'simulated NVML" >&2\nexec gpu-operator agent mig-manager "$@"'
+    ),
+    "dcgm-exporter": (
+        'echo "SIMULATED: NVIDIA DCGM exporter stand-in: gpu-operator agent exporter on '
+        'simulated NVML" >&2\nexec gpu-operator agent exporter "$@"'
+    ),
 }
+# Each image's entrypoint (a DaemonSet without a command runs it).
 ENTRYPOINTS = {
     "driver": ("nvidia-driver", "init"),
+    "driver-manager": ("driver-manager",),
     "container-toolkit": ("nvidia-toolkit",),
     "device-plugin": ("nvidia-device-plugin",),
+    "mig-manager": ("nvidia-mig-manager",),
+    "dcgm-exporter": ("dcgm-exporter",),
 }
 
 
@@ -71,20 +119,32 @@ def node_os_tag() -> str:
     return labels[f"{prefix}system-os_release.ID"] + labels[f"{prefix}system-os_release.VERSION_ID"]
 
 
+def _default_reference(name: str) -> str | None:
+    """NVIDIA's image the project's defaults render for ``name``; None where they render the
+    project's own image."""
+    if name == "driver-manager":  # not a component: the init container of every driver pod
+        return DEFAULT_MANAGER.reference
+    default = components.component(name).default_image
+    return default.reference if default is not None else None
+
+
 def standins() -> list[StandIn]:
+    os_tag = node_os_tag()
     found = []
     for name, entrypoint in ENTRYPOINTS.items():
-        default = components.component(name).default_image
-        assert default is not None, name
-        reference = default.reference
-        if name == "driver":
-            repository = reference.rsplit(":", 1)[0]
-            upgrade = with_os_tag(f"{repository}:{UPGRADE_DRIVER_VERSION}", node_os_tag())
-            found.append(StandIn(name, upgrade, entrypoint))
-            reference = with_os_tag(reference, node_os_tag())
-        found.append(StandIn(name, reference, entrypoint))
-    # Not a component of its own: the init container of every driver pod.
-    found.append(StandIn("driver-manager", DEFAULT_MANAGER.reference, ("driver-manager",)))
+        default = _default_reference(name)
+        named = [(default, "defaults"), (HELM_DEFAULT_IMAGES[name], "helm-default")]
+        if name == "driver" and default is not None:
+            repository = default.rsplit(":", 1)[0]
+            named.append((f"{repository}:{UPGRADE_DRIVER_VERSION}", "upgrade"))
+        for reference, rendering in named:
+            if reference is None:
+                continue
+            env: tuple[str, ...] = ()
+            if name == "driver":
+                env = (f"DRIVER_VERSION={reference.rsplit(':', 1)[1]}",)
+                reference = with_os_tag(reference, os_tag)
+            found.append(StandIn(name, reference, entrypoint, rendering, env))
     return found
 
 
@@ -117,7 +177,8 @@ def main(argv: list[str]) -> int:
         return 2
     write_context(Path(argv[0]), argv[1])
     for standin in standins():
-        print(f"{standin.reference}\t{json.dumps(list(standin.entrypoint))}")
+        entrypoint = json.dumps(list(standin.entrypoint))
+        print(f"{standin.reference}\t{entrypoint}\t{' '.join(standin.env)}")
     return 0
 
 

@@ -170,3 +170,18 @@ def test_validate_oneshot_exit_status(tmp_path: Path) -> None:
     )
     assert (out / ".ready").exists()
     assert run(["agent", "validate", "--components", "driver,bogus"]) == 2
+
+
+def test_exporter_reads_dcgm_exporter_kubernetes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVIDIA's env turns the pod attribution off; unset, the agent keeps it on."""
+
+    def parsed(*argv: str) -> argparse.Namespace:
+        parser = argparse.ArgumentParser(prog="gpu-operator")
+        add_agent_commands(parser.add_subparsers(dest="command", required=True))
+        return parser.parse_args(["agent", "exporter", *argv])
+
+    monkeypatch.delenv("DCGM_EXPORTER_KUBERNETES", raising=False)
+    assert parsed().kubernetes is True
+    monkeypatch.setenv("DCGM_EXPORTER_KUBERNETES", "false")
+    assert parsed().kubernetes is False
+    assert parsed("--kubernetes").kubernetes is True

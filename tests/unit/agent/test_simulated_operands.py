@@ -12,7 +12,14 @@ import pytest
 from gpu_operator import labels
 from gpu_operator.agent import simulated_operands as sim
 from gpu_operator.agent import validate
-from gpu_operator.agent.simnvml import ENV_SEED, ENV_SIMULATE, ENV_STATE, build_simulated_nvml
+from gpu_operator.agent.simnvml import (
+    DEFAULT_DRIVER,
+    ENV_DRIVER,
+    ENV_SEED,
+    ENV_SIMULATE,
+    ENV_STATE,
+    build_simulated_nvml,
+)
 
 
 def _host(tmp_path: Path, spec: str = "a100-40gb:2") -> Path:
@@ -32,7 +39,9 @@ def test_driver_installs_the_descriptor_and_removes_it_when_stopped(
     done: list[int] = []
     thread = threading.Thread(
         target=lambda: done.append(
-            sim.run_driver(sim_dir / labels.SIMULATED_GPUS_PROFILE, root, sim_dir, stop)
+            sim.run_driver(
+                sim_dir / labels.SIMULATED_GPUS_PROFILE, root, sim_dir, stop, "595.91.07"
+            )
         )
     )
     thread.start()
@@ -47,6 +56,7 @@ def test_driver_installs_the_descriptor_and_removes_it_when_stopped(
             ENV_SIMULATE: "a100-40gb:2",
             ENV_STATE: f"{labels.SIMULATED_GPUS_DIR}/{labels.SIMULATED_NVML_STATE}",
             ENV_SEED: "real-node-7",  # every agent on the node sees the same GPU UUIDs
+            ENV_DRIVER: "595.91.07",  # the version the driver image installs, as NVML says
         }
         assert (sim_dir / labels.SIMULATED_NVML_STATE).exists()  # the agents' shared MIG state
         assert sim.main_smi(root, sim_dir) == 0
@@ -57,6 +67,18 @@ def test_driver_installs_the_descriptor_and_removes_it_when_stopped(
     out = capsys.readouterr().out
     assert all(line.startswith("SIMULATED") for line in out.splitlines()), out
     assert "GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-" in out
+    assert "driver 595.91.07 'installed'" in out
+
+
+def test_agents_report_the_driver_version_of_the_descriptor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A container the `nvidia` runtime gave the descriptor's env sees the installed version."""
+    monkeypatch.delenv(ENV_DRIVER, raising=False)
+    assert build_simulated_nvml("t4:1").node.driver_version == DEFAULT_DRIVER
+    monkeypatch.setenv(ENV_DRIVER, "595.91.07")
+    assert build_simulated_nvml("t4:1").node.driver_version == "595.91.07"
+    assert build_simulated_nvml("t4:1", driver_version="1.2.3").node.driver_version == "1.2.3"
 
 
 def test_without_a_profile_the_driver_fails_saying_where_it_runs(tmp_path: Path) -> None:

@@ -14,27 +14,50 @@ from gpu_operator.cli import main as cli_main
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
 from gpu_operator.testenv import nodeconfig, nvidia_runtime, standins
 from tests.paths import REPO
+from tests.prerequisites import nvidia
 
-UPGRADE_TAG = f"{standins.UPGRADE_DRIVER_VERSION}-{standins.node_os_tag()}"
+HELM_DEFAULT = "clusterpolicy-helm-default.yaml"
 
 
-def test_standins_are_named_as_the_rendered_default_images(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    assert cli_main(["render", "--node-os", standins.node_os_tag(), "-o", "yaml"]) == 0
-    rendered = set()
+def _rendered(capsys: pytest.CaptureFixture[str], *policy: str) -> dict[str, set[tuple[str, ...]]]:
+    """Each image the DaemonSets name (containers and init containers) for the testenv's node
+    OS, with the commands they run it with (an empty one: the image's entrypoint)."""
+    assert cli_main(["render", *policy, "--node-os", standins.node_os_tag(), "-o", "yaml"]) == 0
+    rendered: dict[str, set[tuple[str, ...]]] = {}
     for doc in yaml.safe_load_all(capsys.readouterr().out):
         if doc and doc["kind"] == "DaemonSet":
             pod = doc["spec"]["template"]["spec"]
             for c in pod["containers"] + pod.get("initContainers", []):
-                rendered.add((c["image"], tuple(c.get("command") or ())))
-    for standin in standins.standins():
-        if standin.reference.endswith(UPGRADE_TAG):
-            continue  # rendered for a policy naming that version (the next test)
-        commands = {cmd for image, cmd in rendered if image == standin.reference}
-        assert commands, f"{standin.reference} is not rendered by default"
-        for command in commands:  # the command the DaemonSet runs is one the stand-in has
-            assert not command or command[0] in standins.COMMANDS
+                rendered.setdefault(c["image"], set()).add(tuple(c.get("command") or ()))
+    return rendered
+
+
+def _references(rendering: str) -> set[str]:
+    return {s.reference for s in standins.standins() if s.rendering == rendering}
+
+
+@pytest.mark.parametrize("rendering", ["defaults", "helm-default"])
+def test_stand_ins_are_named_as_a_rendering_names_nvidias_images(
+    capsys: pytest.CaptureFixture[str], rendering: str
+) -> None:
+    """Every stand-in is an image its rendering names (none is stale), and every command the
+    DaemonSets run it with is one the stand-in has."""
+    policy = ["-f", str(nvidia(HELM_DEFAULT))] if rendering == "helm-default" else []
+    rendered = _rendered(capsys, *policy)
+    for reference in _references(rendering):
+        assert reference in rendered, f"{reference} is not rendered by the {rendering}"
+        for command in rendered[reference]:
+            assert not command or command[0] in standins.COMMANDS, (reference, command)
+
+
+def test_each_driver_stand_in_installs_the_version_of_its_tag() -> None:
+    """NVIDIA's driver images set DRIVER_VERSION; the stand-ins too, so the node's simulated
+    NVML reports the version the policy named."""
+    drivers = [s for s in standins.standins() if s.component == "driver"]
+    assert len(drivers) == 3
+    for standin in drivers:
+        version = standin.reference.rsplit(":", 1)[1].removesuffix(f"-{standins.node_os_tag()}")
+        assert standin.env == (f"DRIVER_VERSION={version}",), standin
 
 
 def test_the_upgrade_stand_in_is_the_driver_a_policy_with_that_version_renders(
@@ -54,27 +77,21 @@ def test_the_upgrade_stand_in_is_the_driver_a_policy_with_that_version_renders(
         for c in doc["spec"]["template"]["spec"]["containers"]
         if c["name"] == "nvidia-driver-ctr"
     }
-    upgrade = {s.reference for s in standins.standins() if s.reference.endswith(UPGRADE_TAG)}
+    upgrade = _references("upgrade")
     assert drivers == upgrade and len(upgrade) == 1, (drivers, upgrade)
 
 
-def test_every_image_the_real_stack_runs_is_the_projects_or_a_stand_in(
-    capsys: pytest.CaptureFixture[str],
+@pytest.mark.parametrize("policy", ["examples/clusterpolicy.yaml", HELM_DEFAULT])
+def test_every_image_a_real_node_e2e_runs_is_the_projects_or_a_stand_in(
+    capsys: pytest.CaptureFixture[str], policy: str
 ) -> None:
-    """The real-node e2e reconciles examples/clusterpolicy.yaml: an image it renders that has no
-    stand-in would sit in ImagePullBackOff there (no registry), init containers included."""
-    example = str(REPO / "examples" / "clusterpolicy.yaml")
-    node_os = standins.node_os_tag()
-    assert cli_main(["render", "-f", example, "--node-os", node_os, "-o", "yaml"]) == 0
+    """The real-node e2e reconciles examples/clusterpolicy.yaml and NVIDIA's Helm-default
+    policy unchanged: an image either renders that has no stand-in would sit in
+    ImagePullBackOff there (no registry), init containers included. A new NVIDIA image in the
+    Helm defaults fails here first."""
+    path = nvidia(policy) if policy == HELM_DEFAULT else REPO / policy
     known = {s.reference for s in standins.standins()} | {DEFAULT_OPERATOR_IMAGE}
-    missing = set()
-    for doc in yaml.safe_load_all(capsys.readouterr().out):
-        if doc and doc["kind"] == "DaemonSet":
-            pod = doc["spec"]["template"]["spec"]
-            for c in pod["containers"] + pod.get("initContainers", []):
-                if c["image"] not in known:
-                    missing.add(f"{doc['metadata']['name']}/{c['name']}: {c['image']}")
-    assert missing == set()
+    assert set(_rendered(capsys, "-f", str(path))) - known == set()
 
 
 def test_context_marks_every_command_simulated(tmp_path: Path) -> None:

@@ -38,6 +38,7 @@ from .devices import CI_SLICES, DGX_BUSES, SimCi, SimGi, SimGpu
 from .install import (
     DEFAULT_CUDA,
     DEFAULT_DRIVER,
+    ENV_DRIVER,
     ENV_SEED,
     ENV_SIMULATE,
     ENV_STATE,
@@ -61,6 +62,7 @@ __all__ = [
     "DEFAULT_CUDA",
     "DEFAULT_DRIVER",
     "DGX_BUSES",
+    "ENV_DRIVER",
     "ENV_SEED",
     "ENV_SIMULATE",
     "ENV_STATE",

@@ -26,6 +26,9 @@ ENV_STATE = "GPU_OPERATOR_SIMULATE_STATE"
 # What GPU UUIDs derive from, when not the node's name: set where NODE_NAME is not (a pod
 # without it would otherwise see other UUIDs than its node's other agents).
 ENV_SEED = "GPU_OPERATOR_SIMULATE_SEED"
+# The driver version NVML reports, where not the default: the driver stand-in installing another
+# version (its image's DRIVER_VERSION) says so in the descriptor every container then gets.
+ENV_DRIVER = "GPU_OPERATOR_SIMULATE_DRIVER"
 DEFAULT_DRIVER = "580.95.05"
 DEFAULT_CUDA = 13000  # the 580 branch ships CUDA 13.0
 
@@ -35,7 +38,7 @@ _installed_lock = threading.Lock()
 def build_simulated_nvml(
     spec: str | Sequence[str] | Sequence[GpuModel],
     *,
-    driver_version: str = DEFAULT_DRIVER,
+    driver_version: str | None = None,
     cuda_version: int = DEFAULT_CUDA,
     state_file: str | Path | None = None,
     seed: str | None = None,
@@ -46,7 +49,8 @@ def build_simulated_nvml(
     ``spec``: ``"a100-40gb:8"``, ``"a100-40gb:4,t4:2"``, a list of such strings, or models.
     ``state_file``: MIG state shared with the node's other processes (read, or written now).
     ``seed``: what GPU UUIDs derive from; ``GPU_OPERATOR_SIMULATE_SEED``, else the node's name
-    (``NODE_NAME``), else the host name.
+    (``NODE_NAME``), else the host name. ``driver_version``: else ``GPU_OPERATOR_SIMULATE_DRIVER``,
+    else DEFAULT_DRIVER.
     """
     if isinstance(spec, str) or (spec and isinstance(spec[0], str)):
         models = parse_spec(spec)  # type: ignore[arg-type]
@@ -59,7 +63,7 @@ def build_simulated_nvml(
     )
     node = SimNode(
         new_gpus(models, node_name),
-        driver_version=driver_version,
+        driver_version=driver_version or os.environ.get(ENV_DRIVER) or DEFAULT_DRIVER,
         cuda_version=cuda_version,
         state=StateFile(Path(state_file)) if state_file else None,
         clock=clock,
@@ -72,7 +76,7 @@ def install_simulated_nvml(
     *,
     state_file: str | Path | None = None,
     seed: str | None = None,
-    driver_version: str = DEFAULT_DRIVER,
+    driver_version: str | None = None,
     cuda_version: int = DEFAULT_CUDA,
     clock: Callable[[], float] = time.monotonic,
 ) -> SimulatedNvml:

@@ -1,0 +1,312 @@
+"""The operator reconciling a ClusterPolicy on the real nodes, and the checks made there: shared
+by the real-node modules that reconcile a policy (test_real_stack.py: examples/
+clusterpolicy.yaml; test_real_helm_default.py: NVIDIA's Helm-default policy), so each thing is
+done one way."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes.stream import stream
+
+from gpu_operator import testenv
+from gpu_operator.controller.runner import OperatorThread
+from gpu_operator.kube import Kube
+from tests.e2e.support import service_account_config, start_operator, wait_for
+
+NS = "gpu-operator"
+POLICY = "cluster-policy"
+# The DaemonSets with a pod on each real GPU node, whichever image each runs.
+ON_EACH_REAL_NODE = (
+    "nvidia-driver-daemonset-ubuntu22.04",
+    "nvidia-container-toolkit-daemonset",
+    "nvidia-device-plugin-daemonset",
+    "nvidia-operator-validator",
+    "gpu-feature-discovery",
+    "nvidia-dcgm-exporter",
+    "nvidia-mig-manager",
+)
+PRODUCTS = {"a100-40gb:8": "NVIDIA-A100-SXM4-40GB", "h100-80gb:8": "NVIDIA-H100-80GB-HBM3"}
+
+
+@dataclass
+class Stack:
+    cluster: testenv.Cluster
+    kube: Kube
+    core: k8s.CoreV1Api
+    operator: OperatorThread
+    started: float
+
+
+def _operator_left(kube: Kube, names: list[str]) -> list[str]:
+    """What the operator still has on the real nodes (labels it owns, its taint)."""
+    left = []
+    for name in names:
+        node = kube.get("Node", name) or {}
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        left += [f"{name}:{k}" for k in labels if k.startswith("nvidia.com/gpu.deploy.")]
+        taints = (node.get("spec") or {}).get("taints") or []
+        left += [f"{name}:taint" for t in taints if t.get("key") == "nvidia.com/gpu"]
+    return left
+
+
+@contextmanager
+def real_stack(
+    cluster: testenv.Cluster, policy: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    """The project's image and the SIMULATED stand-ins loaded into the real nodes (the first
+    run builds them: minutes), the operator running as its ServiceAccount and ``policy``
+    created. On exit the policy is deleted and its finalizer's work awaited: the operator's
+    labels and taint off the nodes, the operands gone (the real-node modules share the nodes)."""
+    assert policy["metadata"]["name"] == POLICY
+    log_path = tmp_path_factory.mktemp("images") / "build.log"
+    with log_path.open("w") as log:
+        try:
+            archives = testenv.binaries.ensure_project_images(log)
+        except testenv.binaries.BinariesError as exc:
+            pytest.fail(f"the project's image could not be built: {exc} (log {log_path})")
+    for archive in archives:
+        cluster.load_image(archive)
+    with cluster.api_client() as api:
+        kube = Kube(api)
+        operator = start_operator(service_account_config(cluster, NS, "gpu-operator"), NS)
+        stack = Stack(cluster, kube, k8s.CoreV1Api(api), operator, time.monotonic())
+        try:
+            kube.create(policy)
+            yield stack
+        finally:
+            try:
+                kube.delete("ClusterPolicy", POLICY)
+                wait_for(
+                    "the operator's labels and taint off the real nodes",
+                    lambda: not _operator_left(kube, cluster.real_nodes),
+                    timeout=120,
+                )
+                wait_for(
+                    "the operands gone",
+                    lambda: not kube.list_objects("Pod", NS),
+                    timeout=180,
+                )
+            finally:
+                operator.stop()
+
+
+def node_labels(kube: Kube, name: str) -> dict[str, str]:
+    node = kube.get("Node", name) or {}
+    return dict((node.get("metadata") or {}).get("labels") or {})
+
+
+def pods_on(stack: Stack, app: str, node: str) -> list[dict[str, Any]]:
+    """The operand pods of ``app`` (a DaemonSet's name) on ``node``."""
+    return [
+        p
+        for p in stack.kube.list_objects("Pod", NS)
+        if p["spec"].get("nodeName") == node and p["metadata"]["name"].startswith(app)
+    ]
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def allocatable(stack: Stack, node: str) -> str | None:
+    status = (stack.kube.get("Node", node) or {}).get("status") or {}
+    value: str | None = status.get("allocatable", {}).get("nvidia.com/gpu")
+    return value
+
+
+def diagnose(stack: Stack) -> str:
+    """Why pods are not Ready: their phases, container states and log tails."""
+    lines = []
+    for pod in stack.kube.list_objects("Pod", NS):
+        if pod["spec"].get("nodeName") not in stack.cluster.real_nodes or ready(pod):
+            continue
+        name = pod["metadata"]["name"]
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        states = [json.dumps(s.get("state")) for s in statuses]
+        lines.append(f"{name} {pod['status'].get('phase')}: {'; '.join(states)}")
+        for c in pod["spec"]["containers"]:
+            try:
+                tail = stack.core.read_namespaced_pod_log(
+                    name, NS, container=c["name"], tail_lines=8
+                )
+            except k8s.ApiException as exc:
+                tail = f"(no log: {exc.reason})"
+            lines.append(f"  {c['name']}: {tail}")
+    return "\n".join(lines)
+
+
+def pod_exec(stack: Stack, pod: str, container: str, command: list[str]) -> str:
+    out: str = stream(
+        stack.core.connect_get_namespaced_pod_exec, pod, NS, container=container,
+        command=command, stderr=True, stdin=False, stdout=True, tty=False,
+    )  # fmt: skip
+    return out
+
+
+def gpu_pod(name: str, node: str, gpus: int) -> dict[str, Any]:
+    """A pod on ``node`` asking the device plugin for ``gpus`` nvidia.com/gpu."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 1,
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": testenv.binaries.node_image_name("shell"),
+                    "imagePullPolicy": "Never",
+                    "command": [
+                        "sh",
+                        "-c",
+                        "echo NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES; sleep 3600",
+                    ],
+                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                }
+            ],
+        },
+    }
+
+
+def wait_all_operands_ready(stack: Stack) -> float:
+    """Every DaemonSet of ON_EACH_REAL_NODE with its pods Ready (through the pods' own probes)
+    on every real node; the seconds since the policy was created."""
+
+    def all_ready() -> bool:
+        return all(
+            (pods := pods_on(stack, ds, node)) and all(ready(p) for p in pods)
+            for ds in ON_EACH_REAL_NODE
+            for node in stack.cluster.real_nodes
+        )
+
+    try:
+        wait_for("every operand Ready on both real nodes", all_ready, timeout=420)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{diagnose(stack)}") from None
+    return time.monotonic() - stack.started
+
+
+def check_discovery_labels(stack: Stack) -> None:
+    """Feature discovery, in its container, labels each real node with its simulated GPUs; the
+    device plugin, in its own, registers with the real kubelet: the node advertises them."""
+    for planned in stack.cluster.real.nodes:  # type: ignore[union-attr]
+        labels = wait_for(
+            f"{planned.name} labelled by discovery",
+            lambda n=planned.name: (
+                (got := node_labels(stack.kube, n)).get("nvidia.com/gpu.product") and got
+            ),
+            timeout=300,
+        )
+        assert labels["nvidia.com/gpu.product"] == PRODUCTS[planned.gpus]
+        assert labels["nvidia.com/gpu.count"] == "8"
+        assert labels["nvidia.com/mig.capable"] == "true"
+        wait_for(
+            f"{planned.name} advertising 8 GPUs",
+            lambda n=planned.name: allocatable(stack, n) == "8",
+            timeout=300,
+        )
+
+
+def exporter_metrics(stack: Stack, pod: str) -> str:
+    """The exporter's /metrics, fetched from inside its container (python3: both images have
+    it, the stand-in being built FROM the project's)."""
+    fetch = [
+        "python3", "-c",
+        "import urllib.request; print(urllib.request.urlopen("
+        "'http://127.0.0.1:9400/metrics', timeout=10).read().decode())",
+    ]  # fmt: skip
+    return pod_exec(stack, pod, "nvidia-dcgm-exporter", fetch)
+
+
+def check_exporter_names_the_gpu_pod(stack: Stack, node: str) -> list[str]:
+    """A pod gets a GPU from the device plugin through the real kubelet; the exporter on that
+    node reads the kubelet's PodResources socket and labels the GPU's series with the pod.
+    Returns those series."""
+    wait_for(f"{node} advertising nvidia.com/gpu", lambda: allocatable(stack, node), timeout=300)
+    stack.kube.create(gpu_pod("gpu-user", node, 1))
+    try:
+        wait_for("gpu-user Running", lambda: ready(stack.kube.get("Pod", "gpu-user", NS) or {}))
+        exporter = wait_for(
+            "the exporter Ready",
+            lambda: [p for p in pods_on(stack, "nvidia-dcgm-exporter", node) if ready(p)],
+            timeout=300,
+        )[0]["metadata"]["name"]
+
+        def pod_series() -> list[str]:
+            text = exporter_metrics(stack, exporter)
+            return [line for line in text.splitlines() if 'pod="gpu-user"' in line]
+
+        series = wait_for("a series labelled with pod gpu-user", pod_series, timeout=120)
+        assert any(f'namespace="{NS}"' in s and 'container="main"' in s for s in series), series
+        return series
+    finally:
+        stack.kube.delete("Pod", "gpu-user", NS)
+
+
+def check_mig_reconfiguration(stack: Stack, node: str) -> None:
+    """The MIG manager in its container changes ``node``'s layout (an A100 40GB's) to
+    all-1g.5gb through the node's shared simulated NVML state, pausing the operands: discovery
+    and the device plugin, in their own containers, see the MIG devices. MIG is disabled again
+    at the end."""
+    seen: list[dict[str, str]] = []
+
+    def state() -> str | None:
+        labels = node_labels(stack.kube, node)
+        seen.append(labels)
+        return labels.get("nvidia.com/mig.config.state")
+
+    stack.kube.merge_patch(
+        "Node", node, {"metadata": {"labels": {"nvidia.com/mig.config": "all-1g.5gb"}}}
+    )
+    try:
+        wait_for(
+            "the new layout applied after a pause",
+            lambda: (
+                state() == "success"
+                and any(s.get("nvidia.com/mig.config.state") == "pending" for s in seen)
+            ),
+            timeout=300,
+        )
+        paused = [s for s in seen if s.get("nvidia.com/mig.config.state") == "pending"]
+        assert any(
+            s.get("nvidia.com/gpu.deploy.device-plugin") == "paused-for-mig-change" for s in paused
+        )
+        labels = wait_for(
+            "discovery in its container sees the MIG devices",
+            lambda: (
+                (got := node_labels(stack.kube, node))
+                .get("nvidia.com/gpu.product", "")
+                .endswith("-MIG-1g.5gb")
+                and got
+            ),
+            timeout=300,
+        )
+        assert labels["nvidia.com/gpu.count"] == "56"
+        wait_for(
+            "the device plugin in its container advertises 56 MIG GPUs",
+            lambda: allocatable(stack, node) == "56",
+            timeout=300,
+        )
+    finally:
+        stack.kube.merge_patch(
+            "Node", node, {"metadata": {"labels": {"nvidia.com/mig.config": "all-disabled"}}}
+        )
+        wait_for(
+            "MIG disabled again",
+            lambda: (
+                node_labels(stack.kube, node).get("nvidia.com/gpu.count") == "8"
+                and node_labels(stack.kube, node).get("nvidia.com/mig.config.state") == "success"
+            ),
+            timeout=300,
+        )
