@@ -232,11 +232,17 @@ def exporter_metrics(stack: Stack, pod: str) -> str:
 def check_exporter_names_the_gpu_pod(stack: Stack, node: str) -> list[str]:
     """A pod gets a GPU from the device plugin through the real kubelet; the exporter on that
     node reads the kubelet's PodResources socket and labels the GPU's series with the pod.
-    Returns those series."""
+    Returns those series. It starts from a settled stack (every operand Ready), whatever ran
+    before it in the module."""
+    wait_all_operands_ready(stack)
     wait_for(f"{node} advertising nvidia.com/gpu", lambda: allocatable(stack, node), timeout=300)
     stack.kube.create(gpu_pod("gpu-user", node, 1))
     try:
-        wait_for("gpu-user Running", lambda: ready(stack.kube.get("Pod", "gpu-user", NS) or {}))
+        try:
+            wait_for("gpu-user Running", lambda: ready(stack.kube.get("Pod", "gpu-user", NS) or {}))
+        except AssertionError as exc:
+            status = (stack.kube.get("Pod", "gpu-user", NS) or {}).get("status")
+            raise AssertionError(f"{exc}; its status: {status}\n{diagnose(stack)}") from None
         exporter = wait_for(
             "the exporter Ready",
             lambda: [p for p in pods_on(stack, "nvidia-dcgm-exporter", node) if ready(p)],
