@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -57,6 +58,17 @@ def _operator_left(kube: Kube, names: list[str]) -> list[str]:
     return left
 
 
+def project_images(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """The project's image and the stand-ins as archives (built once; a changed tree rebuilds
+    them); a test fails, naming the build log, when they cannot be built."""
+    log_path = tmp_path_factory.mktemp("images") / "build.log"
+    with log_path.open("w") as log:
+        try:
+            return testenv.binaries.ensure_project_images(log)
+        except testenv.binaries.BinariesError as exc:
+            pytest.fail(f"the project's image could not be built: {exc} (log {log_path})")
+
+
 @contextmanager
 def real_stack(
     cluster: testenv.Cluster, policy: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
@@ -66,12 +78,7 @@ def real_stack(
     created. On exit the policy is deleted and its finalizer's work awaited: the operator's
     labels and taint off the nodes, the operands gone (the real-node modules share the nodes)."""
     assert policy["metadata"]["name"] == POLICY
-    log_path = tmp_path_factory.mktemp("images") / "build.log"
-    with log_path.open("w") as log:
-        try:
-            archives = testenv.binaries.ensure_project_images(log)
-        except testenv.binaries.BinariesError as exc:
-            pytest.fail(f"the project's image could not be built: {exc} (log {log_path})")
+    archives = project_images(tmp_path_factory)
     for archive in archives:
         cluster.load_image(archive)
     with cluster.api_client() as api:

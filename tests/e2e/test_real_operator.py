@@ -19,6 +19,7 @@ from kubernetes.stream import stream
 
 from gpu_operator import testenv
 from gpu_operator.kube import Kube
+from tests.e2e.stack_support import project_images
 from tests.e2e.support import policy_status, wait_for
 from tests.paths import REPO
 
@@ -34,12 +35,7 @@ def cluster(
     real_nodes_runtime: Path, testenv_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[testenv.Cluster]:
     """Two real nodes and no kwok node: every operator replica really runs."""
-    log_path = tmp_path_factory.mktemp("images") / "build.log"
-    with log_path.open("w") as log:
-        try:
-            archives = testenv.binaries.ensure_project_images(log)
-        except testenv.binaries.BinariesError as exc:
-            pytest.fail(f"the project's image could not be built: {exc} (log {log_path})")
+    archives = project_images(tmp_path_factory)
     state = testenv.default_state_dir() / f"oper-{uuid.uuid4().hex[:8]}"
     cluster = testenv.start(state, real_nodes=2, bin_dir=testenv_bin_dir)
     try:
