@@ -334,6 +334,19 @@ class Kube:
         )
         return result
 
+    def json_patch(
+        self, kind: str, name: str, operations: Any, namespace: str | None = None
+    ) -> dict[str, Any]:
+        """An RFC 6902 JSON patch: its ``test`` operations make it all-or-nothing (422)."""
+        result: dict[str, Any] = self.request(
+            "PATCH",
+            KINDS[kind].item(name, namespace),
+            query={"fieldManager": FIELD_MANAGER},
+            body=list(operations),
+            content_type="application/json-patch+json",
+        )
+        return result
+
     def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         kind = kind_of(obj)
         result: dict[str, Any] = self.request(

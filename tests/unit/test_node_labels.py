@@ -186,7 +186,41 @@ def test_taint_can_be_disabled_and_is_then_removed() -> None:
     assert untainted.taints == ()
     patch = plan_node(labelled, NodePolicy(deploy=POLICY.deploy, taint=None))
     assert patch is not None
-    assert patch.to_merge_patch()["metadata"]["resourceVersion"] == "8"  # list replace is guarded
+    kind, ops = patch.request()
+    # Removed in place, checked to still be there: no resourceVersion, no whole-list replace.
+    assert kind == "json"
+    assert ops[-2:] == [
+        {"op": "test", "path": "/spec/taints/0", "value": TAINT.to_k8s()},
+        {"op": "remove", "path": "/spec/taints/0"},
+    ]
+    assert [op["path"] for op in ops[:-2]] == [
+        "/metadata/annotations/nvidia.com~1gpu-operator.owned"
+    ]
+
+
+def test_node_patch_never_carries_a_resource_version() -> None:
+    """Labels alone go as a merge patch; with the taint, as a JSON patch that creates absent
+    maps only if they are still absent."""
+    labelled = apply(node(NFD), POLICY)
+    kind, body = plan_node(labelled, NodePolicy(deploy=(), taint=TAINT)).request()  # type: ignore[union-attr]
+    assert kind == "merge" and "resourceVersion" not in body["metadata"]
+    kind, ops = plan_node(node(NFD), POLICY).request()  # type: ignore[union-attr]
+    assert kind == "json"
+    assert ops[0] == {
+        "op": "add",
+        "path": "/metadata/labels/nvidia.com~1gpu.present",
+        "value": "true",
+    }
+    assert {"op": "test", "path": "/metadata/annotations", "value": None} in ops
+    assert ops[-2:] == [
+        {"op": "test", "path": "/spec/taints", "value": None},
+        {"op": "add", "path": "/spec/taints", "value": [TAINT.to_k8s()]},
+    ]
+    # Someone else's taint (the node lifecycle controller's not-ready) is left where it is.
+    not_ready = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+    kind, ops = plan_node(node(NFD, taints=[not_ready]), POLICY).request()  # type: ignore[union-attr]
+    assert ops[-1] == {"op": "add", "path": "/spec/taints/-", "value": TAINT.to_k8s()}
+    assert not [op for op in ops if op["path"] == "/spec/taints"]
 
 
 def test_mangled_ownership_annotation_owns_nothing() -> None:

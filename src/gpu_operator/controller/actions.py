@@ -7,7 +7,7 @@ needs no knowledge of GPUs, policies or upgrades.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -39,13 +39,15 @@ class Prune:
 
 @dataclass(frozen=True)
 class Patch:
-    """A JSON merge patch (with a resourceVersion inside when it must not race)."""
+    """A JSON merge patch (with a resourceVersion inside when it must not race), or a JSON
+    patch (a list of operations, ``test`` ones guarding what must not race)."""
 
     kind: str
     name: str
-    body: Mapping[str, Any]
+    body: Mapping[str, Any] | Sequence[Mapping[str, Any]]
     purpose: Purpose
     subresource: str | None = None
+    patch_type: Literal["merge", "json"] = "merge"
 
 
 @dataclass(frozen=True)

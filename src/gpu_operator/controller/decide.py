@@ -201,10 +201,19 @@ def _decide_active(
     pods_by_owner = by_owner(snap.pods)
     revisions_by_owner = by_owner(snap.revisions)
     labelled = _labelled_after(snap.nodes, labels)
+    # A DaemonSet of ours updated in this pass has a rollout ahead of it, whatever its status
+    # says now.
+    ours = {o.key for o in snap.managed}
+    rolling = {
+        o["metadata"]["name"] for o in applies if o["kind"] == "DaemonSet" and _key(o) in ours
+    }
     components = {
-        part.component.name: component_readiness(
-            part.component.name, snap.daemonsets, pods_by_owner, revisions_by_owner, labelled
-        )
+        part.component.name: [
+            replace(r, ready=False, message="rollout starting") if r.name in rolling else r
+            for r in component_readiness(
+                part.component.name, snap.daemonsets, pods_by_owner, revisions_by_owner, labelled
+            )
+        ]
         for part in parts
         if part.enabled
     }
@@ -217,7 +226,9 @@ def _decide_active(
         dra_conflicts=tuple(sorted(snap.dra_conflicts)) if spec.device_plugin.enabled else (),
     )
     status_actions, status = _status_actions(policy, observation, snap.stamp, config)
-    stages = [*object_stages, labels, upgrade_stage, Stage(tuple(status_actions)), *tail]
+    # Nodes first: the DaemonSets only schedule on labelled nodes, and the API server is quiet
+    # before their thousands of pods start coming.
+    stages = [labels, *object_stages, upgrade_stage, Stage(tuple(status_actions)), *tail]
     gauges = Gauges(
         gpu_nodes=gpu_nodes,
         components_ready={name: all(s.ready for s in sets) for name, sets in components.items()},
@@ -277,25 +288,38 @@ def _node_stage(
     snap: Snapshot, memory: Memory, policy: NodePolicy | None, *, uninstall: bool
 ) -> tuple[Stage, Memory]:
     """Label and taint patches: for every node when the node policy changed (or on a full
-    look), else only for nodes that changed since the last pass."""
+    look), else only for nodes that changed since the last pass; never for a node whose last
+    patch the watch has not shown yet (one write per node, not one per pass)."""
     same_policy = memory.node_policy_known and memory.node_policy == policy
     everything = uninstall or not same_policy or snap.changed_nodes is None
     changed = snap.changed_nodes or frozenset()
-    patches = tuple(
-        Patch("Node", node.name, patch.to_merge_patch(), "labels")
-        for node in snap.nodes
-        if everything or node.name in changed
-        if (patch := plan_node(node, policy, uninstall=uninstall)) is not None
+    unseen = {
+        n.name: n.resource_version
+        for n in snap.nodes
+        if memory.patched_nodes.get(n.name) == n.resource_version
+    }
+    patches = []
+    for node in snap.nodes:
+        if node.name in unseen and not uninstall:  # (the finalizer waits for every node)
+            continue
+        if not (everything or node.name in changed):
+            continue
+        patch = plan_node(node, policy, uninstall=uninstall)
+        if patch is not None:
+            patch_type, body = patch.request()
+            patches.append(Patch("Node", node.name, body, "labels", patch_type=patch_type))
+            unseen[node.name] = node.resource_version
+    remembered = replace(
+        memory, node_policy=policy, node_policy_known=not uninstall, patched_nodes=unseen
     )
-    remembered = replace(memory, node_policy=policy, node_policy_known=not uninstall)
-    return Stage(patches), remembered
+    return Stage(tuple(patches)), remembered
 
 
 def _labelled_after(nodes: Sequence[NodeView], stage: Stage) -> tuple[NodeView, ...]:
     """The nodes with the labels this pass's patches give them: readiness expects a pod on
     every node labelled for a component, including the nodes labelled just now."""
     patched = {
-        a.name: a.body["metadata"].get("labels") or {}
+        a.name: _label_changes(a)
         for a in stage.actions
         if isinstance(a, Patch) and a.kind == "Node"
     }
@@ -312,6 +336,22 @@ def _labelled_after(nodes: Sequence[NodeView], stage: Stage) -> tuple[NodeView, 
         else node
         for node in nodes
     )
+
+
+def _label_changes(patch: Patch) -> Mapping[str, str | None]:
+    """The labels a node patch sets (a value) or removes (None), merge or JSON patch."""
+    if isinstance(patch.body, Mapping):
+        labels: Mapping[str, str | None] = patch.body.get("metadata", {}).get("labels") or {}
+        return labels
+    changes: dict[str, str | None] = {}
+    for op in patch.body:
+        path = str(op.get("path", ""))
+        if path == "/metadata/labels" and op.get("op") == "add":
+            changes.update(op.get("value") or {})
+        elif path.startswith("/metadata/labels/") and op.get("op") in ("add", "remove"):
+            key = path.removeprefix("/metadata/labels/").replace("~1", "/").replace("~0", "~")
+            changes[key] = op.get("value") if op.get("op") == "add" else None
+    return changes
 
 
 def _upgrade(spec: ClusterPolicySpec, snap: Snapshot) -> UpgradePlan:

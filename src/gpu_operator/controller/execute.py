@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -104,6 +104,8 @@ class Executor:
             kind, namespace, name = action.key
             return kube.delete(kind, name, namespace or None)
         if isinstance(action, Patch):
+            if action.patch_type == "json" or not isinstance(action.body, Mapping):
+                return kube.json_patch(action.kind, action.name, action.body)
             return kube.merge_patch(
                 action.kind, action.name, action.body, subresource=action.subresource
             )

@@ -30,6 +30,9 @@ class Memory:
     # Objects of unwatched kinds: key -> applied hash on the server ("" when present without
     # one, None when absent). Unknown keys are read before deciding.
     unwatched: Mapping[Key, str | None] = field(default_factory=dict)
+    # Nodes patched, by the resourceVersion the patch was planned from: while the watch still
+    # shows that version, the write is not seen yet and planning it again would repeat it.
+    patched_nodes: Mapping[str, str] = field(default_factory=dict)
 
     def knows(self, key: Key) -> bool:
         return key in self.unwatched
@@ -99,5 +102,6 @@ def remember(memory: Memory, outcomes: Iterable[Outcome], *, reconciled: bool) -
         applied_generations=generations,
         unwatched=unwatched,
         apply_error=apply_error,
+        patched_nodes={k: v for k, v in memory.patched_nodes.items() if k not in retry},
     )
     return Aftermath(new, frozenset(retry), look_again=apply_error != memory.apply_error)

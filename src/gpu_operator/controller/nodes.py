@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from gpu_operator.labels import (
     DEPLOY_OPERANDS,
@@ -101,10 +101,27 @@ class NodePolicy:
 
 @dataclass(frozen=True)
 class NodePatch:
+    """One write that brings a node to what the operator wants of it.
+
+    It carries no resourceVersion: a kubelet heartbeat or another controller's label or taint
+    between the read and the write must not turn it into a 409 and a retry. Labels and
+    annotations are set key by key; the operator's taint is appended to the list as it is on the
+    server, and removed at its index only if a JSON-patch ``test`` finds it still there (the
+    list is the API's, shared with the node lifecycle controller and people). Asked again after
+    a lost answer, an append that had landed is refused (the API server keeps taints unique by
+    key and effect): a 422, and the next pass plans from what the watch shows.
+    """
+
     labels: dict[str, str | None] = field(default_factory=dict)
     annotations: dict[str, str | None] = field(default_factory=dict)
     taints: list[dict[str, Any]] | None = None  # the whole new list, when it changes
-    resource_version: str = ""
+    read: NodeView | None = None  # what the plan saw (guards the taint list)
+
+    def request(self) -> tuple[Literal["merge", "json"], Any]:
+        """(``"merge"`` or ``"json"``, the patch body)."""
+        if self.taints is None:
+            return "merge", self.to_merge_patch()
+        return "json", self.to_json_patch()
 
     def to_merge_patch(self) -> dict[str, Any]:
         meta: dict[str, Any] = {}
@@ -112,12 +129,63 @@ class NodePatch:
             meta["labels"] = self.labels
         if self.annotations:
             meta["annotations"] = self.annotations
-        body: dict[str, Any] = {"metadata": meta}
-        if self.taints is not None:
-            # Taints are replaced as a whole list: guard against a concurrent writer.
-            meta["resourceVersion"] = self.resource_version
-            body["spec"] = {"taints": self.taints}
-        return body
+        return {"metadata": meta}
+
+    def to_json_patch(self) -> list[dict[str, Any]]:
+        read = self.read or NodeView("")
+        return [
+            *_map_ops("/metadata/labels", self.labels, read.labels),
+            *_map_ops("/metadata/annotations", self.annotations, read.annotations),
+            *_taint_ops(read.taints, self.taints or []),
+        ]
+
+
+def _taint_ops(
+    read: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Remove the taints no longer wanted (highest index first, each checked in place) and
+    append the new ones."""
+    ops: list[dict[str, Any]] = []
+    for index in reversed([i for i, t in enumerate(read) if t not in new]):
+        path = f"/spec/taints/{index}"
+        ops += [{"op": "test", "path": path, "value": read[index]}, {"op": "remove", "path": path}]
+    added = [dict(t) for t in new if t not in read]
+    if added and not read:  # no list yet: create it, unless someone did meanwhile
+        ops += [
+            {"op": "test", "path": "/spec/taints", "value": None},
+            {"op": "add", "path": "/spec/taints", "value": added},
+        ]
+    else:
+        ops += [{"op": "add", "path": "/spec/taints/-", "value": t} for t in added]
+    return ops
+
+
+def _map_ops(
+    path: str, changes: Mapping[str, str | None], read: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """JSON-patch operations setting (value) or removing (None) keys of a string map."""
+    if not changes:
+        return []
+    if not read:  # the map may be absent: create it, unless someone did meanwhile
+        value = {k: v for k, v in changes.items() if v is not None}
+        if not value:
+            return []
+        return [
+            {"op": "test", "path": path, "value": None},
+            {"op": "add", "path": path, "value": value},
+        ]
+    return [
+        {"op": "remove", "path": f"{path}/{_pointer(k)}"}
+        if v is None
+        else {"op": "add", "path": f"{path}/{_pointer(k)}", "value": v}
+        for k, v in changes.items()
+        if v is not None or k in read
+    ]
+
+
+def _pointer(key: str) -> str:
+    """A label key as a JSON-pointer segment (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def is_gpu_node(node: NodeView) -> bool:
@@ -199,7 +267,7 @@ def plan_node(
         annotations.update({k: None for k in node.annotations if k in STACK_ANNOTATIONS})
     if not labels and not annotations and taints is None:
         return None
-    return NodePatch(labels, annotations, taints, node.resource_version)
+    return NodePatch(labels, annotations, taints, node)
 
 
 def _disown_user_choices(node: NodeView, owned: Owned) -> Owned:

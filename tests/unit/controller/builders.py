@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpu_operator.api import API_VERSION, KIND
@@ -226,8 +226,37 @@ def snapshot(
     return Snapshot(now=NOW, stamp=STAMP, policies=tuple(policies), nodes=tuple(nodes), **fields)
 
 
-def patched(node: NodeView, body: Mapping[str, Any]) -> NodeView:
-    """``node`` after a merge patch of its labels, annotations and taints."""
+def merge_form(body: Any, taints: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """A node patch as a merge patch: JSON patches (with the taint) are rewritten; ``taints``
+    are the node's before the patch."""
+    if isinstance(body, Mapping):
+        return dict(body)
+    meta: dict[str, dict[str, Any]] = {"labels": {}, "annotations": {}}
+    new_taints = list(taints)
+    touched = False
+    for op in body:
+        parts = [x.replace("~1", "/").replace("~0", "~") for x in op["path"].split("/")[1:]]
+        if parts[0] == "metadata" and len(parts) == 2 and op["op"] == "add":
+            meta[parts[1]].update(op["value"])
+        elif parts[0] == "metadata" and op["op"] in ("add", "remove"):
+            meta[parts[1]][parts[2]] = op.get("value") if op["op"] == "add" else None
+        elif parts[0] == "spec" and op["op"] != "test":
+            touched = True
+            if len(parts) == 2:
+                new_taints = list(op["value"])
+            elif op["op"] == "remove":
+                del new_taints[int(parts[2])]
+            else:
+                new_taints.append(op["value"])
+    out: dict[str, Any] = {"metadata": {k: v for k, v in meta.items() if v}}
+    if touched:
+        out["spec"] = {"taints": new_taints}
+    return out
+
+
+def patched(node: NodeView, body: Any) -> NodeView:
+    """``node`` after a merge patch (or a JSON patch) of its labels, annotations and taints."""
+    body = merge_form(body, node.taints)
     meta = body.get("metadata") or {}
 
     def merged(current: Mapping[str, str], change: Mapping[str, str | None]) -> dict[str, str]:

@@ -189,6 +189,40 @@ class FakeKube:
         return copy.deepcopy(self._store(merge(current, patch)))
 
     @_serialised
+    def json_patch(
+        self, kind: str, name: str, operations: Any, namespace: str | None = None
+    ) -> dict[str, Any]:
+        """RFC 6902 add, remove and test on object members and list items (``-`` appends)."""
+        self._check("patch", kind, name)
+        key = (kind, namespace or "", name)
+        current = self.objects.get(key)
+        if current is None:
+            raise api_error(404, f'{kind} "{name}" not found')
+        body = copy.deepcopy(current)
+        for op in operations:
+            *parents, last = [
+                p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]
+            ]
+            target: Any = body
+            for part in parents:
+                target = target[int(part)] if isinstance(target, list) else target.get(part)
+                if target is None:
+                    raise api_error(422, f"missing path: {op['path']}")
+            at: Any = int(last) if isinstance(target, list) and last != "-" else last
+            if op["op"] == "test":
+                have = target[at] if isinstance(target, list) else target.get(at)
+                if (have or None if have in ({}, []) else have) != op["value"]:  # omitempty
+                    raise api_error(422, f"testing value {op['path']} failed")
+            elif op["op"] == "remove":
+                del target[at]
+            elif isinstance(target, list):
+                target.insert(len(target) if at == "-" else at, op["value"])
+            else:
+                target[at] = op["value"]
+        self.writes.append(("patch", kind, name))
+        return copy.deepcopy(self._store(body))
+
+    @_serialised
     def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         kind = kind_of(obj).kind
         body = copy.deepcopy(dict(obj))

@@ -183,8 +183,13 @@ def test_an_edited_object_is_put_back() -> None:
     assert ds is not None
     h.kube.apply({**ds, "spec": {**ds["spec"], "template": {"edited": True}}})
     refresh(h.kube, h.indexes)
+    before = len(h.kube.writes)
     h.run_pass()
-    assert h.kube.writes[-1][:3] == ("apply", "DaemonSet", "nvidia-device-plugin-daemonset")
+    # Put back, and the status says its rollout is starting (written in the same pass).
+    assert [w[:3] for w in h.kube.writes[before:]] == [
+        ("apply", "DaemonSet", "nvidia-device-plugin-daemonset"),
+        ("patch", "ClusterPolicy/status", "cluster-policy"),
+    ]
     restored = h.kube.obj("DaemonSet", "nvidia-device-plugin-daemonset", NAMESPACE)
     assert restored is not None and "edited" not in restored["spec"]["template"]
 

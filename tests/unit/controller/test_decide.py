@@ -39,6 +39,7 @@ from tests.unit.controller.builders import (
     cpu_node,
     daemonset,
     gpu_node,
+    merge_form,
     patched,
     pod,
     policy,
@@ -171,11 +172,11 @@ def test_deleting_the_only_policy_cleans_nodes_before_releasing_it() -> None:
     (cleanup,) = labels_stage.actions
     assert isinstance(cleanup, Patch) and cleanup.purpose == "labels"
     # its own label and the rest of the stack's labels go; the ownership record too
-    assert cleanup.body["metadata"]["labels"] == {
+    assert merge_form(cleanup.body)["metadata"]["labels"] == {
         GPU_PRESENT: None,
         "nvidia.com/gpu.product": None,
     }
-    assert cleanup.body["metadata"]["annotations"] == {OWNED_ANNOTATION: None}
+    assert merge_form(cleanup.body)["metadata"]["annotations"] == {OWNED_ANNOTATION: None}
     assert release_stage.after_success  # only once every node is clean
     assert release_stage.actions == (
         Patch(
@@ -222,11 +223,11 @@ def test_an_invalid_spec_is_reported_and_nothing_is_applied() -> None:
     assert not decision.reconciled
 
 
-def test_a_fresh_cluster_gets_objects_then_daemonsets_then_labels_then_status() -> None:
+def test_a_fresh_cluster_gets_labels_then_objects_then_daemonsets_then_status() -> None:
     decision = decide(snapshot([policy()], [gpu_node(), cpu_node()]), Memory(), CONFIG)
     kinds = [{type(a).__name__ for a in s.actions} for s in decision.stages]
-    assert kinds == [{"Apply"}, {"Apply"}, {"Patch"}, {"Patch", "Create"}]
-    first, daemonsets = decision.stages[0], decision.stages[1]
+    assert kinds == [{"Patch"}, {"Apply"}, {"Apply"}, {"Patch", "Create"}]
+    first, daemonsets = decision.stages[1], decision.stages[2]
     assert all(a.obj["kind"] != "DaemonSet" for a in first.actions if isinstance(a, Apply))
     assert all(a.obj["kind"] == "DaemonSet" for a in daemonsets.actions if isinstance(a, Apply))
     assert DRIVER_DS in {
@@ -238,7 +239,7 @@ def test_a_fresh_cluster_gets_objects_then_daemonsets_then_labels_then_status() 
         assert APPLIED_HASH in obj["metadata"]["annotations"]
     # only the GPU node is labelled
     assert [p.name for p in patches(decision, "labels")] == ["gpu-1"]
-    labels = patches(decision, "labels")[0].body["metadata"]["labels"]
+    labels = merge_form(patches(decision, "labels")[0].body)["metadata"]["labels"]
     assert labels[DEPLOY_PREFIX + "driver"] == "true"
     assert status_of(decision)["state"] == "notReady"
     assert events(decision) == [("Normal", "OperandNotReady")]
@@ -281,7 +282,9 @@ def test_disabling_a_component_prunes_it_and_relabels_every_node() -> None:
         "nvidia-dcgm-exporter"
     }
     # the node policy changed: every node is looked at, though none changed
-    relabelled = {p.name: p.body["metadata"]["labels"] for p in patches(decision, "labels")}
+    relabelled = {
+        p.name: merge_form(p.body)["metadata"]["labels"] for p in patches(decision, "labels")
+    }
     assert relabelled == {
         "gpu-1": {DEPLOY_PREFIX + "dcgm-exporter": None},
         "gpu-2": {DEPLOY_PREFIX + "dcgm-exporter": None},
