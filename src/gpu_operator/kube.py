@@ -10,6 +10,7 @@ a failed pass. A POST is asked again only when it cannot have arrived (connectio
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ __all__ = [
     "Fenced",
     "Kube",
     "Retry",
+    "WatchStream",
     "api_configuration",
     "connect",
 ]
@@ -121,6 +123,33 @@ def _body(resp: Any) -> bytes:
         exc.headers = resp.headers
         raise exc
     return data
+
+
+class WatchStream:
+    """The events of one watch request, parsed; :meth:`close` (from any thread) ends it."""
+
+    def __init__(self, response: Any) -> None:
+        self._response = response  # urllib3's HTTPResponse, body not yet read
+
+    def batches(self) -> Iterator[list[dict[str, Any]]]:
+        """The events as they arrive, a batch per chunk read from the stream."""
+        pending = b""
+        try:
+            for chunk in self._response.stream(amt=None, decode_content=False):
+                *lines, pending = (pending + chunk).split(b"\n")
+                events = [json.loads(line) for line in lines if line.strip()]
+                if events:
+                    yield events
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        # shutdown() unblocks a read waiting in another thread; a stream that ended on its own
+        # has given its connection back already (and shutdown() says so, RuntimeError).
+        with contextlib.suppress(RuntimeError, ValueError):
+            self._response.shutdown()
+        self._response.close()
+        self._response.release_conn()
 
 
 def connect(kubeconfig: str | None = None) -> Kube:
@@ -260,20 +289,51 @@ class Kube:
             query["labelSelector"] = label_selector
         if field_selector:
             query["fieldSelector"] = field_selector
-        items: list[dict[str, Any]] = []
-        for page in self._pages(KINDS[kind].collection(namespace), query):
-            items.extend(page)
-        return items
+        return self.list_with_version(kind, namespace, query)[0]
 
-    def _pages(self, path: str, query: dict[str, str]) -> Iterator[list[dict[str, Any]]]:
-        query = {**query, "limit": "500"}
+    def list_with_version(
+        self, kind: str, namespace: str | None = None, query: Mapping[str, str] | None = None
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Every object (in pages of 500) and the list's resourceVersion, to watch from."""
+        items: list[dict[str, Any]] = []
+        path = KINDS[kind].collection(namespace)
+        paged = {**(query or {}), "limit": "500"}
         while True:
-            data = self.request("GET", path, query=query)
-            yield data.get("items") or []
-            token = (data.get("metadata") or {}).get("continue")
-            if not token:
-                return
-            query["continue"] = token
+            data = self.request("GET", path, query=paged)
+            items.extend(data.get("items") or [])
+            meta = data.get("metadata") or {}
+            if not meta.get("continue"):
+                return items, str(meta.get("resourceVersion") or "")
+            paged["continue"] = meta["continue"]
+
+    def watch(
+        self,
+        kind: str,
+        namespace: str | None,
+        resource_version: str,
+        timeout_s: int,
+        *,
+        label_selector: str | None = None,
+    ) -> WatchStream:
+        """One watch request from ``resource_version`` (with bookmarks), ended by the server
+        after ``timeout_s``; iterate it for the events. Not asked again here: the informer
+        backs off and resumes (an ApiException carries the headers, Retry-After included)."""
+        query = {
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": str(timeout_s),
+        }
+        if label_selector:
+            query["labelSelector"] = label_selector
+        path = KINDS[kind].collection(namespace)
+        resp = self._send("GET", path, query, None, "application/json", timeout_s + 30)
+        if resp.status >= 400:
+            try:
+                _body(resp)  # raises
+            finally:
+                resp.response.release_conn()
+        return WatchStream(resp.response)
 
     # -- writes --------------------------------------------------------------------------------
 

@@ -29,7 +29,8 @@ class NodeView:
     taints: tuple[dict[str, Any], ...] = ()
     capacity: Mapping[str, str] = field(default_factory=dict)
     allocatable: Mapping[str, str] = field(default_factory=dict)
-    resource_version: str = ""
+    # Not compared: two views of a node are equal when everything read of it is.
+    resource_version: str = field(default="", compare=False)
     container_runtime: str = ""  # status.nodeInfo.containerRuntimeVersion, e.g. containerd://1.7
     ready: bool = True
     unschedulable: bool = False

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,15 @@ def test_helm_default_converges(env: Env) -> None:
     ds = daemonsets(env.kube)
     status = policy_status(env.kube, "cluster-policy")
     assert status["state"] == "ready"
+    # One write per GPU node (labels, ownership and taint together, never refused for a
+    # conflict and asked again), none on CPU nodes: the cluster is this test's own, so since
+    # its start.
+    node_writes = [
+        w["objectRef"]["name"]
+        for w in audit_writes(env.cluster, SA_USER, datetime(2000, 1, 1, tzinfo=UTC))
+        if w["objectRef"]["resource"] == "nodes"
+    ]
+    assert sorted(node_writes) == GPU_NODES
     assert status["namespace"] == NS
     assert {c["type"]: c["reason"] for c in status["conditions"]}["Ready"] == "Reconciled"
 

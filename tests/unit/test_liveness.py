@@ -33,6 +33,18 @@ def test_judgement() -> None:
     assert retrying.state == "retrying" and retrying.alive and "300s" in retrying.reason
 
 
+def test_a_dead_watch_thread_is_deaf_like_a_dead_kopf_watcher() -> None:
+    def verdict(threads: dict[str, bool]) -> Verdict:
+        return judge(
+            WATCHERS, WATCHERS, now=0.0, pass_started=None, failing_since=None, stall_s=300,
+            threads=threads,
+        )  # fmt: skip
+
+    assert verdict({"watch-nodes": True, "watch-pods": True}).state == "ok"
+    dead = verdict({"watch-nodes": True, "watch-pods": False})
+    assert dead.state == "deaf" and dead.reason == "watch-pods ended (1 of 4 watches dead)"
+
+
 def test_kopf_still_names_its_watch_tasks_as_the_watchdog_expects() -> None:
     assert f'name=f"{WATCHER_PREFIX}' in inspect.getsource(orchestration)
 

@@ -39,11 +39,11 @@ def test_index_values_keep_only_what_decisions_read() -> None:
         "metadata": {"name": "p", "namespace": "n", "uid": "u", "labels": {"a": "b"},
                      "ownerReferences": [{"uid": "ds"}]},
         "spec": {"nodeName": "n1"},
-        # Ready's transition time tells whether a validator re-validated a new driver.
+        # Ready's transition time tells whether a validator re-validated a new driver; no
+        # other condition is read.
         "status": {"phase": "Running",
                    "conditions": [{"type": "Ready", "status": "True",
-                                   "lastTransitionTime": "2026-01-01T00:00:00Z"},
-                                  {"type": "PodScheduled", "status": "True"}],
+                                   "lastTransitionTime": "2026-01-01T00:00:00Z"}],
                    "containerStatuses": [{"restartCount": 2, "ready": True}],
                    "initContainerStatuses": []},
     }  # fmt: skip

@@ -1,9 +1,9 @@
 """The ClusterPolicy loop's imperative shell: observe, decide, execute, remember.
 
-Watch events only mark what changed and wake the loop; each pass takes one snapshot of the
-indexes (plus the few reads decisions need), asks :func:`decide` for the actions, performs
-them, and folds the outcomes into the memory the next pass decides with. All state that must
-outlive the process is in the cluster.
+Watch events (kopf's and the informer's alike) only mark what changed and wake the loop; each
+pass takes one snapshot of the stores (plus the few reads decisions need), asks :func:`decide`
+for the actions, performs them, and folds the outcomes into the memory the next pass decides
+with. All state that must outlive the process is in the cluster.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_operator.controller.actions import Key, Outcome
+from gpu_operator.api import KIND
+from gpu_operator.controller.actions import Apply, Key, Outcome, Prune
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.decide import APPLIED_KINDS, Decision, Gauges, decide
 from gpu_operator.controller.execute import Executor
@@ -23,13 +24,12 @@ from gpu_operator.controller.loop import Loop
 from gpu_operator.controller.memory import Memory, remember
 from gpu_operator.controller.metrics import PrometheusMetrics
 from gpu_operator.controller.snapshot import Snapshot
-from gpu_operator.controller.watch import Watched, owned_children
+from gpu_operator.controller.watch import ObjectKey, Watched, owned_children
 from gpu_operator.events import now_iso
 from gpu_operator.kinds import KINDS
 from gpu_operator.kube import Kube
 from gpu_operator.labels import APPLIED_HASH
 from gpu_operator.upgrade import emptying_nodes
-from gpu_operator.views import NodeView
 
 log = logging.getLogger(__name__)
 
@@ -37,17 +37,9 @@ NODE_RETRY_S = 1.0  # a node whose patch was refused is looked at again this soo
 MAX_DECIDE_ROUNDS = 3  # decide, read what it asks for, decide again
 
 
-def node_fingerprint(node: NodeView) -> tuple[Any, ...]:
-    """What the operator decides on; a heartbeat changes none of it."""
-    return (
-        tuple(sorted(node.labels.items())),
-        tuple(sorted(node.annotations.items())),
-        repr(node.taints),
-        tuple(sorted(node.capacity.items())),
-        node.container_runtime,
-        node.ready,
-        node.unschedulable,
-    )
+# Changes acted on without waiting for a rollout's events to settle (pods and DaemonSet
+# status only move status and upgrades along).
+URGENT_KINDS = frozenset({KIND, "NVIDIADriver", "Node", "ConfigMap"})
 
 
 @dataclass
@@ -56,16 +48,6 @@ class Inbox:
 
     look_at_all: bool = True
     changed_nodes: set[str] = field(default_factory=set)
-    fingerprints: dict[str, tuple[Any, ...]] = field(default_factory=dict)
-
-    def node_changed(self, node: NodeView) -> bool:
-        """Record a node event; False when nothing the operator decides on changed."""
-        fingerprint = node_fingerprint(node)
-        if self.fingerprints.get(node.name) == fingerprint:
-            return False
-        self.fingerprints[node.name] = fingerprint
-        self.changed_nodes.add(node.name)
-        return True
 
     def take(self) -> frozenset[str] | None:
         """The changed nodes, or None when every node must be looked at; then empty."""
@@ -82,6 +64,7 @@ class ClusterPolicyController:
         self.metrics = metrics
         self.indexes: Mapping[str, Any] = {}
         self.inbox = Inbox()
+        self._policy_marks: dict[ObjectKey, tuple[Any, ...]] = {}
         self.memory = Memory()
         self.executor = Executor(kube, config.write_concurrency, metrics)
         self.loop = Loop("clusterpolicy", self.run_pass, config, metrics)
@@ -95,17 +78,38 @@ class ClusterPolicyController:
 
     # -- fed by the watches ------------------------------------------------------------------
 
-    def notify(self, watched: Watched, body: Mapping[str, Any], indexes: Mapping[str, Any]) -> None:
-        if not self.indexes:
-            self.indexes = dict(indexes)
-            self.loop.ready.set()
-            for other in self.also_wake:
-                other.ready.set()
-        if watched.kind.kind == "Node" and not self.inbox.node_changed(NodeView.from_k8s(body)):
-            return  # a heartbeat
-        self.loop.wake.set()
-        for other in self.also_wake:
-            other.wake.set()
+    def watching(self, stores: Mapping[str, Mapping[ObjectKey, Any]]) -> None:
+        """Read from ``stores`` (filled: the loops may start, with a full pass at once)."""
+        self.indexes = stores
+        for loop in (self.loop, *self.also_wake):
+            loop.ready.set()
+            loop.urgent.set()
+            loop.wake.set()
+
+    def notify(self, watched: Watched, key: ObjectKey) -> None:
+        """Something the operator reads changed (events that change nothing kept, such as
+        heartbeats, never get here)."""
+        if watched.kind.kind == "Node":
+            self.inbox.changed_nodes.add(key[1])
+        if not watched.wakes:
+            return
+        urgent = self._urgent(watched, key)
+        for loop in (self.loop, *self.also_wake):
+            if urgent:
+                loop.urgent.set()
+            loop.wake.set()
+
+    def _urgent(self, watched: Watched, key: ObjectKey) -> bool:
+        """Whether to act without letting a rollout settle: a node, a ConfigMap, or a policy
+        whose spec, deletion or finalizers changed (not its status: the operator's own write)."""
+        if watched.kind.kind != KIND:
+            return watched.kind.kind in URGENT_KINDS
+        meta = ((self.indexes.get(watched.index) or {}).get(key) or {}).get("metadata") or {}
+        mark = (meta.get("generation"), meta.get("deletionTimestamp"), meta.get("finalizers"))
+        if self._policy_marks.get(key) == mark:
+            return False
+        self._policy_marks[key] = mark
+        return True
 
     # -- one pass ----------------------------------------------------------------------------
 
@@ -121,6 +125,8 @@ class ClusterPolicyController:
         self._set_gauges(decision.gauges)
         if after.look_again:
             self.loop.wake.set()
+        if any(o.ok and isinstance(o.action, (Apply, Prune)) for o in outcomes):
+            self.loop.urgent.set()  # see what the new objects do without waiting to settle
         requeue = decision.requeue_at
         if after.retry_nodes:
             self.inbox.changed_nodes |= after.retry_nodes
@@ -201,8 +207,7 @@ class ClusterPolicyController:
         return self._values(index)
 
     def _values(self, index: str) -> list[Any]:
-        idx = self.indexes.get(index) or {}
-        return [value for store in idx.values() for value in store]
+        return list((self.indexes.get(index) or {}).values())
 
     def _set_gauges(self, gauges: Gauges) -> None:
         m = self.metrics

@@ -1,8 +1,9 @@
 """The NVIDIADriver loop's imperative shell: observe, decide (``driver_decide``), execute.
 
-It runs beside the ClusterPolicy loop on the same watches (kopf's indexes): any change wakes
-both, and each decides only about what it owns. Everything it must remember is in the cluster
-(node pool labels, upgrade state labels, status), so a restarted operator carries on.
+It runs beside the ClusterPolicy loop on the same stores (kopf's and the informer's): any
+change wakes both, and each decides only about what it owns. Everything it must remember is in
+the cluster (node pool labels, upgrade state labels, status), so a restarted operator carries
+on.
 """
 
 from __future__ import annotations
@@ -14,19 +15,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpu_operator.api import nvidiadriver as api
-from gpu_operator.controller.clusterpolicy import Inbox
+from gpu_operator.controller.clusterpolicy import URGENT_KINDS
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.driver_decide import DRIVER_KINDS, DriverSnapshot, decide_drivers
 from gpu_operator.controller.execute import Executor
 from gpu_operator.controller.loop import Loop
 from gpu_operator.controller.metrics import PrometheusMetrics
 from gpu_operator.controller.snapshot import Snapshot
-from gpu_operator.controller.watch import Watched, owned_children
+from gpu_operator.controller.watch import ObjectKey, Watched, owned_children
 from gpu_operator.events import now_iso
 from gpu_operator.kinds import KINDS
 from gpu_operator.kube import Kube
 from gpu_operator.upgrade import emptying_nodes
-from gpu_operator.views import NodeView
 
 log = logging.getLogger(__name__)
 
@@ -37,17 +37,23 @@ class NVIDIADriverController:
     def __init__(self, kube: Kube, config: OperatorConfig, metrics: PrometheusMetrics) -> None:
         self.kube = kube
         self.config = config
-        self.indexes: Mapping[str, Any] = {}
-        self.inbox = Inbox()  # only to tell node heartbeats from changes
+        self.indexes: Mapping[str, Mapping[ObjectKey, Any]] = {}
         self.executor = Executor(kube, config.write_concurrency, metrics)
         self.loop = Loop("nvidiadriver", self.run_pass, config, metrics)
 
-    def notify(self, watched: Watched, body: Mapping[str, Any], indexes: Mapping[str, Any]) -> None:
-        if not self.indexes:
-            self.indexes = dict(indexes)
-            self.loop.ready.set()
-        if watched.kind.kind == "Node" and not self.inbox.node_changed(NodeView.from_k8s(body)):
-            return  # a heartbeat
+    def watching(self, stores: Mapping[str, Mapping[ObjectKey, Any]]) -> None:
+        """Read from ``stores`` (filled: the loop may start, with a pass at once)."""
+        self.indexes = stores
+        self.loop.ready.set()
+        self.loop.urgent.set()
+        self.loop.wake.set()
+
+    def notify(self, watched: Watched, key: ObjectKey) -> None:
+        """Something the operator reads changed (never a mere heartbeat)."""
+        if not watched.wakes:
+            return
+        if watched.kind.kind in URGENT_KINDS:
+            self.loop.urgent.set()
         self.loop.wake.set()
 
     async def run_pass(self, resync: bool) -> float | None:
@@ -100,5 +106,4 @@ class NVIDIADriverController:
         }
 
     def _values(self, index: str) -> list[Any]:
-        idx = self.indexes.get(index) or {}
-        return [value for store in idx.values() for value in store]
+        return list((self.indexes.get(index) or {}).values())

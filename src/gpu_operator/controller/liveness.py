@@ -1,20 +1,22 @@
 """Never alive but deaf: notice when the operator can no longer hear or act, and say so.
 
-kopf retries a failing API request a fixed number of times (``error_backoffs``) and then lets
-that watch's task end, logging it; the process lives on, answering its liveness probe, with an
-index that never changes again (the fleets NVIDIA's users report stalled). The watchdog keeps
-the names of kopf's watcher tasks once the indexes are filled, and judges, at each look:
-a watcher gone or a pass running for longer than ``stall_s`` is *deaf* (``/healthz`` answers
-503 with the reason and the operator exits non-zero, for its Deployment to restart it); failing
-passes with every watcher alive is *retrying* (200: it recovers on its own when the API server
-is back). The judgement is a pure function; the task only gathers what it reads.
+kopf (watching the CRDs) retries a failing API request a fixed number of times
+(``error_backoffs``) and then lets that watch's task end, logging it; the process would live
+on, answering its liveness probe, with a store that never changes again (the fleets NVIDIA's
+users report stalled). The informer's watch threads (the built-in kinds) never give up, but one
+could still end on a bug. The watchdog keeps the names of kopf's watcher tasks once the stores
+are filled, and judges, at each look: a kopf watcher or a watch thread gone, or a pass running
+for longer than ``stall_s``, is *deaf* (``/healthz`` answers 503 with the reason and the
+operator exits non-zero, for its Deployment to restart it); failing passes with every watch
+alive is *retrying* (200: it recovers on its own when the API server is back). The judgement
+is a pure function; the task only gathers what it reads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from gpu_operator.controller.loop import Loop
@@ -43,11 +45,18 @@ def judge(
     pass_started: float | None,
     failing_since: float | None,
     stall_s: float,
+    threads: Mapping[str, bool] | None = None,
 ) -> Verdict:
-    """What the operator's state means for its liveness (times: monotonic seconds)."""
-    gone = sorted(watchers - set(running))
+    """What the operator's state means for its liveness (times: monotonic seconds).
+
+    ``watchers``: kopf's watcher tasks once the stores were filled, ``running`` those running
+    now; ``threads``: the informer's watch threads, by name, and whether each still runs.
+    """
+    threads = threads or {}
+    gone = sorted(watchers - set(running)) + sorted(n for n, alive in threads.items() if not alive)
     if gone:
-        return Verdict("deaf", f"{gone[0]} ended ({len(gone)} of {len(watchers)} watches dead)")
+        total = len(watchers) + len(threads)
+        return Verdict("deaf", f"{gone[0]} ended ({len(gone)} of {total} watches dead)")
     if pass_started is not None and now - pass_started > stall_s:
         return Verdict("deaf", f"reconcile pass running for {now - pass_started:.0f}s")
     if failing_since is not None:
@@ -63,11 +72,23 @@ def running_watchers() -> set[str]:
     }
 
 
-class Watchdog:
-    """Watches a loop and kopf's watchers; ``run`` returns once the operator is deaf."""
+ThreadsAlive = Callable[[], Mapping[str, bool]]
 
-    def __init__(self, loop: Loop, *, interval_s: float = 2.0, stall_s: float = 900.0) -> None:
+
+class Watchdog:
+    """Watches a loop, kopf's watchers and the informer's threads; ``run`` returns once the
+    operator is deaf."""
+
+    def __init__(
+        self,
+        loop: Loop,
+        *,
+        interval_s: float = 2.0,
+        stall_s: float = 900.0,
+        threads: ThreadsAlive = dict,
+    ) -> None:
         self.loop = loop
+        self.threads = threads
         self.interval_s = interval_s
         self.stall_s = stall_s
         self.watchers: frozenset[str] = frozenset()
@@ -81,12 +102,13 @@ class Watchdog:
             pass_started=self.loop.pass_started,
             failing_since=self.loop.failing_since,
             stall_s=self.stall_s,
+            threads=self.threads(),
         )
         return self.verdict
 
     async def run(self) -> str:
         """The reason the operator is deaf, once it is."""
-        await self.loop.ready.wait()  # every watch has listed: all watchers run
+        await self.loop.ready.wait()  # every kind is listed: all watchers and threads run
         self.watchers = frozenset(running_watchers())
         while self.look().alive:
             await asyncio.sleep(self.interval_s)

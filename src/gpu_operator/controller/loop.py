@@ -1,6 +1,11 @@
 """The shape every reconcile loop shares: wait to be woken (or for a requeue time, or the
 safety-net resync), let a burst of events settle, run one pass, and retry a failed pass soon.
 
+While events keep coming (hundreds of pods rolling out), the settling time grows with what the
+last pass cost, so passes take at most ``PASS_CPU_SHARE`` of a CPU and each one folds in
+everything that changed meanwhile, instead of deciding the whole fleet again per event. An
+urgent change (a node to label, an edited policy) cuts the settling short.
+
 A pass is ``observe -> decide -> execute -> remember``; this module only schedules passes.
 """
 
@@ -19,6 +24,9 @@ log = logging.getLogger(__name__)
 
 FAILED_PASS_RETRY_S = 2.0
 MIN_WAIT_S = 1.0
+PASS_CPU_SHARE = 0.05
+ROLLOUT_SETTLE_S = 2.0  # at least, between passes while only pods and DaemonSets move
+MAX_SETTLE_S = 10.0
 
 # A pass gets whether it is the safety-net resync; it returns when to look again (unix
 # seconds) even if nothing changes, or None.
@@ -34,10 +42,12 @@ class Loop:
         self.config = config
         self.metrics = metrics
         self.wake = asyncio.Event()
+        self.urgent = asyncio.Event()  # with wake: pass after the debounce, not the settling
         self.ready = asyncio.Event()  # set once what the passes read is filled
         self.passes = 0
         self.pass_started: float | None = None  # monotonic, while a pass runs (liveness)
         self.failing_since: float | None = None  # monotonic, first of the failing passes
+        self.settle_s = config.debounce_seconds  # before the next pass
 
     async def run(self) -> None:
         await self.ready.wait()
@@ -52,9 +62,14 @@ class Loop:
             resync = time.monotonic() >= next_resync
             if resync:
                 next_resync = time.monotonic() + self.config.resync_seconds
-            await asyncio.sleep(self.config.debounce_seconds)  # let a burst settle
+            if not self.urgent.is_set():  # let a burst settle
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.urgent.wait(), timeout=self.settle_s)
+            await asyncio.sleep(self.config.debounce_seconds)
             self.wake.clear()
+            self.urgent.clear()
             started = self.pass_started = time.monotonic()
+            cpu_started = time.thread_time()
             self.metrics.reconciles.inc()
             try:
                 requeue_at = await self.run_pass(resync)
@@ -71,6 +86,14 @@ class Loop:
             finally:
                 self.pass_started = None
                 self.passes += 1
+                self.settle_s = settle_time(time.thread_time() - cpu_started, self.config)
                 elapsed = time.monotonic() - started
                 self.metrics.reconcile_seconds.observe(elapsed)
                 log.debug("%s pass %d took %.2fs", self.name, self.passes, elapsed)
+
+
+def settle_time(pass_cpu_s: float, config: OperatorConfig) -> float:
+    """How long to let non-urgent events gather after a pass that cost ``pass_cpu_s`` of CPU
+    (the debounce follows)."""
+    spread = pass_cpu_s * (1 / PASS_CPU_SHARE - 1)
+    return min(MAX_SETTLE_S, max(ROLLOUT_SETTLE_S, spread))

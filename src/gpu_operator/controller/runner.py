@@ -1,9 +1,11 @@
-"""Start and stop the whole operator: CRD, leadership, kopf watches, the reconcile loop."""
+"""Start and stop the whole operator: CRD, leadership, the watches (kopf for the CRDs, the
+informer for built-in kinds), the reconcile loops."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import os
 import socket
@@ -21,10 +23,20 @@ from gpu_operator.controller.crd_install import ensure_crd
 from gpu_operator.controller.driver_loop import NVIDIADriverController
 from gpu_operator.controller.gpucluster import GPUClusterController
 from gpu_operator.controller.health import HealthServer
+from gpu_operator.controller.informer import Informer
 from gpu_operator.controller.leader import LeaderElector
 from gpu_operator.controller.liveness import OK, Verdict, Watchdog
 from gpu_operator.controller.metrics import PrometheusMetrics
-from gpu_operator.controller.watch import Watched, build_registry, configure, connection_info
+from gpu_operator.controller.watch import (
+    INFORMED,
+    ObjectKey,
+    Stores,
+    Watched,
+    build_registry,
+    configure,
+    connection_info,
+    kopf_caught_up,
+)
 from gpu_operator.kube import Kube, api_configuration
 
 log = logging.getLogger(__name__)
@@ -121,12 +133,28 @@ async def _run(
     controller.also_wake.append(gpuclusters.loop)
     drivers = NVIDIADriverController(kube, config, metrics)
 
-    def notify_both(watched: Watched, body: Any, indexes: Any) -> None:
-        controller.notify(watched, body, indexes)
-        drivers.notify(watched, body, indexes)
+    def notify_both(watched: Watched, key: ObjectKey) -> None:
+        controller.notify(watched, key)
+        drivers.notify(watched, key)
 
-    registry = build_registry(notify_both)
-    watchdog.append(Watchdog(controller.loop, stall_s=options.stall_seconds))
+    stores: Stores = {}
+    # Watches hold a connection each: their own client, so writes never wait for a free one.
+    watch_config = copy.copy(api_config)
+    watch_config.connection_pool_maxsize = len(INFORMED) + 2
+    informer = Informer(
+        Kube(k8s.ApiClient(watch_config)), config.namespace, INFORMED, stores, notify_both
+    )
+    registry = build_registry(stores, notify_both)
+    watchdog.append(
+        Watchdog(controller.loop, stall_s=options.stall_seconds, threads=informer.threads_alive)
+    )
+
+    async def filled() -> None:
+        """The loops start once the informer and kopf have listed every kind."""
+        await informer.ready.wait()
+        await kopf_caught_up(kube, stores)
+        controller.watching(stores)
+        drivers.watching(stores)
 
     @kopf.on.startup(registry=registry)
     async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -147,6 +175,7 @@ async def _run(
             ),
             name="kopf",
         ),
+        asyncio.create_task(informer.run(), name="informer"),
         asyncio.create_task(controller.loop.run(), name="reconcile"),
         asyncio.create_task(gpuclusters.loop.run(), name="gpucluster"),
         asyncio.create_task(drivers.loop.run(), name="nvidiadriver"),
@@ -155,10 +184,12 @@ async def _run(
     tasks.add(asyncio.create_task(watchdog[0].run(), name="liveness"))
     if elector is not None:
         tasks.add(asyncio.create_task(elector.hold(), name="lease"))
+    filling = asyncio.create_task(filled(), name="filling")
     if started is not None:
         ready = asyncio.create_task(controller.loop.ready.wait())
         ready.add_done_callback(lambda _: started.set())
     done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    filling.cancel()
     # Asked to stop (SIGTERM), kopf may stop its watchers before our stop task runs: that is
     # a graceful stop, not a deaf operator.
     failure = "" if stop.is_set() else _failure(done)

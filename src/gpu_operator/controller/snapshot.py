@@ -1,6 +1,6 @@
 """One immutable observation of everything a ClusterPolicy pass decides from.
 
-Built by the loop from kopf's indexes (what is watched) plus the few reads a pass needs
+Built by the loop from the watches' stores (what is watched) plus the few reads a pass needs
 (workload pods on nodes being emptied); :func:`~gpu_operator.controller.decide.decide` never
 sees anything else.
 """

@@ -1,27 +1,41 @@
-"""What the operator watches, and the kopf wiring that keeps it in memory.
+"""What the operator watches, what it keeps of each object, and the kopf wiring.
 
-kopf lists and watches every kind below into an in-memory index (trimmed to what decisions
-read, so a large fleet's indexes stay small) and starts calling handlers only once all of them
-are filled, so the first pass never acts on half a picture (a missing node OS would otherwise
-prune a live driver DaemonSet). Event handlers only hand the change to a sink: deciding what it
-means is the loop's business.
+One rule: kopf watches the project's own CRDs (ClusterPolicy, NVIDIADriver: a handful of
+objects, where its machinery costs nothing), the informer (:mod:`.informer`) the built-in kinds
+(thousands of pods and nodes, where kopf's per-event work was most of the operator's CPU).
+Both keep every object in one set of stores (``stores[plural][(namespace, name)]``), trimmed to
+what decisions read (a large fleet's stores stay small, and an event that changes nothing kept
+is dropped before any work), and report a change as (kind, key): deciding what it means is the
+loops' business. The loops start only once every kind is listed, so the first pass never acts on
+half a picture (a missing node OS would otherwise prune a live driver DaemonSet).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import kopf
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 
 from gpu_operator.api import API_VERSION, KIND
+from gpu_operator.controller.liveness import running_watchers
 from gpu_operator.controller.plan import Observed
 from gpu_operator.kinds import KINDS, Kind
+from gpu_operator.kube import Kube
 from gpu_operator.labels import APPLIED_HASH, MANAGED_BY, MANAGED_SELECTOR, OPERATOR_NAME
 from gpu_operator.render import config_hash, mps_configured
 from gpu_operator.views import NodeView
+
+log = logging.getLogger(__name__)
+
+ObjectKey = tuple[str, str]  # namespace ("" when cluster-scoped), name
+Stores = dict[str, dict[ObjectKey, Any]]  # plural -> key -> what is kept (see index_value)
+OUR_GROUP = KINDS[KIND].group
 
 
 @dataclass(frozen=True)
@@ -33,6 +47,11 @@ class Watched:
     @property
     def index(self) -> str:
         return self.kind.plural
+
+    @property
+    def by_kopf(self) -> bool:
+        """The rule: kopf for the project's CRDs, the informer for built-in kinds."""
+        return self.kind.group == OUR_GROUP
 
     @property
     def resource(self) -> tuple[str, str] | tuple[str, str, str]:
@@ -57,9 +76,12 @@ WATCHED: tuple[Watched, ...] = (
     Watched(KINDS["RuntimeClass"], MANAGED_SELECTOR),
 )
 INDEXES = frozenset(w.index for w in WATCHED)
+KOPF_WATCHED = tuple(w for w in WATCHED if w.by_kopf)
+INFORMED = tuple(w for w in WATCHED if not w.by_kopf)
 
+# Not resourceVersion: it changes with every write, so a kept value would never compare equal.
 _KEEP_META = ("name", "namespace", "uid", "labels", "ownerReferences", "generation",
-              "deletionTimestamp", "creationTimestamp", "resourceVersion")  # fmt: skip
+              "deletionTimestamp", "creationTimestamp")  # fmt: skip
 
 
 def index_value(plural: str, body: Mapping[str, Any]) -> Any:
@@ -94,24 +116,24 @@ def trim(plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _trim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A pod as decisions read it: where it runs, and whether it is Ready (thousands are kept:
+    every dict left out here is memory saved per pod, and an event it does not change is
+    dropped)."""
     status = body.get("status") or {}
     spec = body.get("spec") or {}
     kept_spec: dict[str, Any] = {"nodeName": spec.get("nodeName")}
     node_affinity = (spec.get("affinity") or {}).get("nodeAffinity")
-    if node_affinity:  # an unscheduled DaemonSet pod names its node only here
-        kept_spec["affinity"] = {"nodeAffinity": node_affinity}
+    if node_affinity and not spec.get("nodeName"):  # an unscheduled DaemonSet pod names its
+        kept_spec["affinity"] = {"nodeAffinity": node_affinity}  # node only here
     return {
         "spec": kept_spec,
         "status": {
             "phase": status.get("phase"),
             "conditions": [
-                {"type": c.get("type"), "status": c.get("status")}
-                | (
-                    {"lastTransitionTime": c.get("lastTransitionTime")}
-                    if c.get("type") == "Ready"
-                    else {}
-                )
+                {"type": "Ready", "status": c.get("status")}
+                | {"lastTransitionTime": c.get("lastTransitionTime")}
                 for c in status.get("conditions") or ()
+                if c.get("type") == "Ready"
             ],
             "containerStatuses": [
                 {"restartCount": c.get("restartCount", 0), "ready": c.get("ready")}
@@ -144,29 +166,68 @@ def owned_children(
     return seen
 
 
-Sink = Callable[[Watched, Mapping[str, Any], Mapping[str, Any]], None]
+OnChange = Callable[[Watched, ObjectKey], None]  # a kept value was added, changed or deleted
 
 
-def build_registry(sink: Sink) -> kopf.OperatorRegistry:
-    """Indexes and change handlers on a registry of their own: each change goes to ``sink``
-    with the kind, the object and kopf's indexes (all filled by then)."""
+def build_registry(stores: Stores, on_change: OnChange) -> kopf.OperatorRegistry:
+    """kopf's handlers for the CRDs, on a registry of their own: each event stores what is
+    kept of the object in ``stores`` and reports the change."""
     registry = kopf.OperatorRegistry()
-    for watched in WATCHED:
+    for watched in KOPF_WATCHED:
 
-        async def index(
-            body: kopf.Body, namespace: str | None, name: str, w: Watched = watched, **_: Any
-        ) -> Any:
-            return {(namespace or "", name): index_value(w.index, body)}
+        async def on_event(
+            event: kopf.RawEvent,
+            body: kopf.Body,
+            name: str,
+            namespace: str | None,
+            w: Watched = watched,
+            **_: Any,
+        ) -> None:
+            key = (namespace or "", name)
+            store = stores.setdefault(w.index, {})
+            if event.get("type") == "DELETED":
+                store.pop(key, None)
+            else:
+                store[key] = index_value(w.index, body)
+            on_change(w, key)
 
-        kopf.index(*watched.resource, id=watched.index, registry=registry)(index)
-        if not watched.wakes:
-            continue
-
-        async def on_event(body: kopf.Body, w: Watched = watched, **kwargs: Any) -> None:
-            sink(w, body, {k: v for k, v in kwargs.items() if k in INDEXES})
-
-        kopf.on.event(*watched.resource, id=f"wake-{watched.index}", registry=registry)(on_event)
+        kopf.on.event(*watched.resource, id=f"store-{watched.index}", registry=registry)(on_event)
     return registry
+
+
+def not_yet_stored(listed: Iterable[ObjectKey], stored: Iterable[ObjectKey]) -> set[ObjectKey]:
+    """The keys a list returned that kopf has not stored yet."""
+    return set(listed) - set(stored)
+
+
+async def kopf_caught_up(kube: Kube, stores: Stores, *, poll_s: float = 0.2) -> None:
+    """Return once kopf watches every CRD and has stored every object a list of it returns.
+
+    kopf says nothing when a listing is empty (no event to handle), and nothing of when its
+    listing ends: so list each CRD here (a handful of objects) until kopf holds them all.
+    """
+    while True:
+        try:
+            if len(running_watchers()) >= len(KOPF_WATCHED):
+                missing = [
+                    not_yet_stored(await asyncio.to_thread(_keys, kube, w), stores.get(w.index, {}))
+                    for w in KOPF_WATCHED
+                ]
+                if not any(missing):
+                    return
+        except Exception as exc:  # the API server away: kopf waits too
+            log.debug("waiting for kopf's watches: %s", exc)
+        await asyncio.sleep(poll_s)
+
+
+def _keys(kube: Kube, w: Watched) -> list[ObjectKey]:
+    try:
+        objects = kube.list_objects(w.kind.kind, label_selector=w.selector)
+    except ApiException as exc:
+        if exc.status == 404:  # the CRD is not installed: nothing for kopf to hold
+            return []
+        raise
+    return [((o["metadata"].get("namespace") or ""), o["metadata"]["name"]) for o in objects]
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
@@ -176,7 +237,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 60
-    for watched in WATCHED:
+    for watched in KOPF_WATCHED:
         if watched.selector:
             settings.watching.label_selectors[watched.resource] = watched.selector
 

@@ -1,6 +1,6 @@
 """The ClusterPolicy shell: observe the indexes, decide, execute on a fake API, remember.
 
-The watches are stood in for by :func:`refresh`, which fills kopf-shaped indexes from the fake
+The watches are stood in for by :func:`refresh`, which fills the informer's stores from the fake
 API server's objects the way the real index handlers do (``watch.index_value``, the same label
 selectors, the operator's namespace for namespaced kinds).
 """
@@ -20,7 +20,6 @@ from gpu_operator.controller.clusterpolicy import (
     NODE_RETRY_S,
     ClusterPolicyController,
     Inbox,
-    node_fingerprint,
 )
 from gpu_operator.controller.decide import FINALIZER, Decision
 from gpu_operator.controller.memory import MONITOR_CRD, MONITOR_CRD_KEY, Memory
@@ -32,7 +31,6 @@ from gpu_operator.labels import (
     GPU_PRESENT,
     MANAGED_BY,
     OPERATOR_NAME,
-    UPGRADE_STATE,
 )
 from gpu_operator.views import NodeView
 from tests.unit.controller.builders import (
@@ -48,12 +46,12 @@ from tests.unit.controller.builders import (
 from tests.unit.controller.fakes import FakeKube
 
 T = TypeVar("T")
-Indexes = dict[str, dict[tuple[str, str], list[Any]]]
+Indexes = dict[str, dict[tuple[str, str], Any]]
 
 
 def refresh(kube: FakeKube, indexes: Indexes) -> Indexes:
-    """What kopf's indexes hold for the fake's current objects (updated in place: kopf's are
-    live objects the controller keeps)."""
+    """What the informer's stores hold for the fake's current objects (updated in place: the
+    controller keeps the live stores)."""
     for w in WATCHED:
         namespace = NAMESPACE if w.kind.namespaced else None
         objects = kube.list_objects(w.kind.kind, namespace, label_selector=w.selector)
@@ -61,7 +59,7 @@ def refresh(kube: FakeKube, indexes: Indexes) -> Indexes:
         index.clear()
         for obj in objects:
             meta = obj["metadata"]
-            index[(meta.get("namespace") or "", meta["name"])] = [index_value(w.index, obj)]
+            index[(meta.get("namespace") or "", meta["name"])] = index_value(w.index, obj)
     return indexes
 
 
@@ -77,7 +75,7 @@ class Harness:
         self.metrics = PrometheusMetrics()
         self.controller = ClusterPolicyController(kube, CONFIG, self.metrics)
         self.indexes: Indexes = refresh(kube, {})
-        self.controller.notify(Watched(KINDS["ConfigMap"]), {}, self.indexes)
+        self.controller.watching(self.indexes)
 
     def run_pass(self, resync: bool = False) -> float | None:
         """One pass; afterwards the watches report what it changed (nodes included)."""
@@ -86,7 +84,7 @@ class Harness:
         refresh(self.kube, self.indexes)
         for node in self._nodes():
             if before.get(node.name) != node:
-                self.controller.inbox.node_changed(node)
+                self.controller.notify(Watched(KINDS["Node"]), ("", node.name))
         return requeue
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -105,7 +103,7 @@ class Harness:
         return self.metrics.registry.get_sample_value(name, labels)
 
     def _nodes(self) -> list[NodeView]:
-        return [v for store in self.indexes["nodes"].values() for v in store]
+        return list(self.indexes["nodes"].values())
 
 
 @pytest.fixture(autouse=True)
@@ -274,9 +272,9 @@ def test_observe_lists_workload_pods_only_on_nodes_being_emptied() -> None:
         {"kind": "ConfigMap", "metadata": {"name": "theirs", "namespace": "team"}, "data": {}},
     )
     h = Harness(kube)
-    h.indexes["configmaps"][("team", "theirs")] = [
-        index_value("configmaps", kube.of_kind("ConfigMap")[1])
-    ]
+    h.indexes["configmaps"][("team", "theirs")] = index_value(
+        "configmaps", kube.of_kind("ConfigMap")[1]
+    )
     snap = h.run(h.controller.observe())
     assert [p["metadata"]["name"] for p in snap.workload_pods] == ["train-1"]
     assert set(snap.configmap_hashes) == {"mine"}
@@ -284,25 +282,21 @@ def test_observe_lists_workload_pods_only_on_nodes_being_emptied() -> None:
     assert h.run(h.controller.observe()).changed_nodes == frozenset()
 
 
-def test_node_events_wake_the_loop_only_when_something_decided_on_changed() -> None:
+def test_changes_wake_the_loop_and_name_the_node() -> None:
+    """(Heartbeats never get here: the informer drops events that change nothing it keeps.)"""
     h = Harness(FakeKube())
     loop = h.controller.loop
     assert loop.ready.is_set()
-    node = node_object(gpu_node("gpu-1"))
-    nodes = Watched(KINDS["Node"])
-    h.controller.notify(nodes, node, h.indexes)
-    assert loop.wake.is_set()
     loop.wake.clear()
-    heartbeat = {**node, "status": {**node["status"], "conditions": [
-        {"type": "Ready", "status": "True", "lastHeartbeatTime": "now"}]}}  # fmt: skip
-    h.controller.notify(nodes, heartbeat, h.indexes)
+    h.controller.notify(Watched(KINDS["Node"]), ("", "gpu-1"))
+    assert loop.wake.is_set() and loop.urgent.is_set()
+    assert h.controller.inbox.changed_nodes == {"gpu-1"}
+    loop.wake.clear()
+    loop.urgent.clear()
+    h.controller.notify(Watched(KINDS["ControllerRevision"], wakes=False), ("ns", "r"))
     assert not loop.wake.is_set()
-    relabelled = {**node, "metadata": {**node["metadata"], "labels": {UPGRADE_STATE: "x"}}}
-    h.controller.notify(nodes, relabelled, h.indexes)
-    assert loop.wake.is_set()
-    loop.wake.clear()
-    h.controller.notify(Watched(KINDS["DaemonSet"]), {}, h.indexes)
-    assert loop.wake.is_set()
+    h.controller.notify(Watched(KINDS["DaemonSet"]), ("ns", "ds"))
+    assert loop.wake.is_set() and not loop.urgent.is_set()  # a rollout's events settle
 
 
 @pytest.mark.parametrize(
@@ -317,20 +311,19 @@ def test_node_events_wake_the_loop_only_when_something_decided_on_changed() -> N
         {"unschedulable": True},
     ],
 )
-def test_the_fingerprint_covers_what_decisions_read(change: dict[str, Any]) -> None:
+def test_a_node_view_compares_what_decisions_read(change: dict[str, Any]) -> None:
     from dataclasses import replace
 
     node = gpu_node()
-    assert node_fingerprint(replace(node, **change)) != node_fingerprint(node)
-    assert node_fingerprint(replace(node, resource_version="99")) == node_fingerprint(node)
+    assert replace(node, **change) != node
+    assert replace(node, resource_version="99") == node
 
 
 def test_the_inbox_hands_over_changed_nodes_once() -> None:
     inbox = Inbox()
-    assert inbox.node_changed(gpu_node("a"))
-    assert not inbox.node_changed(gpu_node("a"))
+    inbox.changed_nodes.add("a")
     assert inbox.take() is None  # the first look is at everything
     assert inbox.take() == frozenset()
-    assert inbox.node_changed(gpu_node("a", labels={"x": "y"}))
+    inbox.changed_nodes.add("a")
     assert inbox.take() == frozenset({"a"})
     assert inbox.take() == frozenset()

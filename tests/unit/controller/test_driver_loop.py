@@ -7,8 +7,6 @@ import asyncio
 
 from gpu_operator.controller.driver_loop import NVIDIADriverController
 from gpu_operator.controller.metrics import PrometheusMetrics
-from gpu_operator.controller.watch import Watched
-from gpu_operator.kinds import KINDS
 from gpu_operator.labels import DRIVER_POOL
 from tests.unit.controller.builders import CONFIG, gpu_node, node_object, policy
 from tests.unit.controller.fakes import FakeKube
@@ -23,7 +21,7 @@ def test_default_driver_created_applied_and_then_silent() -> None:
     )  # fmt: skip
     controller = NVIDIADriverController(kube, CONFIG, PrometheusMetrics())
     indexes = refresh(kube, {})
-    controller.notify(Watched(KINDS["ConfigMap"]), {}, indexes)
+    controller.watching(indexes)
     writes = []
     with asyncio.Runner() as runner:
         for _ in range(6):

@@ -1,7 +1,8 @@
 """Starting and stopping the operator: CRD, leadership, watches and loop, all on a fake API.
 
-kopf itself is replaced by a stand-in at ``runner.kopf.operator`` (it would open watches);
-everything else (the elector, the controller, the health server) is the real thing.
+kopf itself is replaced by a stand-in at ``runner.kopf.operator`` and the informer's watch
+threads by one at ``runner.Informer.run`` (they would open watches); everything else (the
+elector, the controller, the health server, the watchdog) is the real thing.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from kubernetes import client as k8s
 from gpu_operator.controller import runner
 from gpu_operator.controller.clusterpolicy import ClusterPolicyController
 from gpu_operator.controller.crd_install import desired_crd
+from gpu_operator.controller.informer import Informer
 from gpu_operator.controller.leader import _fmt
+from gpu_operator.controller.liveness import WATCHER_PREFIX
 from gpu_operator.controller.metrics import PrometheusMetrics
 from gpu_operator.controller.runner import (
     OperatorThread,
@@ -29,7 +32,8 @@ from gpu_operator.controller.runner import (
     main_run,
     run_operator,
 )
-from tests.unit.controller.builders import CONFIG, NAMESPACE
+from gpu_operator.controller.watch import KOPF_WATCHED
+from tests.unit.controller.builders import CONFIG, NAMESPACE, policy
 from tests.unit.controller.fakes import FakeKube
 
 LEASE = "gpu-operator-leader"
@@ -53,6 +57,33 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+@pytest.fixture(autouse=True)
+def informer(monkeypatch: pytest.MonkeyPatch) -> list[Informer]:
+    """The informer lists every kind at once (nothing there) and then hears nothing."""
+    started: list[Informer] = []
+
+    async def run_informer(self: Informer) -> None:
+        started.append(self)
+        self.ready.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(runner.Informer, "run", run_informer)
+    return started
+
+
+async def kopf_watching(stop_flag: asyncio.Future[Any]) -> None:
+    """kopf's watcher tasks, named as kopf names them, until kopf is told to stop."""
+    watchers = [
+        asyncio.create_task(asyncio.Event().wait(), name=f"{WATCHER_PREFIX}{w.index}")
+        for w in KOPF_WATCHED
+    ]
+    try:
+        await stop_flag
+    finally:
+        for task in watchers:
+            task.cancel()
 
 
 @pytest.fixture
@@ -192,21 +223,27 @@ def test_kopf_is_configured_and_readiness_reported(
     kube: FakeKube, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """kopf gets the quiet settings and the client's credentials; ``started`` is set once the
-    indexes have filled (the first watch event)."""
+    informer has listed and kopf holds every ClusterPolicy a list returns, not before."""
     seen: dict[str, Any] = {}
+    cp = policy()
+    kube.add(cp)
 
     async def operator(registry: Any, stop_flag: asyncio.Future[Any], **_: Any) -> None:
         for handler in registry._activities.get_all_handlers():
             seen[handler.id] = await handler.fn(settings=kopf.OperatorSettings(), logger=None)
-        wake = next(h for h in registry._watching.get_all_handlers() if "configmaps" in h.id)
-        await wake.fn(body={}, configmaps={})  # the first event: indexes are filled
-        for _ in range(100):  # a few turns of the loop for the readiness callback
+        watching = asyncio.create_task(kopf_watching(stop_flag))
+        await asyncio.sleep(0.5)  # the informer has listed, kopf's watchers run
+        seen["before"] = started.is_set()  # but kopf has not stored the policy yet
+        store = next(h for h in registry._watching.get_all_handlers() if "clusterpolicies" in h.id)
+        meta = cp["metadata"]
+        await store.fn(event={"type": None}, body=cp, name=meta["name"], namespace=None)
+        for _ in range(100):  # a few polls of kopf_caught_up
             if started.is_set():
                 break
-            await asyncio.sleep(0)
+            await asyncio.sleep(0.05)
         seen["started"] = started.is_set()
         stop.set()  # kopf ending by itself would be a failure: ask the operator to stop
-        await stop_flag
+        await watching
 
     monkeypatch.setattr(runner.kopf, "operator", operator)
     started = threading.Event()
@@ -216,7 +253,31 @@ def test_kopf_is_configured_and_readiness_reported(
     run(options(leader_election=False), started=started, api_config=api_config, stop=stop)
     login = next(v for k, v in seen.items() if k.endswith("_login"))
     assert (login.server, login.token) == ("https://api:6443", "t")
-    assert seen["started"] is True
+    assert (seen["before"], seen["started"]) == (False, True)
+
+
+def test_a_dead_watch_thread_is_deaf_and_stops_the_run(
+    kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Never alive but deaf: a watch thread of the informer that ended stops the operator
+    (non-zero exit) and fences its writes."""
+
+    async def run_informer(self: Informer) -> None:
+        dead = threading.Thread(target=lambda: None, name="watch-nodes")
+        dead.start()
+        dead.join()
+        self.threads = (dead,)
+        self.ready.set()
+        await asyncio.Event().wait()
+
+    async def operator(stop_flag: asyncio.Future[Any], **_: Any) -> None:
+        await kopf_watching(stop_flag)
+
+    monkeypatch.setattr(runner.Informer, "run", run_informer)
+    monkeypatch.setattr(runner.kopf, "operator", operator)
+    with pytest.raises(runner.OperatorStopped, match="deaf: watch-nodes ended"):
+        run(options(leader_election=False))
+    assert kube.fence.is_set()
 
 
 # -- run_operator: health and metrics servers around the run ---------------------------------

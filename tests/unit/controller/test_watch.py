@@ -13,16 +13,18 @@ from gpu_operator.api import API_VERSION, KIND
 from gpu_operator.controller.plan import Observed
 from gpu_operator.controller.watch import (
     INDEXES,
+    INFORMED,
+    KOPF_WATCHED,
     WATCHED,
-    Watched,
+    Stores,
     build_registry,
     configure,
     connection_info,
     index_value,
+    not_yet_stored,
     owned_children,
     trim,
 )
-from gpu_operator.kinds import KINDS
 from gpu_operator.labels import APPLIED_HASH, MANAGED_BY, MANAGED_SELECTOR, OPERATOR_NAME
 from gpu_operator.render import config_hash
 from gpu_operator.views import NodeView
@@ -106,25 +108,34 @@ def test_what_is_watched() -> None:
     assert {w.index for w in WATCHED} == INDEXES
 
 
-def test_the_registry_indexes_every_kind_and_hands_changes_to_the_sink() -> None:
-    got: list[tuple[Watched, Any, Any]] = []
-    registry = build_registry(lambda w, body, indexes: got.append((w, body, indexes)))
-    indexers = {h.id: h for h in registry._indexing.get_all_handlers()}
-    watchers = {h.id: h for h in registry._watching.get_all_handlers()}
-    assert set(indexers) == INDEXES
-    assert set(watchers) == {f"wake-{w.index}" for w in WATCHED if w.wakes}
+def test_the_rule_kopf_for_our_crds_the_informer_for_built_in_kinds() -> None:
+    assert {w.kind.kind for w in KOPF_WATCHED} == {KIND, "NVIDIADriver"}
+    assert {w.kind.kind for w in INFORMED} >= {"Node", "Pod", "DaemonSet", "ConfigMap"}
+    assert set(KOPF_WATCHED) | set(INFORMED) == set(WATCHED)
+    assert not set(KOPF_WATCHED) & set(INFORMED)
 
-    node = node_object(gpu_node())
-    value = asyncio.run(indexers["nodes"].fn(body=node, namespace=None, name="gpu-1"))
-    assert value == {("", "gpu-1"): NodeView.from_k8s(node)}
-    cm = {"metadata": {"name": "c", "namespace": "ns"}, "data": {}}
-    value = asyncio.run(indexers["configmaps"].fn(body=cm, namespace="ns", name="c"))
-    assert value == {("ns", "c"): trim("configmaps", cm)}
 
-    asyncio.run(watchers["wake-nodes"].fn(body=node, nodes={"x": 1}, pods={"y": 2}, logger=None))
-    ((watched, body, indexes),) = got
-    assert watched.kind == KINDS["Node"] and body == node
-    assert indexes == {"nodes": {"x": 1}, "pods": {"y": 2}}  # only the indexes, not kopf's kwargs
+def test_kopf_events_fill_the_stores_and_report_the_change() -> None:
+    got: list[tuple[str, tuple[str, str]]] = []
+    stores: Stores = {}
+    registry = build_registry(stores, lambda w, key: got.append((w.kind.kind, key)))
+    handlers = {h.id: h for h in registry._watching.get_all_handlers()}
+    assert set(handlers) == {f"store-{w.index}" for w in KOPF_WATCHED}
+    assert list(registry._indexing.get_all_handlers()) == []  # no kopf index: one store
+
+    cp = policy(status={"state": "ready"})
+    on_event = handlers["store-clusterpolicies"].fn
+    asyncio.run(on_event(event={"type": None}, body=cp, name="cluster-policy", namespace=None))
+    assert stores["clusterpolicies"] == {("", "cluster-policy"): cp}
+    asyncio.run(on_event(event={"type": "DELETED"}, body=cp, name="cluster-policy", namespace=None))
+    assert stores["clusterpolicies"] == {}
+    assert got == [(KIND, ("", "cluster-policy"))] * 2
+
+
+def test_kopf_is_caught_up_once_it_holds_what_a_list_returns() -> None:
+    assert not_yet_stored([("", "a"), ("", "b")], {("", "a"): 1}) == {("", "b")}
+    assert not_yet_stored([], {}) == set()  # an empty listing: nothing to wait for
+    assert not_yet_stored([("", "a")], {("", "a"): 1, ("", "gone"): 2}) == set()
 
 
 def test_configure_quiets_kopf_and_selects_on_the_server() -> None:
@@ -133,9 +144,7 @@ def test_configure_quiets_kopf_and_selects_on_the_server() -> None:
     assert settings.posting.enabled is False
     assert settings.scanning.disabled is True
     assert settings.watching.server_timeout < settings.watching.client_timeout
-    selectors = {s.any_name: v for s, v in settings.watching.label_selectors.items()}
-    assert selectors["daemonsets"] == MANAGED_SELECTOR
-    assert "nodes" not in selectors and "clusterpolicies" not in selectors
+    assert dict(settings.watching.label_selectors.items()) == {}  # the CRDs: every object
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,213 @@
+"""A lean list-and-watch of the built-in kinds the operator reads, into the shared stores.
+
+One thread per kind lists it, then follows a watch from the list's resourceVersion (with
+bookmarks, so a quiet kind resumes where it was instead of listing again). Each event is parsed
+and trimmed to what decisions read (:func:`watch.index_value`) in that thread; the event loop
+then stores it and reports it only when the trimmed value changed, so a heartbeat, a pod's new
+IP or a kubelet's status refresh costs a JSON parse and a comparison, nothing more.
+
+Why not kopf for these: its per-event machinery (bodies, loggers, diff bases, handler
+invocation) cost milliseconds per event, which a fleet of thousands of pods turned into most of
+the operator's CPU (``benchmarks/README.md`` has the profiles).
+
+A failed list or watch is tried again with the client's backoff (a 429's Retry-After honoured),
+for as long as it takes: the thread never gives up. A 410 Gone lists again. A thread that ends
+anyway (a bug) is what the liveness watchdog calls deaf (:meth:`Informer.threads_alive`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from gpu_operator.controller.watch import ObjectKey, OnChange, Stores, Watched, index_value
+from gpu_operator.kube import Kube, WatchStream
+
+log = logging.getLogger(__name__)
+
+WATCH_TIMEOUT_S = 300
+M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
+class Gone(Exception):
+    """The watch's resourceVersion is too old (410): list again."""
+
+
+class Informer:
+    """Keeps ``stores[plural]`` current for each watched kind; ``ready`` once all are listed."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        namespace: str,
+        watched: Iterable[Watched],
+        stores: Stores,
+        on_change: OnChange,
+    ) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.watched = tuple(watched)
+        self.stores = stores
+        self.on_change = on_change
+        for w in self.watched:
+            stores.setdefault(w.index, {})
+        self.ready = asyncio.Event()  # every kind listed once
+        self.threads: tuple[threading.Thread, ...] = ()
+        self._listed: set[str] = set()
+        self._stop = threading.Event()
+        self._streams: set[WatchStream] = set()
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def run(self) -> None:
+        """Follow every kind until cancelled."""
+        self._loop = asyncio.get_running_loop()
+        _one_malloc_arena()
+        self.threads = tuple(
+            threading.Thread(target=self._follow, args=(w,), name=f"watch-{w.index}", daemon=True)
+            for w in self.watched
+        )
+        for thread in self.threads:
+            thread.start()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.stop()
+            await asyncio.to_thread(_join, self.threads)
+
+    def threads_alive(self) -> dict[str, bool]:
+        """Each watch thread by name: whether it still runs (for the liveness watchdog)."""
+        return {t.name: t.is_alive() for t in self.threads}
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            streams = list(self._streams)
+        for stream in streams:
+            stream.close()
+
+    # -- in each kind's thread -----------------------------------------------------------------
+
+    def _follow(self, w: Watched) -> None:
+        failures = 0
+        version = ""
+        while not self._stop.is_set():
+            try:
+                if not version:
+                    version = self._list(w)
+                version = self._watch(w, version)
+                failures = 0
+            except Exception as exc:
+                if self._stop.is_set():
+                    return
+                gone = isinstance(exc, Gone) or (
+                    isinstance(exc, ApiException) and exc.status == 410
+                )
+                if gone:
+                    version = ""
+                    if failures == 0:  # list again at once; back off if it keeps happening
+                        failures = 1
+                        continue
+                headers = getattr(exc, "headers", None) or {}
+                failures += 1
+                delay = self.kube.retry.delay(failures, headers.get("Retry-After"))
+                log.warning("watching %s failed (%s); again in %.1fs", w.index, exc, delay)
+                self._stop.wait(delay)
+
+    def _list(self, w: Watched) -> str:
+        query = {"labelSelector": w.selector} if w.selector else None
+        items, version = self.kube.list_with_version(w.kind.kind, self._ns(w), query)
+        listed = {_key(obj): index_value(w.index, obj) for obj in items}
+        self._post(self._replace, w, listed)
+        return version
+
+    def _watch(self, w: Watched, version: str) -> str:
+        """Follow one watch request; the resourceVersion to resume from."""
+        stream = self.kube.watch(
+            w.kind.kind, self._ns(w), version, WATCH_TIMEOUT_S, label_selector=w.selector
+        )
+        with self._lock:
+            if self._stop.is_set():
+                stream.close()
+                return version
+            self._streams.add(stream)
+        try:
+            for events in stream.batches():
+                changes: list[tuple[ObjectKey, Any]] = []
+                for event in events:
+                    kind, obj = event.get("type"), event.get("object") or {}
+                    if kind == "ERROR":
+                        if obj.get("code") == 410:
+                            raise Gone(obj.get("message") or "410 Gone")
+                        raise RuntimeError(f"watch error: {obj.get('message') or obj}")
+                    version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                    if kind == "BOOKMARK":
+                        continue
+                    value = None if kind == "DELETED" else index_value(w.index, obj)
+                    changes.append((_key(obj), value))
+                if changes:
+                    self._post(self._update, w, changes)
+        finally:
+            with self._lock:
+                self._streams.discard(stream)
+        return version
+
+    def _ns(self, w: Watched) -> str | None:
+        return self.namespace if w.kind.namespaced else None
+
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    # -- on the event loop ---------------------------------------------------------------------
+
+    def _replace(self, w: Watched, listed: dict[ObjectKey, Any]) -> None:
+        """A (re)list: report what differs from what was stored."""
+        store = self.stores[w.index]
+        changed = [k for k in store.keys() | listed.keys() if store.get(k) != listed.get(k)]
+        store.clear()
+        store.update(listed)
+        self._listed.add(w.index)
+        if not self.ready.is_set():
+            if len(self._listed) == len(self.watched):
+                self.ready.set()
+            return
+        for key in changed:
+            self.on_change(w, key)
+
+    def _update(self, w: Watched, changes: list[tuple[ObjectKey, Any]]) -> None:
+        store = self.stores[w.index]
+        for key, value in changes:
+            old = store.pop(key, None) if value is None else store.get(key)
+            if value is not None and old != value:
+                store[key] = value
+            if old != value and self.ready.is_set():
+                self.on_change(w, key)
+
+
+def _key(obj: Any) -> ObjectKey:
+    meta = obj.get("metadata") or {}
+    return (meta.get("namespace") or "", meta.get("name") or "")
+
+
+def _join(threads: Iterable[threading.Thread]) -> None:
+    for thread in threads:
+        thread.join(10)
+
+
+def _one_malloc_arena() -> None:
+    """glibc gives each thread that allocates its own malloc arena and keeps what is freed in
+    it: a dozen watch threads parsing thousands of events would hold their peaks each (the
+    RSS of a 500-node fleet doubled). One arena serves them all; the GIL serializes them
+    anyway."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(M_ARENA_MAX, 1)
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        pass

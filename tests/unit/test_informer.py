@@ -1,0 +1,219 @@
+"""The informer: stores that report only what changed, and a watch that always comes back
+(backoff, Retry-After, 410 Gone lists again)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from gpu_operator import testenv
+from gpu_operator.controller.informer import Informer
+from gpu_operator.controller.watch import INFORMED, ObjectKey, Stores, Watched, index_value
+from gpu_operator.kinds import KINDS
+from gpu_operator.kube import Retry
+
+NODES = next(w for w in INFORMED if w.kind is KINDS["Node"])
+PODS = next(w for w in INFORMED if w.kind is KINDS["Pod"])
+KEY = ("", "gpu-node-0")
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.changes: list[tuple[str, ObjectKey]] = []
+
+    def on_change(self, watched: Watched, key: ObjectKey) -> None:
+        self.changes.append((watched.index, key))
+
+
+def informer(
+    watched: tuple[Watched, ...] = (NODES, PODS), kube: Any = None
+) -> tuple[Informer, Recorder, Stores]:
+    seen = Recorder()
+    stores: Stores = {"clusterpolicies": {}}  # kopf's share of the same stores
+    inf = Informer(kube, "gpu-operator", watched, stores, seen.on_change)
+    return inf, seen, stores
+
+
+def node(name: str = "gpu-node-0", **labels: str) -> dict[str, Any]:
+    body = testenv.node_manifest(name, gpu=True, extra_labels=labels)
+    body["metadata"]["resourceVersion"] = "1"
+    body["status"]["conditions"] = [{"type": "Ready", "status": "True", "lastHeartbeatTime": "t0"}]
+    return body
+
+
+def pod(ip: str = "10.0.0.1", ready: str = "True") -> dict[str, Any]:
+    return {
+        "metadata": {"name": "p", "namespace": "gpu-operator", "resourceVersion": "5"},
+        "spec": {"nodeName": "gpu-node-0", "containers": [{"name": "c", "image": "i"}]},
+        "status": {
+            "phase": "Running",
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": ready}],
+        },
+    }
+
+
+def on_a_loop(fn: Any) -> None:
+    async def call() -> None:
+        fn()
+
+    asyncio.run(call())
+
+
+def test_ready_once_every_kind_is_listed_and_listing_reports_nothing() -> None:
+    inf, seen, stores = informer()
+
+    def feed() -> None:
+        inf._replace(NODES, {KEY: index_value("nodes", node())})
+        assert not inf.ready.is_set()
+        inf._replace(PODS, {})
+        assert inf.ready.is_set()
+
+    on_a_loop(feed)
+    assert seen.changes == []
+    assert set(stores["nodes"]) == {KEY} and stores["pods"] == {}
+    assert "clusterpolicies" in stores  # one set of stores, shared with kopf
+
+
+def test_heartbeats_and_unread_fields_are_dropped_before_any_work() -> None:
+    inf, seen, stores = informer()
+
+    def feed() -> None:
+        inf._replace(NODES, {KEY: index_value("nodes", node())})
+        inf._replace(PODS, {("gpu-operator", "p"): index_value("pods", pod())})
+        beat = copy.deepcopy(node())
+        beat["metadata"]["resourceVersion"] = "2"
+        beat["status"]["conditions"][0]["lastHeartbeatTime"] = "t1"
+        inf._update(NODES, [(KEY, index_value("nodes", beat))])
+        # The view that was read stays: a node patch planned from it is not seen yet.
+        assert stores["nodes"][KEY].resource_version == "1"
+        inf._update(PODS, [(("gpu-operator", "p"), index_value("pods", pod(ip="10.0.0.2")))])
+        assert seen.changes == []
+        inf._update(NODES, [(KEY, index_value("nodes", node(team="ml")))])
+        inf._update(PODS, [(("gpu-operator", "p"), index_value("pods", pod(ready="False")))])
+        inf._update(PODS, [(("gpu-operator", "p"), None)])
+
+    on_a_loop(feed)
+    assert seen.changes == [
+        ("nodes", KEY),
+        ("pods", ("gpu-operator", "p")),
+        ("pods", ("gpu-operator", "p")),
+    ]
+    assert stores["pods"] == {}
+
+
+def test_a_relist_reports_what_differs() -> None:
+    inf, seen, stores = informer((NODES,))
+    b = ("", "gpu-node-1")
+
+    def feed() -> None:
+        inf._replace(NODES, {KEY: index_value("nodes", node())})
+        inf._replace(NODES, {b: index_value("nodes", node("gpu-node-1"))})
+
+    on_a_loop(feed)
+    assert sorted(seen.changes) == [("nodes", KEY), ("nodes", b)]
+    assert set(stores["nodes"]) == {b}
+
+
+# -- the watch thread -------------------------------------------------------------------------
+
+
+def gone(code: int, retry_after: str | None = None) -> ApiException:
+    exc = ApiException(status=code, reason="x")
+    exc.headers = {"Retry-After": retry_after} if retry_after else {}
+    return exc
+
+
+class Stream:
+    def __init__(self, batches: list[list[dict[str, Any]]]) -> None:
+        self._batches = batches
+
+    def batches(self) -> Iterator[list[dict[str, Any]]]:
+        yield from self._batches
+
+    def close(self) -> None:
+        pass
+
+
+class ScriptedKube:
+    """Answers lists and watches from a script: an exception raised, or events streamed."""
+
+    retry = Retry(first_delay_s=0.25, max_delay_s=8.0)
+
+    def __init__(self, watches: list[Any]) -> None:
+        self.watches = watches
+        self.calls: list[str] = []
+
+    def list_with_version(self, kind: str, namespace: Any, query: Any) -> Any:
+        self.calls.append("list")
+        return [node()], "10"
+
+    def watch(self, kind: str, namespace: Any, version: str, timeout_s: int, **_: Any) -> Any:
+        self.calls.append(f"watch@{version}")
+        answer = self.watches.pop(0) if self.watches else []
+        if isinstance(answer, Exception):
+            raise answer
+        return Stream(answer)
+
+
+class Waits(threading.Event):
+    """The informer's stop flag: records each backoff instead of sleeping; set once the
+    script is spent."""
+
+    def __init__(self, kube: ScriptedKube) -> None:
+        super().__init__()
+        self.kube = kube
+        self.delays: list[float] = []
+
+    def is_set(self) -> bool:
+        return super().is_set() or not self.kube.watches
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.delays.append(timeout or 0.0)
+        return self.is_set()
+
+
+def follow(watches: list[Any]) -> tuple[ScriptedKube, Waits]:
+    kube = ScriptedKube(watches)
+    inf, _, _ = informer((NODES,), kube)
+    inf._stop = waits = Waits(kube)
+    inf._follow(NODES)
+    return kube, waits
+
+
+def test_a_watch_resumes_from_the_last_version_it_saw() -> None:
+    bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "12"}}}
+    kube, waits = follow([[[bookmark]], []])
+    assert kube.calls == ["list", "watch@10", "watch@12"]  # one list: a quiet kind resumes
+    assert waits.delays == []
+
+
+def test_410_gone_lists_again_at_once_then_backs_off_if_it_keeps_coming() -> None:
+    expired = {"type": "ERROR", "object": {"code": 410, "message": "too old"}}
+    kube, waits = follow([[[expired]], gone(410), gone(410), []])
+    assert kube.calls == ["list", "watch@10"] * 4
+    assert len(waits.delays) == 2  # the first 410 relisted at once, the next ones waited
+
+
+def test_a_429_waits_what_retry_after_says_and_other_failures_back_off() -> None:
+    kube, waits = follow([gone(429, "3"), gone(503), RuntimeError("reset"), []])
+    assert waits.delays[0] == 3.0
+    assert 0 < waits.delays[1] <= waits.delays[2] * 2 <= 2 * 8.0
+    assert kube.calls.count("list") == 1  # only a 410 makes it list again
+
+
+def test_threads_alive_names_each_watch_thread() -> None:
+    inf, _, _ = informer()
+    alive = threading.Thread(target=threading.Event().wait, args=(5,), name="watch-nodes")
+    dead = threading.Thread(target=lambda: None, name="watch-pods")
+    alive.daemon = True
+    for t in (alive, dead):
+        t.start()
+    dead.join()
+    inf.threads = (alive, dead)
+    assert inf.threads_alive() == {"watch-nodes": True, "watch-pods": False}
