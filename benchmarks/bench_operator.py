@@ -2,17 +2,20 @@
 
 For NVIDIA's Helm-default ClusterPolicy, per fleet size: time from creating the policy to every
 GPU node labelled and to ``state: ready``; the operator process's CPU-seconds (utime + stime,
-all threads) while converging and per minute once converged; its peak RSS; its writes per GPU
-node while converging; and its requests per minute once converged. The operator runs as its
-own process (``python -m gpu_operator run``) under a ServiceAccount token, so the apiserver's
-audit log attributes every request to it. kube-controller-manager runs with --kube-api-qps 200
-/ --kube-api-burst 400 (testenv's setting), which bounds how fast DaemonSet pods appear.
+all threads) while converging and per minute once converged; its peak RSS; its node writes per
+GPU node and all its writes while converging; its requests per minute once converged; and the
+machine's load average (a shared machine makes figures noisy: compare runs made side by side).
+The operator runs as its own process (``python -m gpu_operator run``) under a ServiceAccount
+token, so the apiserver's audit log attributes every request to it. kube-controller-manager
+runs with --kube-api-qps 200 / --kube-api-burst 400 (testenv's setting), which bounds how fast
+DaemonSet pods appear; kwok's pod stages (1-6 s each) bound how fast they turn Ready.
+Figures and profiles: ``benchmarks/README.md``.
 
     python benchmarks/bench_operator.py [--sizes 500,1000,2000] [--steady 60] [--profile DIR]
 
 ``--profile DIR`` samples the operator with py-spy (``pip install py-spy``) and writes, per
 size, collapsed stacks of the converging and the converged phase plus their top functions by
-own time.
+own time and with their callees.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import argparse
 import collections
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -93,20 +98,23 @@ class Result:
     steady_reads_per_min: float
     steady_writes_per_min: float
     steady_detail: dict[str, int]
+    load: tuple[float, float]  # the machine's 1-minute load average when converged, at the end
 
     def row(self) -> str:
         return (
             f"| {self.gpu_nodes} | {self.labelled_s:.1f} | {self.ready_s:.1f} | "
             f"{self.cpu_converge_s:.1f} | {self.cpu_per_min:.2f} | {self.peak_rss_mib:.0f} | "
-            f"{self.writes / self.gpu_nodes:.2f} | {self.steady_reads_per_min:.1f} / "
-            f"{self.steady_writes_per_min:.1f} |"
+            f"{self.writes_by_resource.get('nodes', 0) / self.gpu_nodes:.2f} | "
+            f"{self.writes} | {self.steady_reads_per_min:.1f} / "
+            f"{self.steady_writes_per_min:.1f} | {self.load[0]:.1f} / {self.load[1]:.1f} |"
         )
 
 
 HEADER = (
     "| GPU nodes | labelled s | ready s | CPU-s converging | CPU-s/min converged | "
-    "peak RSS MiB | writes/GPU node | steady reads/writes per min |\n"
-    "|---|---|---|---|---|---|---|---|"
+    "peak RSS MiB | node writes/GPU node | all writes | steady reads/writes per min | "
+    "load avg |\n"
+    "|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -134,8 +142,12 @@ class Profiler:
         self.proc.send_signal(signal.SIGINT)
         self.proc.wait(60)
         self.proc = None
+        own, inclusive = top_frames(self.file, top)
         print(f"  profile {self.file.name}: top functions by own samples")
-        for share, frame in top_frames(self.file, top):
+        for share, frame in own:
+            print(f"    {share:5.1f}%  {frame}")
+        print(f"  profile {self.file.name}: top functions with their callees")
+        for share, frame in inclusive:
             print(f"    {share:5.1f}%  {frame}")
 
 
@@ -144,18 +156,37 @@ def _py_spy() -> str:
     return str(beside) if beside.exists() else "py-spy"
 
 
-def top_frames(collapsed: Path, top: int) -> list[tuple[float, str]]:
-    """Own-time shares of the innermost frames in py-spy's collapsed output."""
+PLUMBING = re.compile(
+    r"\((<frozen runpy>|asyncio/|threading\.py|concurrent/futures/|gpu_operator/__main__\.py|"
+    r"gpu_operator/cli\.py|gpu_operator/controller/runner\.py)"
+)
+
+
+def top_frames(
+    collapsed: Path, top: int
+) -> tuple[list[tuple[float, str]], list[tuple[float, str]]]:
+    """Shares of samples per frame in py-spy's collapsed output: as the innermost frame (own
+    time), and anywhere in the stack (with callees), leaving out the plumbing every stack runs
+    through (runpy, asyncio, threading, the command line)."""
     own: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
     total = 0
     for line in collapsed.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack:
             continue
-        leaf = stack.split(";")[-1]
-        own[leaf] += int(count)
+        frames = stack.split(";")
+        own[frames[-1]] += int(count)
+        for frame in set(frames):
+            inclusive[frame] += int(count)
         total += int(count)
-    return [(100 * n / max(total, 1), f) for f, n in own.most_common(top)]
+    total = max(total, 1)
+    for frame in [f for f in inclusive if PLUMBING.search(f)]:
+        del inclusive[frame]
+    return (
+        [(100 * n / total, f) for f, n in own.most_common(top)],
+        [(100 * n / total, f) for f, n in inclusive.most_common(top)],
+    )
 
 
 def run_size(gpu_nodes: int, steady: float, profile: Path | None) -> Result:
@@ -210,10 +241,17 @@ def run_size(gpu_nodes: int, steady: float, profile: Path | None) -> Result:
             if ready_at is None or labelled_at is None:
                 raise SystemExit(f"[{gpu_nodes}] did not converge within 1800 s")
             cpu_converge = cpu_seconds(proc.pid) - cpu_idle
+            load_converged = os.getloadavg()[0]
             profiler.stop()
             time.sleep(2)
             writes = audit_writes(cluster, USER, start_wall)
             by_resource = collections.Counter(w["objectRef"]["resource"] for w in writes)
+            node_codes = collections.Counter(
+                (w["verb"], (w.get("responseStatus") or {}).get("code"))
+                for w in writes
+                if w["objectRef"]["resource"] == "nodes"
+            )
+            print(f"[{gpu_nodes}] node writes by verb and response code: {dict(node_codes)}")
 
             profiler.start("converged")
             steady_from, cpu_before = now(), cpu_seconds(proc.pid)
@@ -221,6 +259,8 @@ def run_size(gpu_nodes: int, steady: float, profile: Path | None) -> Result:
             cpu_steady = cpu_seconds(proc.pid) - cpu_before
             profiler.stop()
             counts = requests_by_verb(cluster, steady_from)
+            if profile is not None:  # the operator's log next to its profiles
+                shutil.copy(Path(tmp) / "operator.log", profile / str(gpu_nodes) / "operator.log")
             minutes = steady / 60
             write_verbs = {"create", "update", "patch", "delete"}
             steady_writes = sum(v for k, v in counts.items() if k.split()[0] in write_verbs)
@@ -237,6 +277,7 @@ def run_size(gpu_nodes: int, steady: float, profile: Path | None) -> Result:
                 steady_reads_per_min=steady_reads / minutes,
                 steady_writes_per_min=steady_writes / minutes,
                 steady_detail=dict(counts),
+                load=(load_converged, os.getloadavg()[0]),
             )
     finally:
         if proc is not None:
