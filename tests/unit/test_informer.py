@@ -193,6 +193,30 @@ def test_a_watch_resumes_from_the_last_version_it_saw() -> None:
     assert waits.delays == []
 
 
+def test_the_thread_hands_the_loop_only_what_changed_what_is_kept() -> None:
+    beat = node()
+    beat["metadata"]["resourceVersion"] = "11"
+    beat["status"]["conditions"][0]["lastHeartbeatTime"] = "t1"
+    other = {"metadata": {"name": "unknown", "resourceVersion": "14"}}
+    events = [
+        {"type": "MODIFIED", "object": beat},
+        {"type": "MODIFIED", "object": {**node(team="ml"), "metadata": {
+            **node(team="ml")["metadata"], "resourceVersion": "12"}}},
+        {"type": "DELETED", "object": node()},
+        {"type": "DELETED", "object": other},
+    ]  # fmt: skip
+    kube = ScriptedKube([[events], []])
+    inf, _, _ = informer((NODES,), kube)
+    inf._stop = Waits(kube)
+    posted: list[Any] = []
+    inf._post = lambda fn, w, arg: posted.append((fn.__name__, arg))  # type: ignore[method-assign]
+    inf._follow(NODES)
+    assert [name for name, _ in posted] == ["_replace", "_update"]
+    updates = posted[1][1]
+    assert [(key, value is None) for key, value in updates] == [(KEY, False), (KEY, True)]
+    assert updates[0][1].labels["team"] == "ml"
+
+
 def test_410_gone_lists_again_at_once_then_backs_off_if_it_keeps_coming() -> None:
     expired = {"type": "ERROR", "object": {"code": 410, "message": "too old"}}
     kube, waits = follow([[[expired]], gone(410), gone(410), []])
