@@ -14,13 +14,14 @@ import time
 from pathlib import Path
 
 from gpu_operator import testenv
+from gpu_operator.kube import Kube
 from gpu_operator.testenv.cluster import https_ok
 from gpu_operator.testenv.processes import (
     alive,
     listening_ports,
     port_bindable,
 )
-from tests.e2e.support import hack_testenv
+from tests.e2e.support import hack_testenv, wait_for
 
 CYCLES = 10
 
@@ -138,3 +139,43 @@ def test_killed_starter_takes_its_components_with_it(tmp_path: Path, testenv_bin
     finally:
         testenv.stop(state_dir)
     _assert_nothing_left(state_dir, cluster)
+
+
+def test_kwok_nodes_renew_leases_and_post_status_only_when_due(
+    tmp_path: Path, testenv_bin_dir: Path
+) -> None:
+    """Like a kubelet with node Leases: a Lease renewed every 10 s, the Node's status posted
+    only when it changes or every 5 minutes (kwok 0.7's own stages posted it every 20-45 s,
+    which no real fleet does and which made an idle operator look busy)."""
+    nodes, renewals = 8, 4  # 4 renewals, 40 s: the old stages posted most nodes' status by then
+    cluster = testenv.start(tmp_path / "env", gpu_nodes=nodes, bin_dir=testenv_bin_dir)
+    try:
+        with cluster.api_client() as api:
+            kube = Kube(api)
+            before = _node_versions(kube)
+            seen: dict[str, set[str]] = {}
+
+            def renewed_enough() -> bool:
+                for name, renewed in _renew_times(kube).items():
+                    seen.setdefault(name, set()).add(renewed)
+                return len(seen) == nodes and min(map(len, seen.values())) > renewals
+
+            wait_for("every node Lease renewed 4 times", renewed_enough, timeout=120, every=1)
+            after = _node_versions(kube)
+    finally:
+        cluster.stop(remove_state=True)
+    assert len(before) == nodes
+    assert after == before, "a kwok node posted its status between its Lease renewals"
+
+
+def _node_versions(kube: Kube) -> dict[str, str]:
+    return {
+        n["metadata"]["name"]: n["metadata"]["resourceVersion"] for n in kube.list_objects("Node")
+    }
+
+
+def _renew_times(kube: Kube) -> dict[str, str]:
+    return {
+        lease["metadata"]["name"]: str(lease["spec"].get("renewTime"))
+        for lease in kube.list_objects("Lease", "kube-node-lease")
+    }

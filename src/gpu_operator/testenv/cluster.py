@@ -52,16 +52,113 @@ omitStages: [RequestReceived]
 rules:
 - level: Metadata
 """
-# No Stage objects: kwok uses its default node (init + lease heartbeat) and pod stages. The
-# parallelism (default 4) bounds how fast hundreds of nodes and their pods turn Ready.
-KWOK_CONFIG = """\
+# The parallelism (default 4) bounds how fast hundreds of nodes and their pods turn Ready.
+#
+# The node stages are our own, because kwok 0.7 picks its default node stages backwards: given
+# --node-lease-duration-seconds it renews the Leases *and* posts every node's status every
+# 20-45 s (the stage meant for nodes without Leases), 1,700 node updates a minute at 500 nodes.
+# A kubelet that renews a Lease posts its status only when it changes or every
+# nodeStatusReportFrequency (5 min), so the heartbeat stage below does the same. Pod stages
+# stay kwok's defaults (a kind with no Stage here gets them).
+_NODE_STATUS = """\
+      {{ $now := Now }}
+      {{ $since := or .metadata.creationTimestamp $now }}
+      conditions:
+      {{ range NodeConditions }}
+      - type: {{ .type | Quote }}
+        status: {{ .status | Quote }}
+        reason: {{ .reason | Quote }}
+        message: {{ .message | Quote }}
+        lastHeartbeatTime: {{ $now | Quote }}
+        lastTransitionTime: {{ $since | Quote }}
+      {{ end }}
+      addresses:
+      {{ with .status.addresses }}
+      {{ YAML . 1 }}
+      {{ else }}
+      - type: InternalIP
+        address: {{ NodeIP | Quote }}
+      - type: Hostname
+        address: {{ NodeName | Quote }}
+      {{ end }}
+      {{ with NodePort }}
+      daemonEndpoints:
+        kubeletEndpoint:
+          Port: {{ . }}
+      {{ end }}
+"""
+KWOK_CONFIG = f"""\
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokConfiguration
 options:
   nodePlayStageParallelism: 16
   podPlayStageParallelism: 16
   nodeLeaseParallelism: 16
-"""
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: testenv-node-ready
+spec:
+  resourceRef: {{apiGroup: v1, kind: Node}}
+  selector:
+    matchExpressions:
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: NotIn
+      values: ['True']
+  next:
+    statusTemplate: |
+{_NODE_STATUS}\
+      {{{{ $info := .status.nodeInfo }}}}
+      nodeInfo:
+        architecture: {{{{ or $info.architecture "amd64" }}}}
+        operatingSystem: {{{{ or $info.operatingSystem "linux" }}}}
+        kubeletVersion: {{{{ or $info.kubeletVersion (printf "kwok-%s" Version) }}}}
+        containerRuntimeVersion: {{{{ or $info.containerRuntimeVersion (printf "kwok-%s" Version) }}}}
+        kernelVersion: {{{{ or $info.kernelVersion (printf "kwok-%s" Version) }}}}
+        kubeProxyVersion: {{{{ or $info.kubeProxyVersion (printf "kwok-%s" Version) }}}}
+        osImage: {{{{ or $info.osImage `""` }}}}
+        machineID: {{{{ or $info.machineID `""` }}}}
+        systemUUID: {{{{ or $info.systemUUID `""` }}}}
+        bootID: {{{{ or $info.bootID `""` }}}}
+      allocatable:
+      {{{{ with .status.allocatable }}}}
+      {{{{ YAML . 1 }}}}
+      {{{{ else }}}}
+        cpu: 1k
+        memory: 1Ti
+        pods: 1M
+      {{{{ end }}}}
+      capacity:
+      {{{{ with .status.capacity }}}}
+      {{{{ YAML . 1 }}}}
+      {{{{ else }}}}
+        cpu: 1k
+        memory: 1Ti
+        pods: 1M
+      {{{{ end }}}}
+      phase: Running
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: testenv-node-status-report
+spec:
+  resourceRef: {{apiGroup: v1, kind: Node}}
+  selector:
+    matchExpressions:
+    - key: '.status.phase'
+      operator: In
+      values: ['Running']
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: In
+      values: ['True']
+  delay:
+    durationMilliseconds: 300000
+    jitterDurationMilliseconds: 330000
+  next:
+    statusTemplate: |
+{_NODE_STATUS}"""
 STATE_FILE = "state.json"
 START_TIMEOUT = 120.0
 
