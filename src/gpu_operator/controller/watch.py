@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +30,7 @@ from gpu_operator.kinds import KINDS, Kind
 from gpu_operator.kube import Kube
 from gpu_operator.labels import APPLIED_HASH, MANAGED_BY, MANAGED_SELECTOR, OPERATOR_NAME
 from gpu_operator.render import config_hash, mps_configured
-from gpu_operator.views import NodeView
+from gpu_operator.views import NodeView, shared_map
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,12 @@ def trim(plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return dict(body.items())
     meta = body.get("metadata") or {}
     kept: dict[str, Any] = {"metadata": {k: meta[k] for k in _KEEP_META if k in meta}}
+    if "namespace" in meta:
+        kept["metadata"]["namespace"] = _shared(meta["namespace"])
+    if "labels" in meta:
+        kept["metadata"]["labels"] = shared_map(meta["labels"])
+    if "ownerReferences" in meta:
+        kept["metadata"]["ownerReferences"] = [_owner(r) for r in meta["ownerReferences"]]
     hash_ = (meta.get("annotations") or {}).get(APPLIED_HASH)
     if hash_:
         kept["metadata"]["annotations"] = {APPLIED_HASH: hash_}
@@ -115,22 +122,36 @@ def trim(plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
     return kept
 
 
+def _shared(value: Any) -> Any:
+    """A string repeated across thousands of pods, interned (see views.shared_map)."""
+    return sys.intern(value) if isinstance(value, str) else value
+
+
+def _owner(ref: Mapping[str, Any]) -> dict[str, Any]:
+    """An ownerReference as read (the owner's kind, name and uid, and whether it controls)."""
+    kept = shared_map({k: ref[k] for k in ("apiVersion", "kind", "name") if k in ref})
+    kept["uid"] = str(ref.get("uid") or "")
+    if "controller" in ref:
+        kept["controller"] = ref["controller"]
+    return kept
+
+
 def _trim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     """A pod as decisions read it: where it runs, and whether it is Ready (thousands are kept:
     every dict left out here is memory saved per pod, and an event it does not change is
     dropped)."""
     status = body.get("status") or {}
     spec = body.get("spec") or {}
-    kept_spec: dict[str, Any] = {"nodeName": spec.get("nodeName")}
+    kept_spec: dict[str, Any] = {"nodeName": _shared(spec.get("nodeName"))}
     node_affinity = (spec.get("affinity") or {}).get("nodeAffinity")
     if node_affinity and not spec.get("nodeName"):  # an unscheduled DaemonSet pod names its
         kept_spec["affinity"] = {"nodeAffinity": node_affinity}  # node only here
     return {
         "spec": kept_spec,
         "status": {
-            "phase": status.get("phase"),
+            "phase": _shared(status.get("phase")),
             "conditions": [
-                {"type": "Ready", "status": c.get("status")}
+                {"type": "Ready", "status": _shared(c.get("status"))}
                 | {"lastTransitionTime": c.get("lastTransitionTime")}
                 for c in status.get("conditions") or ()
                 if c.get("type") == "Ready"
