@@ -160,16 +160,24 @@ def start_operator(config: k8s.Configuration, namespace: str, **settings: Any) -
 
 
 def audit_writes(
-    cluster: testenv.Cluster, username: str, since: datetime
+    cluster: testenv.Cluster,
+    username: str | None,
+    since: datetime,
+    *,
+    resource: tuple[str, str] | None = None,
 ) -> list[Mapping[str, Any]]:
-    """Write requests ``username`` made since ``since``, from the apiserver's audit log."""
+    """Write requests ``username`` (None: anyone) made since ``since`` (to ``resource``, as
+    (plural, name), when given), from the apiserver's audit log."""
     out = []
     with cluster.audit_log.open() as log:
         for line in log:
             event = json.loads(line)
             if event.get("stage") != "ResponseComplete" or event.get("verb") not in WRITE_VERBS:
                 continue
-            if event.get("user", {}).get("username") != username:
+            if username is not None and event.get("user", {}).get("username") != username:
+                continue
+            ref = event.get("objectRef") or {}
+            if resource is not None and (ref.get("resource"), ref.get("name")) != resource:
                 continue
             stamp = datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
             if stamp >= since:

@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from gpu_operator.controller.runner import OperatorThread
 from gpu_operator.kube import Kube
 from tests import prerequisites
 from tests.e2e.support import (
+    audit_writes,
     node_events,
     policy_status,
     private_cluster,
@@ -79,6 +81,20 @@ class Env:
             check=True,
             timeout=60,
         )
+
+    def node_writes_since(self, node: str, since: datetime, history: LabelHistory) -> str:
+        """Why a node's labels are not what a test expects: every label set it went through,
+        who wrote it (audit log) and the MIG manager's log."""
+        deploy = [f"nvidia.com/gpu.deploy.{c}" for c in PAUSABLE]
+        keys = ("nvidia.com/mig.config", "nvidia.com/mig.config.state", *deploy)
+        sets = [" ".join(f"{k.split('/')[-1]}={h.get(k)}" for k in keys) for h in history.seen]
+        writes = [
+            f"{e['requestReceivedTimestamp']} {e['verb']} by {e['user']['username']}"
+            for e in audit_writes(self.cluster, None, since, resource=("nodes", node))
+        ]
+        log = self.tmp / f"{node}.mig-manager.log"
+        tail = log.read_text()[-3000:] if log.exists() else "(no MIG manager log)"
+        return "\n".join(["label sets:", *sets, "node writes:", *writes, "MIG manager:", tail])
 
     def start_mig_manager(self, node: str, profile: str, config: Path) -> None:
         log = (self.tmp / f"{node}.mig-manager.log").open("w")
@@ -144,6 +160,17 @@ class LabelHistory:
             if not self._stopped:
                 raise  # only the connection we closed ourselves may end the watch
 
+    def outcome(self, config: str) -> tuple[list[dict[str, str]], dict[str, str]] | None:
+        """The label sets ``config`` went through while pending, and the first that says
+        ``success`` after them; None until both are seen."""
+        state = "nvidia.com/mig.config.state"
+        seen = [h for h in list(self.seen) if h.get("nvidia.com/mig.config") == config]
+        pending = [i for i, h in enumerate(seen) if h.get(state) == "pending"]
+        if not pending:
+            return None
+        done = next((h for h in seen[pending[0] :] if h.get(state) == "success"), None)
+        return (seen[pending[0] : pending[-1] + 1], done) if done else None
+
     def stop(self) -> None:
         self._stopped = True
         self._watch.stop()
@@ -201,27 +228,26 @@ def test_mig_change_pauses_operands_and_relabels(env: Env) -> None:
     assert plugin_pods_before == 1
 
     history = LabelHistory(env.cluster, MIG_A100)
+    since = datetime.now(UTC)
     try:
         env.kube.merge_patch(
             "Node", MIG_A100, {"metadata": {"labels": {"nvidia.com/mig.config": "all-1g.5gb"}}}
         )
         wait_for(
             "new layout applied",
-            lambda: (
-                labels(env.kube, MIG_A100).get("nvidia.com/mig.config.state") == "success"
-                and any(h.get("nvidia.com/mig.config.state") == "pending" for h in history.seen)
-            ),
+            lambda: history.outcome("all-1g.5gb") is not None,
             timeout=120,
         )
     finally:
         history.stop()
-    states = [h.get("nvidia.com/mig.config.state") for h in history.seen]
-    assert "pending" in states
-    paused = [h for h in history.seen if h.get("nvidia.com/mig.config.state") == "pending"]
+    paused, done = history.outcome("all-1g.5gb") or ([], {})
     for component in PAUSABLE:
         key = f"nvidia.com/gpu.deploy.{component}"
         assert any(h.get(key) == "paused-for-mig-change" for h in paused), component
-        assert labels(env.kube, MIG_A100)[key] == "true", component  # restored
+        assert done[key] == "true", component  # restored by the write that says success
+    now = labels(env.kube, MIG_A100)
+    restored = all(now[f"nvidia.com/gpu.deploy.{c}"] == "true" for c in PAUSABLE)
+    assert restored, env.node_writes_since(MIG_A100, since, history)
     # While paused, the operand pods really left the node; now they are back.
     wait_for("device plugin back on the node", lambda: device_plugin_pods(env, MIG_A100) == 1)
 
