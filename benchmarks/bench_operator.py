@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
 import os
 import re
@@ -30,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -42,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gpu_operator import testenv  # noqa: E402
-from gpu_operator.kube import Kube  # noqa: E402
+from gpu_operator.kube import Kube, WatchStream  # noqa: E402
 from tests.e2e.support import (  # noqa: E402
     audit_writes,
     now,
@@ -99,6 +101,7 @@ class Result:
     steady_writes_per_min: float
     steady_detail: dict[str, int]
     load: tuple[float, float]  # the machine's 1-minute load average when converged, at the end
+    cpu_minutes: tuple[float, ...] = ()  # CPU-seconds in each minute of the steady window
 
     def row(self) -> str:
         return (
@@ -116,6 +119,44 @@ HEADER = (
     "load avg |\n"
     "|---|---|---|---|---|---|---|---|---|---|"
 )
+
+
+class LabelledNodes:
+    """When every GPU node first carries ``nvidia.com/gpu.present=true``, from a watch with
+    that label selector (polling a list of thousands of nodes would load the API server the
+    operator is measured against)."""
+
+    def __init__(self, kube: Kube, expected: int) -> None:
+        self.kube, self.expected = kube, expected
+        self.at: float | None = None
+        self._stream: WatchStream | None = None
+        self._since = 0.0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self, since: float) -> None:
+        self._since = since
+        self._thread.start()
+
+    def _run(self) -> None:
+        selector = "nvidia.com/gpu.present=true"
+        items, version = self.kube.list_with_version("Node", None, {"labelSelector": selector})
+        seen = {n["metadata"]["name"] for n in items}
+        while self.at is None:
+            self._stream = self.kube.watch("Node", None, version, 300, label_selector=selector)
+            for events in self._stream.batches():
+                for event in events:
+                    obj = event.get("object") or {}
+                    version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                    if event.get("type") == "ADDED":
+                        seen.add(obj["metadata"]["name"])
+                if len(seen) >= self.expected:
+                    self.at = time.monotonic() - self._since
+                    return
+
+    def stop(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+        self._thread.join(10)
 
 
 class Profiler:
@@ -226,18 +267,18 @@ def run_size(gpu_nodes: int, steady: float, profile: Path | None) -> Result:
             time.sleep(2)
             cpu_idle = cpu_seconds(proc.pid)
             profiler.start("converging")
+            labelled = LabelledNodes(kube, gpu_nodes)
             start_wall, start = now(), time.monotonic()
+            labelled.start(start)
             kube.create(yaml.safe_load(POLICY.read_text()))
-            labelled_at = ready_at = None
+            ready_at = None
             while ready_at is None and time.monotonic() - start < 1800:
-                if labelled_at is None:
-                    got = kube.list_objects("Node", label_selector="nvidia.com/gpu.present=true")
-                    if len(got) == gpu_nodes:
-                        labelled_at = time.monotonic() - start
                 status = (kube.get("ClusterPolicy", "cluster-policy") or {}).get("status") or {}
-                if status.get("state") == "ready" and labelled_at is not None:
+                if status.get("state") == "ready" and labelled.at is not None:
                     ready_at = time.monotonic() - start
                 time.sleep(0.5)
+            labelled.stop()
+            labelled_at = labelled.at
             if ready_at is None or labelled_at is None:
                 raise SystemExit(f"[{gpu_nodes}] did not converge within 1800 s")
             cpu_converge = cpu_seconds(proc.pid) - cpu_idle
@@ -255,8 +296,17 @@ def run_size(gpu_nodes: int, steady: float, profile: Path | None) -> Result:
 
             profiler.start("converged")
             steady_from, cpu_before = now(), cpu_seconds(proc.pid)
-            time.sleep(steady)
+            marks = [cpu_before]
+            for _ in range(int(steady // 60)):
+                time.sleep(60)
+                marks.append(cpu_seconds(proc.pid))
+            time.sleep(steady % 60)
             cpu_steady = cpu_seconds(proc.pid) - cpu_before
+            minutes_cpu = tuple(b - a for a, b in itertools.pairwise(marks))
+            print(
+                f"[{gpu_nodes}] CPU-s in each minute once converged: "
+                + ", ".join(f"{m:.2f}" for m in minutes_cpu)
+            )
             profiler.stop()
             counts = requests_by_verb(cluster, steady_from)
             if profile is not None:  # the operator's log next to its profiles
@@ -278,6 +328,7 @@ def run_size(gpu_nodes: int, steady: float, profile: Path | None) -> Result:
                 steady_writes_per_min=steady_writes / minutes,
                 steady_detail=dict(counts),
                 load=(load_converged, os.getloadavg()[0]),
+                cpu_minutes=minutes_cpu,
             )
     finally:
         if proc is not None:

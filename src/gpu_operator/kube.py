@@ -17,7 +17,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -292,15 +292,23 @@ class Kube:
         return self.list_with_version(kind, namespace, query)[0]
 
     def list_with_version(
-        self, kind: str, namespace: str | None = None, query: Mapping[str, str] | None = None
-    ) -> tuple[list[dict[str, Any]], str]:
-        """Every object (in pages of 500) and the list's resourceVersion, to watch from."""
-        items: list[dict[str, Any]] = []
+        self,
+        kind: str,
+        namespace: str | None = None,
+        query: Mapping[str, str] | None = None,
+        keep: Callable[[dict[str, Any]], Any] | None = None,
+    ) -> tuple[list[Any], str]:
+        """Every object (in pages of 500), or what ``keep`` makes of each, page by page (so a
+        fleet's whole objects are never all in memory at once), and the list's
+        resourceVersion, to watch from."""
+        items: list[Any] = []
         path = KINDS[kind].collection(namespace)
         paged = {**(query or {}), "limit": "500"}
         while True:
             data = self.request("GET", path, query=paged)
-            items.extend(data.get("items") or [])
+            page = data.pop("items", None) or []
+            items.extend(map(keep, page) if keep else page)
+            del page  # freed before the next page is read
             meta = data.get("metadata") or {}
             if not meta.get("continue"):
                 return items, str(meta.get("resourceVersion") or "")

@@ -149,9 +149,9 @@ class ScriptedKube:
         self.watches = watches
         self.calls: list[str] = []
 
-    def list_with_version(self, kind: str, namespace: Any, query: Any) -> Any:
+    def list_with_version(self, kind: str, namespace: Any, query: Any, keep: Any = None) -> Any:
         self.calls.append("list")
-        return [node()], "10"
+        return [keep(node()) if keep else node()], "10"
 
     def watch(self, kind: str, namespace: Any, version: str, timeout_s: int, **_: Any) -> Any:
         self.calls.append(f"watch@{version}")

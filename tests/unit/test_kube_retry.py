@@ -134,3 +134,31 @@ def test_connection_errors() -> None:
     assert not worth_retrying("POST", "application/json", reset)  # may have been created
     assert worth_retrying("GET", "application/json", reset)
     assert not worth_retrying("GET", "application/json", ValueError())
+
+
+class Pages(Kube):
+    """A list answered in two pages, recording the queries asked."""
+
+    def __init__(self) -> None:
+        self.queries: list[dict[str, str]] = []
+
+    def request(self, method: str, path: str, *, query: Any = None, **_: Any) -> Any:
+        self.queries.append(dict(query))
+        if "continue" not in query:
+            names, meta = ["a", "b"], {"continue": "next", "resourceVersion": "7"}
+        else:
+            names, meta = ["c"], {"resourceVersion": "9"}
+        return {"items": [{"metadata": {"name": n}} for n in names], "metadata": meta}
+
+
+def test_a_paged_list_keeps_what_keep_makes_of_each_object_and_the_last_version() -> None:
+    kube = Pages()
+    kept, version = kube.list_with_version(
+        "Node", None, {"labelSelector": "x=y"}, keep=lambda o: o["metadata"]["name"]
+    )
+    assert (kept, version) == (["a", "b", "c"], "9")
+    assert kube.queries == [
+        {"labelSelector": "x=y", "limit": "500"},
+        {"labelSelector": "x=y", "limit": "500", "continue": "next"},
+    ]
+    assert [o["metadata"]["name"] for o in kube.list_objects("Node")] == ["a", "b", "c"]
