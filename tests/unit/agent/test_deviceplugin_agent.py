@@ -36,6 +36,7 @@ from gpu_operator.agent.deviceplugin_config import Sharing, parse_device_plugin_
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.agent.simulated import SimulatedNvml
 from gpu_operator.kubelet_api.deviceplugin.v1beta1 import api_pb2 as pb
+from tests.e2e.support import wait_for
 
 from .conftest import Simulate, mig_configmap
 
@@ -409,8 +410,13 @@ def test_the_node_label_switches_the_config_without_a_restart(node: Callable[...
     api.set_label("nvidia.com/device-plugin.config", "shared")
     n.kubelet.wait_for_registration("nvidia.com/gpu.shared", after=before)
     assert len(n.devices("nvidia.com/gpu.shared")) == 32
-    reasons = [e["reason"] for e in api.created]
-    assert "DevicePluginConfigApplied" in reasons
+    # The Event follows the registration: wait for it (a loaded machine once got there first).
+    wait_for(
+        "the DevicePluginConfigApplied Event",
+        lambda: "DevicePluginConfigApplied" in [e["reason"] for e in api.created],
+        timeout=10,
+        every=0.05,
+    )
     assert all(e["involvedObject"]["name"] == "gpu-node-0" for e in api.created)
     n.agent.stop()
     watch.join(timeout=10)
