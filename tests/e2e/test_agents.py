@@ -89,7 +89,8 @@ class Env:
         keys = ("nvidia.com/mig.config", "nvidia.com/mig.config.state", *deploy)
         sets = [" ".join(f"{k.split('/')[-1]}={h.get(k)}" for k in keys) for h in history.seen]
         writes = [
-            f"{e['requestReceivedTimestamp']} {e['verb']} by {e['user']['username']}"
+            f"{e['requestReceivedTimestamp']} -> {e.get('stageTimestamp')} {e['verb']} by "
+            f"{e['user']['username']} ({(e.get('responseStatus') or {}).get('code')})"
             for e in audit_writes(self.cluster, None, since, resource=("nodes", node))
         ]
         log = self.tmp / f"{node}.mig-manager.log"
