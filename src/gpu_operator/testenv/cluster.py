@@ -115,13 +115,14 @@ spec:
     statusTemplate: |
 {_NODE_STATUS}\
       {{{{ $info := .status.nodeInfo }}}}
+      {{{{ $kwok := printf "kwok-%s" Version }}}}
       nodeInfo:
         architecture: {{{{ or $info.architecture "amd64" }}}}
         operatingSystem: {{{{ or $info.operatingSystem "linux" }}}}
-        kubeletVersion: {{{{ or $info.kubeletVersion (printf "kwok-%s" Version) }}}}
-        containerRuntimeVersion: {{{{ or $info.containerRuntimeVersion (printf "kwok-%s" Version) }}}}
-        kernelVersion: {{{{ or $info.kernelVersion (printf "kwok-%s" Version) }}}}
-        kubeProxyVersion: {{{{ or $info.kubeProxyVersion (printf "kwok-%s" Version) }}}}
+        kubeletVersion: {{{{ or $info.kubeletVersion $kwok }}}}
+        containerRuntimeVersion: {{{{ or $info.containerRuntimeVersion $kwok }}}}
+        kernelVersion: {{{{ or $info.kernelVersion $kwok }}}}
+        kubeProxyVersion: {{{{ or $info.kubeProxyVersion $kwok }}}}
         osImage: {{{{ or $info.osImage `""` }}}}
         machineID: {{{{ or $info.machineID `""` }}}}
         systemUUID: {{{{ or $info.systemUUID `""` }}}}
