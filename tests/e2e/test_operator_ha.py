@@ -4,7 +4,10 @@ metrics endpoints answer."""
 from __future__ import annotations
 
 import json
+import signal
 import socket
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -14,7 +17,13 @@ from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.runner import OperatorThread, RunOptions
 from gpu_operator.kube import Kube
 from tests import prerequisites
-from tests.e2e.support import policy_status, private_cluster, service_account_config, wait_for
+from tests.e2e.support import (
+    policy_status,
+    private_cluster,
+    service_account_config,
+    token_kubeconfig,
+    wait_for,
+)
 
 NS = "gpu-operator"
 
@@ -83,3 +92,49 @@ def test_one_leader_acts_and_the_other_takes_over(testenv_bin_dir: Path) -> None
         finally:
             first.stop()
             second.stop()
+
+
+def test_sigterm_hands_the_lease_over_and_exits_zero(testenv_bin_dir: Path, tmp_path: Path) -> None:
+    """``gpu-operator run`` as a pod runs it: SIGTERM is a graceful stop (the Lease released at
+    once, exit 0), not a deaf operator (kopf, in the main thread, used to take the signal and
+    stop its watchers first: exit 1 and a Lease left to expire)."""
+    with private_cluster(testenv_bin_dir, gpu_nodes=1) as cluster, cluster.api_client() as api:
+        kube = Kube(api)
+        kubeconfig = token_kubeconfig(
+            cluster, service_account_config(cluster, NS, "gpu-operator"), tmp_path / "kubeconfig"
+        )
+        log = tmp_path / "operator.log"
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gpu_operator", "run", "--kubeconfig", str(kubeconfig),
+                 "--namespace", NS, "--health-port", "0", "--metrics-port", "0",
+                 "--lease-duration", "30"],
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        try:
+            wait_for(
+                "the operator leading",
+                lambda: (
+                    (kube.get("Lease", "gpu-operator-leader", NS) or {}).get("spec") or {}
+                ).get("holderIdentity"),
+                timeout=90,
+            )
+            kube.create(
+                yaml.safe_load(prerequisites.nvidia("clusterpolicy-helm-default.yaml").read_text())
+            )
+            wait_for(
+                "the policy ready",
+                lambda: policy_status(kube, "cluster-policy").get("state") == "ready",
+                timeout=120,
+            )
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        text = log.read_text()
+        assert code == 0, text[-3000:]
+        assert "deaf" not in text, text[-3000:]
+        lease = kube.get("Lease", "gpu-operator-leader", NS) or {}
+        assert not (lease.get("spec") or {}).get("holderIdentity"), lease  # handed over at once

@@ -240,11 +240,14 @@ class OperatorThread:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._main, name="gpu-operator", daemon=True)
+        self._stop_asked = False
         self.error: BaseException | None = None
 
     def _main(self) -> None:
         self._loop = asyncio.new_event_loop()
         self._stop = asyncio.Event()
+        if self._stop_asked:  # asked before the loop existed (a SIGTERM at start-up)
+            self._stop.set()
         try:
             self.controller = self._loop.run_until_complete(
                 run_operator(
@@ -275,9 +278,18 @@ class OperatorThread:
         return self
 
     def stop(self, timeout: float = 30.0) -> None:
-        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._stop.set)
+        """Ask for a graceful stop (hand the Lease over); wait up to ``timeout`` for it."""
+        self._stop_asked = True
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(stop.set)
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the operator to end; whether it still runs."""
         self._thread.join(timeout)
+        return self._thread.is_alive()
 
 
 IMAGE_ENV_NAMES = (
@@ -330,16 +342,25 @@ def main_run(
     )
     api_config = api_configuration(kubeconfig)
 
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await run_operator(options, api_config, stop=stop)
+    # In the main thread kopf takes SIGTERM itself and stops its watchers before the operator
+    # hears of it, so a pod's graceful stop looked like a deaf operator (exit 1, writes fenced).
+    # The operator runs in a thread of its own, as in the tests, and this thread takes the
+    # signals: SIGTERM asks for the graceful stop, which hands the Lease over.
+    operator = OperatorThread(options, api_config)
 
+    def graceful(signum: int, _frame: object) -> None:
+        log.info("%s: stopping, handing leadership over", signal.Signals(signum).name)
+        operator.stop(timeout=0)
+
+    before = {sig: signal.signal(sig, graceful) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        asyncio.run(run())
-    except RuntimeError as exc:
-        log.error("%s", exc)
+        operator.start(wait=False)
+        while operator.join(1.0):  # short waits: the signal handler runs between them
+            pass
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    if operator.error is not None:
+        log.error("%s", operator.error)
         return 1
     return 0

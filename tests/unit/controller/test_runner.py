@@ -368,13 +368,28 @@ def test_operator_thread_can_start_without_waiting(monkeypatch: pytest.MonkeyPat
     assert not thread._thread.is_alive()
 
 
+def test_a_stop_asked_before_the_thread_runs_is_not_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM may come before the operator's loop exists: the loop then starts stopped."""
+
+    async def fake_run(*_: Any, stop: asyncio.Event, **__: Any) -> None:
+        await stop.wait()
+
+    monkeypatch.setattr(runner, "run_operator", fake_run)
+    thread = OperatorThread(options(), k8s.Configuration())
+    thread.stop(timeout=0)
+    thread.start(wait=False)
+    assert not thread.join(10)
+
+
 @pytest.mark.parametrize(("failure", "code"), [(None, 0), (RuntimeError("lost"), 1)])
 def test_main_run_configures_from_flags_and_env(
     monkeypatch: pytest.MonkeyPatch, failure: Exception | None, code: int
 ) -> None:
     got: list[RunOptions] = []
 
-    async def fake_run(options: RunOptions, api_config: Any, *, stop: asyncio.Event) -> None:
+    async def fake_run(
+        options: RunOptions, api_config: Any, *, stop: asyncio.Event, **_: Any
+    ) -> None:
         got.append(options)
         if failure is not None:
             raise failure
