@@ -20,14 +20,19 @@ def string_map(value: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in (value or {}).items()}
 
 
-def shared_map(value: Any, *, values: bool = True) -> dict[str, str]:
-    """A string map whose keys (and, with ``values``, values) are interned.
+def shared(value: Any) -> Any:
+    """``value`` interned when it is a string.
 
     The indexes keep thousands of nodes and pods whose labels repeat the same few dozen keys
     and values; each parsed event brings its own copies, which interning folds into one (a
     quarter of the memory kept per GPU node). Only label-like strings are interned: a bounded
     vocabulary, not names, uids or timestamps.
     """
+    return sys.intern(value) if isinstance(value, str) else value
+
+
+def shared_map(value: Any, *, values: bool = True) -> dict[str, str]:
+    """A string map with its keys (and, with ``values``, its values) interned: :func:`shared`."""
     return {
         sys.intern(str(k)): sys.intern(str(v)) if values else str(v)
         for k, v in (value or {}).items()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,7 @@ from gpu_operator.kinds import KINDS, Kind
 from gpu_operator.kube import Kube
 from gpu_operator.labels import APPLIED_HASH, MANAGED_BY, MANAGED_SELECTOR, OPERATOR_NAME
 from gpu_operator.render import config_hash, mps_configured
-from gpu_operator.views import NodeView, shared_map
+from gpu_operator.views import NodeView, shared, shared_map
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +100,7 @@ def trim(plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
     meta = body.get("metadata") or {}
     kept: dict[str, Any] = {"metadata": {k: meta[k] for k in _KEEP_META if k in meta}}
     if "namespace" in meta:
-        kept["metadata"]["namespace"] = _shared(meta["namespace"])
+        kept["metadata"]["namespace"] = shared(meta["namespace"])
     if "labels" in meta:
         kept["metadata"]["labels"] = shared_map(meta["labels"])
     if "ownerReferences" in meta:
@@ -122,11 +121,6 @@ def trim(plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
     return kept
 
 
-def _shared(value: Any) -> Any:
-    """A string repeated across thousands of pods, interned (see views.shared_map)."""
-    return sys.intern(value) if isinstance(value, str) else value
-
-
 def _owner(ref: Mapping[str, Any]) -> dict[str, Any]:
     """An ownerReference as read (the owner's kind, name and uid, and whether it controls)."""
     kept = shared_map({k: ref[k] for k in ("apiVersion", "kind", "name") if k in ref})
@@ -142,16 +136,16 @@ def _trim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     dropped)."""
     status = body.get("status") or {}
     spec = body.get("spec") or {}
-    kept_spec: dict[str, Any] = {"nodeName": _shared(spec.get("nodeName"))}
+    kept_spec: dict[str, Any] = {"nodeName": shared(spec.get("nodeName"))}
     node_affinity = (spec.get("affinity") or {}).get("nodeAffinity")
     if node_affinity and not spec.get("nodeName"):  # an unscheduled DaemonSet pod names its
         kept_spec["affinity"] = {"nodeAffinity": node_affinity}  # node only here
     return {
         "spec": kept_spec,
         "status": {
-            "phase": _shared(status.get("phase")),
+            "phase": shared(status.get("phase")),
             "conditions": [
-                {"type": "Ready", "status": _shared(c.get("status"))}
+                {"type": "Ready", "status": shared(c.get("status"))}
                 | {"lastTransitionTime": c.get("lastTransitionTime")}
                 for c in status.get("conditions") or ()
                 if c.get("type") == "Ready"

@@ -92,6 +92,17 @@ _NODE_STATUS = """\
           Port: {{ . }}
       {{ end }}
 """
+# What the node's creator set (GPU nodes carry nvidia.com/gpu), else room for any pod.
+_NODE_RESOURCES = """\
+      {field}:
+      {{{{ with .status.{field} }}}}
+      {{{{ YAML . 1 }}}}
+      {{{{ else }}}}
+        cpu: 1k
+        memory: 1Ti
+        pods: 1M
+      {{{{ end }}}}
+"""
 KWOK_CONFIG = f"""\
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokConfiguration
@@ -127,22 +138,8 @@ spec:
         machineID: {{{{ or $info.machineID `""` }}}}
         systemUUID: {{{{ or $info.systemUUID `""` }}}}
         bootID: {{{{ or $info.bootID `""` }}}}
-      allocatable:
-      {{{{ with .status.allocatable }}}}
-      {{{{ YAML . 1 }}}}
-      {{{{ else }}}}
-        cpu: 1k
-        memory: 1Ti
-        pods: 1M
-      {{{{ end }}}}
-      capacity:
-      {{{{ with .status.capacity }}}}
-      {{{{ YAML . 1 }}}}
-      {{{{ else }}}}
-        cpu: 1k
-        memory: 1Ti
-        pods: 1M
-      {{{{ end }}}}
+{_NODE_RESOURCES.format(field="allocatable")}\
+{_NODE_RESOURCES.format(field="capacity")}\
       phase: Running
 ---
 apiVersion: kwok.x-k8s.io/v1alpha1
