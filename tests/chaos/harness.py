@@ -29,7 +29,7 @@ from gpu_operator.kube import Kube
 from gpu_operator.labels import MANAGED_SELECTOR
 from gpu_operator.testenv.faults import Fault, FaultProxy, Toxiproxy
 from gpu_operator.testenv.processes import alive
-from tests.e2e.support import policy_api_served, service_account_config, wait_for
+from tests.e2e.support import NotYet, policy_api_served, service_account_config, wait_for
 
 NS = "gpu-operator"
 POLICY = "cluster-policy"
@@ -430,7 +430,13 @@ class ChaosEnv:
             return
         name = self.extra_nodes.pop()
         self.kube.delete("Node", name)
-        wait_for(f"{name} gone", lambda: self.kube.get("Node", name) is None)
+        wait_for(
+            f"{name} gone",
+            lambda: (
+                (node := self.kube.get("Node", name)) is None
+                or NotYet({k: node["metadata"].get(k) for k in ("deletionTimestamp", "finalizers")})
+            ),
+        )
         self.converge(f"settling after {name} went")
 
     def run(
@@ -517,7 +523,9 @@ def http_fault(fault: Fault) -> Callable[[ChaosEnv], None]:
         env.proxy.inject(fault)
         try:
             wait_for(
-                "the fault to end", lambda: not env.proxy.active, timeout=fault.duration_s + 30
+                "the fault to end",
+                lambda: not env.proxy.active or NotYet({"injected": dict(env.proxy.injected)}),
+                timeout=fault.duration_s + 30,
             )
         finally:
             env.proxy.clear()
@@ -585,7 +593,10 @@ def leader_network_cut(env: ChaosEnv) -> tuple[Outcome, Handover]:
     holed) until b leads and a Lease period more. From the audit log: when b first wrote, and
     whether a wrote after that."""
     standby = env.start_operator("b")
-    wait_for("the standby is up", lambda: standby.healthz()[1].get("role") == "standby")
+    wait_for(
+        "the standby is up",
+        lambda: (got := standby.healthz())[1].get("role") == "standby" or NotYet(got),
+    )
     cut: dict[str, datetime] = {}
 
     def fault() -> None:
@@ -593,7 +604,7 @@ def leader_network_cut(env: ChaosEnv) -> tuple[Outcome, Handover]:
         with env.toxiproxy.toxic("op-a", "timeout", both=True, timeout=0):
             wait_for(
                 "the standby to lead",
-                lambda: standby.healthz()[1].get("role") == "leader",
+                lambda: (got := standby.healthz())[1].get("role") == "leader" or NotYet(got),
                 timeout=LEASE_SECONDS * 6,
             )
             time.sleep(LEASE_SECONDS)

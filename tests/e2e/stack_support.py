@@ -6,6 +6,7 @@ done one way."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,7 +21,7 @@ from kubernetes.stream import stream
 from gpu_operator import testenv
 from gpu_operator.controller.runner import OperatorThread
 from gpu_operator.kube import Kube
-from tests.e2e.support import service_account_config, start_operator, wait_for
+from tests.e2e.support import NotYet, service_account_config, start_operator, wait_for
 
 NS = "gpu-operator"
 POLICY = "cluster-policy"
@@ -35,6 +36,7 @@ ON_EACH_REAL_NODE = (
     "nvidia-mig-manager",
 )
 PRODUCTS = {"a100-40gb:8": "NVIDIA-A100-SXM4-40GB", "h100-80gb:8": "NVIDIA-H100-80GB-HBM3"}
+POD_LABEL = re.compile(r'pod="([^"]*)"')
 
 
 @dataclass
@@ -93,12 +95,12 @@ def real_stack(
                 kube.delete("ClusterPolicy", POLICY)
                 wait_for(
                     "the operator's labels and taint off the real nodes",
-                    lambda: not _operator_left(kube, cluster.real_nodes),
+                    lambda: not (left := _operator_left(kube, cluster.real_nodes)) or NotYet(left),
                     timeout=120,
                 )
                 wait_for(
                     "the operands gone",
-                    lambda: not kube.list_objects("Pod", NS),
+                    lambda: not (pods := kube.list_objects("Pod", NS)) or NotYet(phases(pods)),
                     timeout=180,
                 )
             finally:
@@ -122,6 +124,11 @@ def pods_on(stack: Stack, app: str, node: str) -> list[dict[str, Any]]:
 def ready(pod: dict[str, Any]) -> bool:
     conditions = (pod.get("status") or {}).get("conditions") or []
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def phases(pods: list[dict[str, Any]]) -> dict[str, str | None]:
+    """Each pod's phase by name: what a wait on pods reports when it times out."""
+    return {p["metadata"]["name"]: (p.get("status") or {}).get("phase") for p in pods}
 
 
 def allocatable(stack: Stack, node: str) -> str | None:
@@ -190,12 +197,13 @@ def wait_all_operands_ready(stack: Stack) -> float:
     """Every DaemonSet of ON_EACH_REAL_NODE with its pods Ready (through the pods' own probes)
     on every real node; the seconds since the policy was created."""
 
-    def all_ready() -> bool:
-        return all(
-            (pods := pods_on(stack, ds, node)) and all(ready(p) for p in pods)
-            for ds in ON_EACH_REAL_NODE
-            for node in stack.cluster.real_nodes
-        )
+    def all_ready() -> bool | NotYet:
+        for ds in ON_EACH_REAL_NODE:
+            for node in stack.cluster.real_nodes:
+                pods = pods_on(stack, ds, node)
+                if not pods or not all(ready(p) for p in pods):
+                    return NotYet(f"{ds} on {node} not Ready: {phases(pods)}")
+        return True
 
     try:
         wait_for("every operand Ready on both real nodes", all_ready, timeout=420)
@@ -207,12 +215,15 @@ def wait_all_operands_ready(stack: Stack) -> float:
 def check_discovery_labels(stack: Stack) -> None:
     """Feature discovery, in its container, labels each real node with its simulated GPUs; the
     device plugin, in its own, registers with the real kubelet: the node advertises them."""
+
+    def labelled(name: str) -> dict[str, str] | NotYet:
+        labels = node_labels(stack.kube, name)
+        return labels if labels.get("nvidia.com/gpu.product") else NotYet(labels)
+
     for planned in stack.cluster.real.nodes:  # type: ignore[union-attr]
         labels = wait_for(
             f"{planned.name} labelled by discovery",
-            lambda n=planned.name: (
-                (got := node_labels(stack.kube, n)).get("nvidia.com/gpu.product") and got
-            ),
+            lambda n=planned.name: labelled(n),
             timeout=300,
         )
         assert labels["nvidia.com/gpu.product"] == PRODUCTS[planned.gpus]
@@ -220,7 +231,7 @@ def check_discovery_labels(stack: Stack) -> None:
         assert labels["nvidia.com/mig.capable"] == "true"
         wait_for(
             f"{planned.name} advertising 8 GPUs",
-            lambda n=planned.name: allocatable(stack, n) == "8",
+            lambda n=planned.name: (got := allocatable(stack, n)) == "8" or NotYet(got),
             timeout=300,
         )
 
@@ -243,24 +254,32 @@ def check_exporter_names_the_gpu_pod(stack: Stack, node: str) -> list[str]:
     before it in the module."""
     wait_all_operands_ready(stack)
     wait_for(f"{node} advertising nvidia.com/gpu", lambda: allocatable(stack, node), timeout=300)
+
+    def gpu_user_ready() -> bool | NotYet:
+        pod = stack.kube.get("Pod", "gpu-user", NS) or {}
+        return ready(pod) or NotYet(pod.get("status"))
+
+    def exporters_ready() -> list[dict[str, Any]] | NotYet:
+        pods = pods_on(stack, "nvidia-dcgm-exporter", node)
+        return [p for p in pods if ready(p)] or NotYet(phases(pods))
+
+    def pod_series(exporter: str) -> list[str] | NotYet:
+        text = exporter_metrics(stack, exporter)
+        series = [line for line in text.splitlines() if 'pod="gpu-user"' in line]
+        return series or NotYet({"pods in its series": sorted(set(POD_LABEL.findall(text)))})
+
     stack.kube.create(gpu_pod("gpu-user", node, 1))
     try:
         try:
-            wait_for("gpu-user Running", lambda: ready(stack.kube.get("Pod", "gpu-user", NS) or {}))
+            wait_for("gpu-user Running", gpu_user_ready)
         except AssertionError as exc:
-            status = (stack.kube.get("Pod", "gpu-user", NS) or {}).get("status")
-            raise AssertionError(f"{exc}; its status: {status}\n{diagnose(stack)}") from None
-        exporter = wait_for(
-            "the exporter Ready",
-            lambda: [p for p in pods_on(stack, "nvidia-dcgm-exporter", node) if ready(p)],
-            timeout=300,
-        )[0]["metadata"]["name"]
-
-        def pod_series() -> list[str]:
-            text = exporter_metrics(stack, exporter)
-            return [line for line in text.splitlines() if 'pod="gpu-user"' in line]
-
-        series = wait_for("a series labelled with pod gpu-user", pod_series, timeout=120)
+            raise AssertionError(f"{exc}\n{diagnose(stack)}") from None
+        exporter = wait_for("the exporter Ready", exporters_ready, timeout=300)[0]
+        series = wait_for(
+            "a series labelled with pod gpu-user",
+            lambda: pod_series(exporter["metadata"]["name"]),
+            timeout=120,
+        )
         assert any(f'namespace="{NS}"' in s and 'container="main"' in s for s in series), series
         return series
     finally:
@@ -279,47 +298,46 @@ def check_mig_reconfiguration(stack: Stack, node: str) -> None:
         seen.append(labels)
         return labels.get("nvidia.com/mig.config.state")
 
+    def applied_after_pause() -> bool | NotYet:
+        now = state()
+        paused = any(s.get("nvidia.com/mig.config.state") == "pending" for s in seen)
+        if now == "success" and paused:
+            return True
+        return NotYet({"nvidia.com/mig.config.state": now, "pending seen": paused})
+
+    def mig_product() -> dict[str, str] | NotYet:
+        labels = node_labels(stack.kube, node)
+        product = labels.get("nvidia.com/gpu.product", "")
+        if product.endswith("-MIG-1g.5gb"):
+            return labels
+        return NotYet({"nvidia.com/gpu.product": product})
+
+    def mig_disabled() -> bool | NotYet:
+        labels = node_labels(stack.kube, node)
+        got = {k: labels.get(k) for k in ("nvidia.com/gpu.count", "nvidia.com/mig.config.state")}
+        want = {"nvidia.com/gpu.count": "8", "nvidia.com/mig.config.state": "success"}
+        return got == want or NotYet(got)
+
     stack.kube.merge_patch(
         "Node", node, {"metadata": {"labels": {"nvidia.com/mig.config": "all-1g.5gb"}}}
     )
     try:
-        wait_for(
-            "the new layout applied after a pause",
-            lambda: (
-                state() == "success"
-                and any(s.get("nvidia.com/mig.config.state") == "pending" for s in seen)
-            ),
-            timeout=300,
-        )
+        wait_for("the new layout applied after a pause", applied_after_pause, timeout=300)
         paused = [s for s in seen if s.get("nvidia.com/mig.config.state") == "pending"]
         assert any(
             s.get("nvidia.com/gpu.deploy.device-plugin") == "paused-for-mig-change" for s in paused
         )
         labels = wait_for(
-            "discovery in its container sees the MIG devices",
-            lambda: (
-                (got := node_labels(stack.kube, node))
-                .get("nvidia.com/gpu.product", "")
-                .endswith("-MIG-1g.5gb")
-                and got
-            ),
-            timeout=300,
+            "discovery in its container sees the MIG devices", mig_product, timeout=300
         )
         assert labels["nvidia.com/gpu.count"] == "56"
         wait_for(
             "the device plugin in its container advertises 56 MIG GPUs",
-            lambda: allocatable(stack, node) == "56",
+            lambda: (got := allocatable(stack, node)) == "56" or NotYet(got),
             timeout=300,
         )
     finally:
         stack.kube.merge_patch(
             "Node", node, {"metadata": {"labels": {"nvidia.com/mig.config": "all-disabled"}}}
         )
-        wait_for(
-            "MIG disabled again",
-            lambda: (
-                node_labels(stack.kube, node).get("nvidia.com/gpu.count") == "8"
-                and node_labels(stack.kube, node).get("nvidia.com/mig.config.state") == "success"
-            ),
-            timeout=300,
-        )
+        wait_for("MIG disabled again", mig_disabled, timeout=300)

@@ -40,29 +40,50 @@ def private_cluster(
         cluster.stop(remove_state=True)
 
 
+class NotYet:
+    """A probe's "not yet" that says what it saw, so a wait that times out reports it.
+
+    Falsy: ``return NotYet(status)`` where a probe would return None or False."""
+
+    def __init__(self, seen: Any) -> None:
+        self.seen = seen
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"{self.seen!r}" if not isinstance(self.seen, str) else self.seen
+
+
 def wait_for(
-    what: str, probe: Callable[[], T | None], timeout: float = 60.0, every: float = 0.3
+    what: str, probe: Callable[[], T | NotYet | None], timeout: float = 60.0, every: float = 0.3
 ) -> T:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what`` and the last value."""
+    """Poll ``probe`` until it returns something truthy; fail naming ``what`` and what the
+    probe last saw (its last value: a ``NotYet`` carries what it saw)."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
         last = probe()
         if last:
-            return last
+            return last  # type: ignore[return-value]
         time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last saw: {last!r}")
 
 
-def policy_api_served(kube: Kube) -> bool:
+def policy_api_served(kube: Kube) -> bool | NotYet:
     """True once ClusterPolicies can be listed: the CRD object appears before its API is served."""
     try:
         kube.list_objects("ClusterPolicy")
     except ApiException as exc:
         if exc.status == 404:
-            return False
+            return NotYet("listing ClusterPolicies: 404, the CRD's API not served yet")
         raise
     return True
+
+
+def still_there(obj: Mapping[str, Any]) -> NotYet:
+    """What a wait for ``obj`` to go reports of it: whether its deletion began, what holds it."""
+    return NotYet({k: obj["metadata"].get(k) for k in ("name", "deletionTimestamp", "finalizers")})
 
 
 def node_events(kube: Kube, node: str) -> list[dict[str, Any]]:
@@ -164,10 +185,11 @@ def audit_writes(
     username: str | None,
     since: datetime,
     *,
-    resource: tuple[str, str] | None = None,
+    resource: tuple[str, str | None] | None = None,
 ) -> list[Mapping[str, Any]]:
     """Write requests ``username`` (None: anyone) made since ``since`` (to ``resource``, as
-    (plural, name), when given), from the apiserver's audit log."""
+    (plural, name), when given; a name of None: any object of that plural), from the
+    apiserver's audit log."""
     out = []
     with cluster.audit_log.open() as log:
         for line in log:
@@ -177,7 +199,9 @@ def audit_writes(
             if username is not None and event.get("user", {}).get("username") != username:
                 continue
             ref = event.get("objectRef") or {}
-            if resource is not None and (ref.get("resource"), ref.get("name")) != resource:
+            if resource is not None and (
+                ref.get("resource") != resource[0] or resource[1] not in (None, ref.get("name"))
+            ):
                 continue
             stamp = datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
             if stamp >= since:
@@ -210,6 +234,12 @@ def policy_status(kube: Kube, name: str) -> dict[str, Any]:
     obj = kube.get("ClusterPolicy", name) or {}
     status: dict[str, Any] = obj.get("status") or {}
     return status
+
+
+def policy_ready(kube: Kube, name: str = "cluster-policy") -> dict[str, Any] | NotYet:
+    """The ClusterPolicy's status once its state is ready; else what the status says."""
+    status = policy_status(kube, name)
+    return status if status.get("state") == "ready" else NotYet(status)
 
 
 def hack_testenv(state_dir: Path, bin_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -26,9 +27,10 @@ from gpu_operator.controller.runner import OperatorThread
 from gpu_operator.kube import Kube
 from tests import prerequisites
 from tests.e2e.support import (
+    NotYet,
     audit_writes,
     node_events,
-    policy_status,
+    policy_ready,
     private_cluster,
     service_account_config,
     start_operator,
@@ -122,10 +124,7 @@ def env(testenv_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         env = Env(cluster, kube, operator, tmp_path_factory.mktemp("agents"))
         try:
             kube.create(policy)
-            wait_for(
-                "policy ready",
-                lambda: policy_status(kube, "cluster-policy").get("state") == "ready",
-            )
+            wait_for("policy ready", lambda: policy_ready(kube))
             yield env
         finally:
             for proc in env.agents:
@@ -137,6 +136,13 @@ def env(testenv_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 def labels(kube: Kube, node: str) -> dict[str, str]:
     got = kube.get("Node", node) or {}
     return dict((got.get("metadata") or {}).get("labels") or {})
+
+
+def labels_are(kube: Kube, node: str, want: dict[str, str]) -> bool | NotYet:
+    """True once ``node`` has the labels ``want``; else what those labels are."""
+    now = labels(kube, node)
+    got = {k: now.get(k) for k in want}
+    return got == want or NotYet(got)
 
 
 class LabelHistory:
@@ -194,12 +200,10 @@ def test_discovery_labels_both_nodes(env: Env) -> None:
     assert t4["nvidia.com/gpu.family"] == "turing"
     assert t4["nvidia.com/mig.capable"] == "false"
     # The operator reacts to the discovered MIG capability: manager and default layout.
+    want = {"nvidia.com/gpu.deploy.mig-manager": "true", "nvidia.com/mig.config": "all-disabled"}
     wait_for(
         "mig-manager scheduled on the MIG-capable node only",
-        lambda: (
-            labels(env.kube, A100).get("nvidia.com/gpu.deploy.mig-manager") == "true"
-            and labels(env.kube, A100).get("nvidia.com/mig.config") == "all-disabled"
-        ),
+        lambda: labels_are(env.kube, A100, want),
     )
     assert "nvidia.com/gpu.deploy.mig-manager" not in labels(env.kube, T4)
 
@@ -218,27 +222,30 @@ def test_mig_change_pauses_operands_and_relabels(env: Env) -> None:
     env.discover(MIG_A100, "a100-40gb:8")
     wait_for(
         "the default MIG layout asked of the MIG-capable node",
-        lambda: labels(env.kube, MIG_A100).get("nvidia.com/mig.config") == "all-disabled",
+        lambda: labels_are(env.kube, MIG_A100, {"nvidia.com/mig.config": "all-disabled"}),
     )
     env.start_mig_manager(MIG_A100, "a100-40gb:8", config)
     wait_for(
         "initial layout applied",
-        lambda: labels(env.kube, MIG_A100).get("nvidia.com/mig.config.state") == "success",
+        lambda: labels_are(env.kube, MIG_A100, {"nvidia.com/mig.config.state": "success"}),
     )
     plugin_pods_before = device_plugin_pods(env, MIG_A100)
     assert plugin_pods_before == 1
 
     history = LabelHistory(env.cluster, MIG_A100)
     since = datetime.now(UTC)
+
+    def applied() -> bool | NotYet:
+        if history.outcome("all-1g.5gb") is not None:
+            return True
+        keys = ("nvidia.com/mig.config", "nvidia.com/mig.config.state")
+        return NotYet({"label sets": [tuple(h.get(k) for k in keys) for h in list(history.seen)]})
+
     try:
         env.kube.merge_patch(
             "Node", MIG_A100, {"metadata": {"labels": {"nvidia.com/mig.config": "all-1g.5gb"}}}
         )
-        wait_for(
-            "new layout applied",
-            lambda: history.outcome("all-1g.5gb") is not None,
-            timeout=120,
-        )
+        wait_for("new layout applied", applied, timeout=120)
     finally:
         history.stop()
     paused, done = history.outcome("all-1g.5gb") or ([], {})
@@ -250,7 +257,10 @@ def test_mig_change_pauses_operands_and_relabels(env: Env) -> None:
     restored = all(now[f"nvidia.com/gpu.deploy.{c}"] == "true" for c in PAUSABLE)
     assert restored, env.node_writes_since(MIG_A100, since, history)
     # While paused, the operand pods really left the node; now they are back.
-    wait_for("device plugin back on the node", lambda: device_plugin_pods(env, MIG_A100) == 1)
+    wait_for(
+        "device plugin back on the node",
+        lambda: (n := device_plugin_pods(env, MIG_A100)) == 1 or NotYet(n),
+    )
 
     reasons = [e["reason"] for e in node_events(env.kube, MIG_A100)]
     assert reasons.count("MIGConfigPending") == 1 and "MIGConfigApplied" in reasons, reasons
@@ -260,10 +270,7 @@ def test_mig_change_pauses_operands_and_relabels(env: Env) -> None:
     assert after["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
     assert after["nvidia.com/gpu.count"] == "56"
     assert after["nvidia.com/gpu.memory"] == "4864"
-    wait_for(
-        "policy ready again",
-        lambda: policy_status(env.kube, "cluster-policy").get("state") == "ready",
-    )
+    wait_for("policy ready again", lambda: policy_ready(env.kube))
 
 
 def device_plugin_pods(env: Env, node: str) -> int:
@@ -282,14 +289,15 @@ def test_non_mig_gpu_fails_with_a_reason(env: Env) -> None:
     env.kube.merge_patch(
         "Node", MIG_T4, {"metadata": {"labels": {"nvidia.com/mig.config": "all-1g.5gb"}}}
     )
-    node = wait_for(
-        "T4 node failed",
-        lambda: (
-            (n := env.kube.get("Node", MIG_T4))
-            and n["metadata"]["labels"].get("nvidia.com/mig.config.state") == "failed"
-            and n
-        ),
-    )
+
+    def failed() -> dict[str, Any] | NotYet:
+        node = env.kube.get("Node", MIG_T4)
+        state = node["metadata"]["labels"].get("nvidia.com/mig.config.state") if node else None
+        if node and state == "failed":
+            return node
+        return NotYet({"nvidia.com/mig.config.state": state})
+
+    node = wait_for("T4 node failed", failed)
     reason = node["metadata"]["annotations"]["nvidia.com/mig.config.state.reason"]
     assert "not MIG capable" in reason
     # The same reason is on the Node's Events, found the way `kubectl describe node` finds them.

@@ -12,12 +12,14 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpu_operator.agent.deviceplugin.kubelet import LocalKubelet
 from gpu_operator.kube import Kube
 from tests.e2e.support import (
+    NotYet,
     node_events,
     private_cluster,
     service_account_config,
@@ -44,6 +46,12 @@ def short_tmp() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="gpuop-dpe-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+def events_of(kube: Kube, reason: str) -> list[dict[str, Any]] | NotYet:
+    """``NODE``'s Events of ``reason``; else the reasons of those it has."""
+    events = node_events(kube, NODE)
+    return [e for e in events if e["reason"] == reason] or NotYet([e["reason"] for e in events])
 
 
 def test_the_config_label_switches_resources_without_a_restart(
@@ -99,18 +107,14 @@ def test_the_config_label_switches_resources_without_a_restart(
                 stream.cancel()  # type: ignore[attr-defined]
             wait_for(
                 "the DevicePluginConfigApplied Event",
-                lambda: [
-                    e for e in node_events(kube, NODE) if e["reason"] == "DevicePluginConfigApplied"
-                ],
+                lambda: events_of(kube, "DevicePluginConfigApplied"),
             )
             # a label naming no config: a Warning on the Node, the resources stay as they are
             registrations = len(kubelet.registrations)
             kube.merge_patch("Node", NODE, {"metadata": {"labels": {LABEL: "h100"}}})
             failed = wait_for(
                 "the DevicePluginConfigFailed Event",
-                lambda: [
-                    e for e in node_events(kube, NODE) if e["reason"] == "DevicePluginConfigFailed"
-                ],
+                lambda: events_of(kube, "DevicePluginConfigFailed"),
             )
             assert failed[0]["type"] == "Warning"
             assert f"{LABEL}=h100 names no config" in failed[0]["message"]

@@ -30,7 +30,7 @@ from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simul
 from gpu_operator.kube import Kube
 from gpu_operator.render.dra import device_classes
 from gpu_operator.testenv import nodes as testenv_nodes
-from tests.e2e.support import private_cluster, wait_for
+from tests.e2e.support import NotYet, private_cluster, wait_for
 
 NS = "dra-e2e"
 DRIVER = dra_devices.DRIVER
@@ -198,6 +198,12 @@ def allocations(kube: Kube) -> dict[str, list[tuple[str, str]]]:
     return out
 
 
+def released(kube: Kube) -> bool | NotYet:
+    """True once no claim holds a device; else the claims that still do."""
+    left = allocations(kube)
+    return not left or NotYet({"allocated": sorted(left)})
+
+
 @pytest.fixture(scope="module")
 def dra_cluster(
     testenv_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory
@@ -309,9 +315,9 @@ def test_claims_are_allocated_by_the_scheduler_to_exactly_the_matching_devices(
         kube.create(pod(pod_name, template))
     kube.create(pod("b200-0", "b200"))
 
-    def all_scheduled() -> bool:
+    def all_scheduled() -> bool | NotYet:
         placed = [p for p in kube.list_objects("Pod", NS) if (p["spec"].get("nodeName") or "")]
-        return len(placed) == 60
+        return len(placed) == 60 or NotYet({"scheduled": len(placed)})
 
     wait_for("60 pods scheduled with their claims allocated", all_scheduled, timeout=180)
     allocated = allocations(kube)
@@ -330,12 +336,13 @@ def test_claims_are_allocated_by_the_scheduler_to_exactly_the_matching_devices(
     assert len(seen) == 60
 
     # Nothing publishes a B200: the pod stays pending, and the scheduler says why.
-    def unschedulable() -> str | None:
+    def unschedulable() -> str | NotYet:
         obj = kube.get("Pod", "b200-0", NS) or {}
-        for c in (obj.get("status") or {}).get("conditions") or []:
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        for c in conditions:
             if c["type"] == "PodScheduled" and c["status"] == "False":
                 return str(c.get("message") or "")
-        return None
+        return NotYet({"conditions": conditions})
 
     message = wait_for("the B200 pod reported unschedulable", unschedulable, timeout=60)
     assert "cannot allocate all claims" in message, message
@@ -344,10 +351,13 @@ def test_claims_are_allocated_by_the_scheduler_to_exactly_the_matching_devices(
     # Pods gone: their claims go with them, and every device is free again.
     for pod_name, _ in [*pods, ("b200-0", "b200")]:
         kube.delete("Pod", pod_name, NS, grace_period_seconds=0)
-    wait_for("every claim released", lambda: not allocations(kube) or None, timeout=120)
+    wait_for("every claim released", lambda: released(kube), timeout=120)
     wait_for(
         "the generated claims deleted",
-        lambda: not kube.list_objects("ResourceClaim", NS) or None,
+        lambda: (
+            not (claims := kube.list_objects("ResourceClaim", NS))
+            or NotYet([c["metadata"]["name"] for c in claims])
+        ),
         timeout=120,
     )
 
@@ -362,20 +372,22 @@ def test_a_mig_reconfiguration_is_republished_and_satisfies_a_claim_for_the_new_
     kube.create(claim_template(name, "mig.nvidia.com", f"{A}.profile == '1g.10gb'"))
     apply_mig_layout(state_dir / f"{MIG_NODE}.json", "all-1g.10gb")
 
-    def republished() -> dict[str, Any] | None:
+    def republished() -> dict[str, Any] | NotYet:
         # The plugin publishes what NVML shows each second, so a pass in the middle of the
         # reconfiguration may publish (and bump past) an intermediate layout.
         (now,) = pool(kube, MIG_NODE)
         profiles = Counter(attr(d, "profile") for d in now["spec"]["devices"])
         done = profiles == {"1g.10gb": 32} and now["spec"]["pool"]["generation"] > generation
-        return now if done else None
+        seen = {"profiles": dict(profiles), "generation": now["spec"]["pool"]["generation"]}
+        return now if done else NotYet(seen)
 
     wait_for("the plugin to republish the new layout", republished, timeout=30)
     kube.create(pod(name, name))
 
-    def placed() -> str | None:
+    def placed() -> str | NotYet:
         obj = kube.get("Pod", name, NS) or {}
-        return obj["spec"].get("nodeName")
+        node: str | None = obj["spec"].get("nodeName")
+        return node or NotYet({"conditions": (obj.get("status") or {}).get("conditions")})
 
     assert wait_for("the 1g.10gb pod scheduled", placed, timeout=60) == MIG_NODE
     (claim,) = [c for c in allocations(kube).values()]
@@ -383,16 +395,15 @@ def test_a_mig_reconfiguration_is_republished_and_satisfies_a_claim_for_the_new_
     assert pair[0] == MIG_NODE and "-mig-1g10gb-" in pair[1]
     kube.delete("Pod", name, NS, grace_period_seconds=0)
     # Back to the module's layout, so the other tests (in any order) see the fleet they expect.
-    wait_for("the 1g.10gb claim released", lambda: not allocations(kube) or None, timeout=120)
+    wait_for("the 1g.10gb claim released", lambda: released(kube), timeout=120)
     apply_mig_layout(state_dir / f"{MIG_NODE}.json", "mixed")
     mixed = Counter(attr(d, "profile") for d in before["spec"]["devices"])
-    wait_for(
-        "the mixed layout republished",
-        lambda: (
-            Counter(attr(d, "profile") for d in pool(kube, MIG_NODE)[0]["spec"]["devices"]) == mixed
-        ),
-        timeout=60,
-    )
+
+    def mixed_again() -> bool | NotYet:
+        profiles = Counter(attr(d, "profile") for d in pool(kube, MIG_NODE)[0]["spec"]["devices"])
+        return profiles == mixed or NotYet({"profiles": dict(profiles)})
+
+    wait_for("the mixed layout republished", mixed_again, timeout=60)
 
 
 def test_an_unchanged_inventory_writes_nothing(

@@ -15,9 +15,11 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from gpu_operator import testenv
+from gpu_operator.api.gpucluster import parse_gpucluster_spec
 from gpu_operator.install import manifests
 from gpu_operator.kube import Kube
 from tests.e2e.support import (
+    NotYet,
     node_events,
     policy_status,
     private_cluster,
@@ -66,12 +68,16 @@ def env(testenv_bin_dir: Path) -> Iterator[tuple[testenv.Cluster, Kube]]:
             operator.stop()
 
 
-def _served(kube: Kube) -> bool:
+def _served(kube: Kube) -> bool | NotYet:
     try:
         kube.list_objects("GPUCluster")
         return True
-    except ApiException:
-        return False
+    except ApiException as exc:
+        return NotYet(f"listing GPUClusters: {exc.status} {exc.reason}")
+
+
+def _plugin_status(kube: Kube) -> dict[str, Any]:
+    return ((kube.get("DaemonSet", PLUGIN, NS) or {}).get("status")) or {}
 
 
 def test_an_invalid_gpucluster_is_refused_naming_the_field(
@@ -98,10 +104,10 @@ def test_the_sample_renders_the_dra_stack_and_then_a_device_plugin_conflict_is_r
     created = kube.create(gpucluster_doc())  # accepted unchanged
     assert created["metadata"]["name"] == "gpu-cluster"
 
-    def plugin_everywhere() -> dict[str, Any] | None:
+    def plugin_everywhere() -> dict[str, Any] | NotYet:
         ds = kube.get("DaemonSet", PLUGIN, NS)
         status = (ds or {}).get("status") or {}
-        return ds if status.get("desiredNumberScheduled") == len(NODES) else None
+        return ds if status.get("desiredNumberScheduled") == len(NODES) else NotYet(status)
 
     ds = wait_for("the DRA plugin DaemonSet on both GPU nodes", plugin_everywhere, timeout=90)
     assert ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
@@ -112,13 +118,23 @@ def test_the_sample_renders_the_dra_stack_and_then_a_device_plugin_conflict_is_r
         d for d in kube.list_objects("DaemonSet", NS) if "device-plugin" in d["metadata"]["name"]
     ]
 
-    def reported() -> dict[str, Any] | None:
+    # NVIDIA's sample enables computeDomains (reported NotImplemented); the project's example,
+    # used where the sample is absent (a user's clone), leaves them off (nothing to report).
+    domains = parse_gpucluster_spec(created["spec"]).compute_domains_enabled
+
+    def reported() -> dict[str, Any] | NotYet:
         obj = kube.get("GPUCluster", "gpu-cluster")
         cond = conditions(obj)
         ready = cond.get("Ready", {}).get("status") == "True"
-        return obj if ready and "NotImplemented" in cond else None
+        if obj is not None and ready and ("NotImplemented" in cond) == domains:
+            return obj
+        return NotYet({"status": (obj or {}).get("status"), "plugin": _plugin_status(kube)})
 
-    obj = wait_for("GPUCluster ready, ComputeDomains NotImplemented", reported, timeout=90)
+    obj = wait_for(
+        f"GPUCluster ready, ComputeDomains {'NotImplemented' if domains else 'not reported'}",
+        reported,
+        timeout=90,
+    )
     assert obj["status"]["state"] == "ready"
     assert obj["status"]["namespace"] == NS
 
@@ -127,35 +143,37 @@ def test_the_sample_renders_the_dra_stack_and_then_a_device_plugin_conflict_is_r
     kube.create(policy)
     name = policy["metadata"]["name"]
 
-    def conflict() -> dict[str, Any] | None:
-        cond = conditions(kube.get("GPUCluster", "gpu-cluster")).get("DevicePluginConflict")
-        return cond if cond and all(n in cond["message"] for n in NODES) else None
+    def conflict() -> dict[str, Any] | NotYet:
+        found = conditions(kube.get("GPUCluster", "gpu-cluster"))
+        cond = found.get("DevicePluginConflict")
+        return cond if cond and all(n in cond["message"] for n in NODES) else NotYet(found)
 
     cond = wait_for("the conflict in the GPUCluster status", conflict, timeout=90)
     assert cond["status"] == "True"
-    wait_for(
-        "the conflict in the ClusterPolicy status",
-        lambda: (
-            "DRAConflict" in {c["type"] for c in policy_status(kube, name).get("conditions") or []}
-        ),
-        timeout=90,
-    )
+
+    def policy_conflict() -> bool | NotYet:
+        found = policy_status(kube, name).get("conditions") or []
+        return "DRAConflict" in {c["type"] for c in found} or NotYet(found)
+
+    wait_for("the conflict in the ClusterPolicy status", policy_conflict, timeout=90)
+
+    def conflict_event(node: str) -> list[dict[str, Any]] | NotYet:
+        found = node_events(kube, node)
+        return [e for e in found if e["reason"] == "DevicePluginAndDRA"] or NotYet(
+            [e["reason"] for e in found]
+        )
+
     for node in NODES:
         wait_for(
             f"a DevicePluginAndDRA Event on {node}",
-            lambda n=node: [e for e in node_events(kube, n) if e["reason"] == "DevicePluginAndDRA"],
+            lambda n=node: conflict_event(n),
             timeout=60,
         )
         labels = (kube.get("Node", node) or {})["metadata"]["labels"]
         assert labels[DRA_LABEL] == "false"  # no DRA where the device plugin runs
     wait_for(
         "the DRA plugin off the device plugin's nodes",
-        lambda: (
-            ((kube.get("DaemonSet", PLUGIN, NS) or {}).get("status") or {}).get(
-                "desiredNumberScheduled"
-            )
-            == 0
-        ),
+        lambda: (got := _plugin_status(kube)).get("desiredNumberScheduled") == 0 or NotYet(got),
         timeout=60,
     )
     kube.delete("ClusterPolicy", name)

@@ -49,7 +49,9 @@ from gpu_operator.install import helm
 from gpu_operator.install.helm_values import MOVES, handled
 from gpu_operator.kube import Kube
 from tests.e2e.support import (
+    NotYet,
     policy_api_served,
+    policy_ready,
     policy_status,
     private_cluster,
     service_account_config,
@@ -391,14 +393,15 @@ def leftovers(kube: Kube) -> list[str]:
 
 
 def wait_nothing_left(kube: Kube) -> None:
-    try:
-        wait_for("nothing of the release left", lambda: not leftovers(kube), timeout=60)
-    except AssertionError:
-        raise AssertionError(f"left behind: {leftovers(kube)}") from None
+    wait_for(
+        "nothing of the release left",
+        lambda: not (left := leftovers(kube)) or NotYet({"left behind": left}),
+        timeout=60,
+    )
 
 
-def ready(kube: Kube) -> bool:
-    return policy_status(kube, helm.POLICY_NAME).get("state") == "ready"
+def ready(kube: Kube) -> dict[str, Any] | NotYet:
+    return policy_ready(kube, helm.POLICY_NAME)
 
 
 def test_nvidia_defaults_install_upgrade_driver_and_uninstall(
@@ -437,13 +440,15 @@ def test_nvidia_defaults_install_upgrade_driver_and_uninstall(
             assert policy["spec"]["driver"]["version"] == "580.105.08"
             seen: set[str] = set()
 
-            def rolled() -> bool:
+            def rolled() -> bool | NotYet:
                 states = [
                     (kube.get("Node", n["metadata"]["name"]) or {})["metadata"]["labels"].get(STATE)
                     for n in gpu_nodes
                 ]
                 seen.update(s for s in states if s)
-                return len(seen) > 1 and all(s == "upgrade-done" for s in states)
+                if len(seen) > 1 and all(s == "upgrade-done" for s in states):
+                    return True
+                return NotYet({"states": states, "seen": sorted(seen)})
 
             wait_for("the new driver rolled across the nodes", rolled, timeout=180)
             assert seen - {"upgrade-done"}, "the upgrade state never moved"
@@ -525,7 +530,8 @@ def test_real_world_values_new_crd_first_and_nothing_left(
                 "the status to name the field's new place",
                 lambda: (
                     "moved to spec.operator.use_ocp_driver_toolkit"
-                    in json.dumps(policy_status(kube, helm.POLICY_NAME))
+                    in json.dumps(status := policy_status(kube, helm.POLICY_NAME))
+                    or NotYet(status)
                 ),
             )
             kube.merge_patch(

@@ -24,11 +24,13 @@ from gpu_operator.install.rbac import CLUSTER_RULES, NAMESPACE_RULES, Rule, clus
 from gpu_operator.kube import Kube
 from tests import prerequisites
 from tests.e2e.support import (
+    NotYet,
     audit_refusals,
     policy_api_served,
-    policy_status,
+    policy_ready,
     private_cluster,
     service_account_config,
+    still_there,
     wait_for,
 )
 from tests.paths import REPO
@@ -140,17 +142,36 @@ def exercise(
         assert operator.error is None, f"the operator failed: {operator.error!r}"
         return None
 
+    def crd_served() -> bool | NotYet:
+        if not operator.started.is_set():
+            return NotYet("the operator not started")
+        return policy_api_served(kube)
+
+    def converged() -> dict[str, Any] | NotYet:
+        return policy_ready(kube)
+
+    def driver_reporting() -> str | NotYet:
+        driver = kube.get("NVIDIADriver", "default")
+        if driver is None:
+            return NotYet("no NVIDIADriver default")
+        status = driver.get("status") or {}
+        return status.get("state") or NotYet({"status": status})
+
+    def cleaned_up() -> bool | NotYet:
+        policy = kube.get("ClusterPolicy", "cluster-policy")
+        if policy is not None:
+            return still_there(policy)
+        labels = (kube.get("Node", GPU_NODE) or {})["metadata"]["labels"]
+        present = labels.get("nvidia.com/gpu.present")
+        return "nvidia.com/gpu.present" not in labels or NotYet({"nvidia.com/gpu.present": present})
+
     try:
-        failed = step(
-            "operator starts and installs its CRD",
-            lambda: operator.started.is_set() and policy_api_served(kube),
-        )
+        failed = step("operator starts and installs its CRD", crd_served)
         if failed:
             return failed
         kube.create(example_policy())
         failed = (
-            step("stack converges", lambda: policy_status(kube, "cluster-policy").get("state")
-                 == "ready")
+            step("stack converges", converged)
             or step("ServiceMonitor applied", lambda: kube.get(
                 "ServiceMonitor", "nvidia-dcgm-exporter", NS))
             or step("Event recorded", lambda: kube.list_objects(
@@ -172,32 +193,26 @@ def exercise(
         failed = step(
             "driver upgrade completes",
             lambda: (
-                (kube.get("Node", GPU_NODE) or {})["metadata"]["labels"].get(STATE)
+                (state := (kube.get("Node", GPU_NODE) or {})["metadata"]["labels"].get(STATE))
                 == "upgrade-done"
+                or NotYet({STATE: state})
             ),
             timeout=STEP_TIMEOUT * 3,
-        ) or step("GPU pod evicted", lambda: kube.get("Pod", "train", "default") is None)
+        ) or step(
+            "GPU pod evicted",
+            lambda: (pod := kube.get("Pod", "train", "default")) is None or still_there(pod),
+        )
         if failed:
             return failed
         # NVIDIADriver: the flag makes the operator create `default` and report its status.
         kube.merge_patch(
             "ClusterPolicy", "cluster-policy", {"spec": {"driver": {"useNvidiaDriverCRD": True}}}
         )
-        failed = step(
-            "default NVIDIADriver created and reporting",
-            lambda: ((kube.get("NVIDIADriver", "default") or {}).get("status") or {}).get("state"),
-        )
+        failed = step("default NVIDIADriver created and reporting", driver_reporting)
         if failed:
             return failed
         kube.delete("ClusterPolicy", "cluster-policy")
-        return step(
-            "deletion cleans nodes and lets go",
-            lambda: (
-                kube.get("ClusterPolicy", "cluster-policy") is None
-                and "nvidia.com/gpu.present"
-                not in (kube.get("Node", GPU_NODE) or {})["metadata"]["labels"]
-            ),
-        )
+        return step("deletion cleans nodes and lets go", cleaned_up)
     finally:
         operator.stop()
 
@@ -221,8 +236,13 @@ def test_kubectl_apply_deploy_and_least_privilege_operator(testenv_bin_dir: Path
         assert kube.get("ClusterRole", "gpu-operator") is not None
         # deploy/ holds the CRD; start as if the operator installed it, to exercise that too.
         kube.delete("CustomResourceDefinition", "clusterpolicies.nvidia.com")
-        wait_for("CRD gone", lambda: kube.get(
-            "CustomResourceDefinition", "clusterpolicies.nvidia.com") is None)  # fmt: skip
+        wait_for(
+            "CRD gone",
+            lambda: (
+                (crd := kube.get("CustomResourceDefinition", "clusterpolicies.nvidia.com")) is None
+                or still_there(crd)
+            ),
+        )
         kube.apply(SERVICEMONITOR_CRD)
         assert exercise(cluster, kube) is None
         refused = [(e["verb"], e["objectRef"]) for e in audit_refusals(cluster, SA_USER)]

@@ -20,7 +20,13 @@ from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simul
 from gpu_operator.kube import Kube
 from gpu_operator.labels import KWOK_NODE
 from gpu_operator.testenv import nodes
-from tests.e2e.support import private_cluster, service_account_config, token_kubeconfig, wait_for
+from tests.e2e.support import (
+    NotYet,
+    private_cluster,
+    service_account_config,
+    token_kubeconfig,
+    wait_for,
+)
 
 NS = "gpu-operator"
 WORKLOADS = "default"
@@ -59,17 +65,29 @@ def _allocatable(kube: Kube, node: str) -> dict[str, str]:
     return {k: v for k, v in (status.get("allocatable") or {}).items() if k.startswith("nvidia.")}
 
 
+def _allocatable_is(kube: Kube, node: str, want: dict[str, str]) -> bool | NotYet:
+    return (got := _allocatable(kube, node)) == want or NotYet(got)
+
+
 def _scheduled(kube: Kube, name: str) -> str | None:
     pod = kube.get("Pod", name, WORKLOADS) or {}
     return (pod.get("spec") or {}).get("nodeName")
 
 
-def _unschedulable(kube: Kube, name: str) -> dict[str, Any] | None:
+def _bound(kube: Kube, name: str) -> str | NotYet:
+    """The node pod ``name`` is bound to; else its conditions (the scheduler's word)."""
     pod = kube.get("Pod", name, WORKLOADS) or {}
-    for condition in (pod.get("status") or {}).get("conditions") or []:
+    node: str | None = (pod.get("spec") or {}).get("nodeName")
+    return node or NotYet({"conditions": (pod.get("status") or {}).get("conditions")})
+
+
+def _unschedulable(kube: Kube, name: str) -> dict[str, Any] | NotYet:
+    pod = kube.get("Pod", name, WORKLOADS) or {}
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    for condition in conditions:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
             return dict(condition)
-    return None
+    return NotYet({"conditions": conditions})
 
 
 @pytest.fixture
@@ -155,13 +173,13 @@ def test_kwok_nodes_get_the_plugins_resources_and_the_scheduler_uses_them(
     cluster_with_agents: Any,
 ) -> None:
     kube, agents, work = cluster_with_agents
-    wait_for("A100 x8 allocatable", lambda: _allocatable(kube, PLAIN) == {"nvidia.com/gpu": "8"})
+    wait_for("A100 x8 allocatable", lambda: _allocatable_is(kube, PLAIN, {"nvidia.com/gpu": "8"}))
     capacity = (kube.get("Node", PLAIN) or {})["status"]["capacity"]
     assert capacity["nvidia.com/gpu"] == "8" and capacity["cpu"] == "32"  # the rest untouched
 
     kube.create(_gpu_pod("two-gpus", PLAIN, "nvidia.com/gpu", 2))
     kube.create(_gpu_pod("nine-gpus", PLAIN, "nvidia.com/gpu", 9))
-    assert wait_for("the 2-GPU pod bound", lambda: _scheduled(kube, "two-gpus")) == PLAIN
+    assert wait_for("the 2-GPU pod bound", lambda: _bound(kube, "two-gpus")) == PLAIN
     refused = wait_for("the 9-GPU pod unschedulable", lambda: _unschedulable(kube, "nine-gpus"))
     assert refused["reason"] == "Unschedulable"
     assert "Insufficient nvidia.com/gpu" in refused["message"]
@@ -171,21 +189,18 @@ def test_kwok_nodes_get_the_plugins_resources_and_the_scheduler_uses_them(
     kube.merge_patch("Node", SHARED_NODE, {"metadata": {"labels": {LABEL: "shared"}}})
     wait_for(
         "nvidia.com/gpu.shared 32 in place of nvidia.com/gpu",
-        lambda: _allocatable(kube, SHARED_NODE) == {"nvidia.com/gpu.shared": "32"},
+        lambda: _allocatable_is(kube, SHARED_NODE, {"nvidia.com/gpu.shared": "32"}),
         timeout=30,
     )
     kube.create(_gpu_pod("one-replica", SHARED_NODE, "nvidia.com/gpu.shared", 1))
-    assert wait_for("the shared pod bound", lambda: _scheduled(kube, "one-replica"))
+    assert wait_for("the shared pod bound", lambda: _bound(kube, "one-replica"))
 
     # MIG mixed: one resource per profile, counted from the layout (8 GPUs, all-balanced)
-    wait_for(
-        "per-profile MIG resources",
-        lambda: _allocatable(kube, MIG)
-        == {"nvidia.com/mig-1g.5gb": "16", "nvidia.com/mig-2g.10gb": "8",
-            "nvidia.com/mig-3g.20gb": "8"},
-    )  # fmt: skip
+    profiles = {"nvidia.com/mig-1g.5gb": "16", "nvidia.com/mig-2g.10gb": "8",
+                "nvidia.com/mig-3g.20gb": "8"}  # fmt: skip
+    wait_for("per-profile MIG resources", lambda: _allocatable_is(kube, MIG, profiles))
     kube.create(_gpu_pod("a-slice", MIG, "nvidia.com/mig-3g.20gb", 1))
-    assert wait_for("the MIG pod bound", lambda: _scheduled(kube, "a-slice")) == MIG
+    assert wait_for("the MIG pod bound", lambda: _bound(kube, "a-slice")) == MIG
 
     # a node without the kwok annotation: refused, nothing written
     assert agents[REAL].wait(60) == 2

@@ -28,6 +28,7 @@ from gpu_operator.controller.crd_install import ensure_crd
 from gpu_operator.kube import Kube
 from gpu_operator.views import pod_ready
 from tests.e2e.support import (
+    NotYet,
     audit_writes,
     now,
     private_cluster,
@@ -116,12 +117,25 @@ def status(kube: Kube, name: str) -> dict[str, Any]:
     return (kube.get("NVIDIADriver", name) or {}).get("status") or {}
 
 
+def pool_ready(kube: Kube, name: str) -> bool | NotYet:
+    got = status(kube, name)
+    return got.get("state") == "ready" or NotYet(got)
+
+
 def condition(kube: Kube, name: str, ctype: str) -> dict[str, Any]:
     conditions = status(kube, name).get("conditions") or []
     return next((c for c in conditions if c["type"] == ctype), {})
 
 
-def one_running_pod_per_node(kube: Kube) -> dict[str, dict[str, Any]] | None:
+def error_reported(kube: Kube, name: str) -> dict[str, Any] | NotYet:
+    """``name``'s Error condition once True; else that condition as it is."""
+    error = condition(kube, name, "Error")
+    return error if error.get("status") == "True" else NotYet({"Error": error})
+
+
+def one_running_pod_per_node(kube: Kube) -> dict[str, dict[str, Any]] | NotYet:
+    """The one Running driver pod of each pooled node, by node; else the pods' phases on
+    the nodes that are not so."""
     pods = [p for p in driver_pods(kube) if not p["metadata"].get("deletionTimestamp")]
     by_node: dict[str, list[dict[str, Any]]] = {}
     for pod in pods:
@@ -131,17 +145,24 @@ def one_running_pod_per_node(kube: Kube) -> dict[str, dict[str, Any]] | None:
         for n, ps in by_node.items()
         if len(ps) == 1 and (ps[0].get("status") or {}).get("phase") == "Running"
     }
-    return ready if set(ready) == set(NODES) and set(by_node) == set(NODES) else None
+    if set(ready) == set(NODES) and set(by_node) == set(NODES):
+        return ready
+    phases = {
+        n: [(p.get("status") or {}).get("phase") for p in by_node.get(n, [])]
+        for n in sorted(set(NODES) | set(by_node))
+        if n not in ready
+    }
+    return NotYet({"driver pods' phases": phases})
 
 
-def served(kube: Kube) -> bool:
-    try:
-        kube.list_objects("NVIDIADriver")
-        kube.list_objects("ClusterPolicy")
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
+def served(kube: Kube) -> bool | NotYet:
+    for kind in ("NVIDIADriver", "ClusterPolicy"):
+        try:
+            kube.list_objects(kind)
+        except ApiException as exc:
+            if exc.status == 404:
+                return NotYet(f"listing {kind}: 404")
+            raise
     return True
 
 
@@ -179,14 +200,13 @@ def test_pools_conflicts_and_a_pool_upgrade(cluster: testenv.Cluster, tmp_path: 
             assert images["h100-1"].startswith("nvcr.io/nvidia/driver:570-")
             assert images["h100-1"].endswith("-rhel9.4")
             for pool in GROUPS:
-                wait_for(f"{pool} ready", lambda p=pool: status(kube, p).get("state") == "ready",
-                         timeout=120)  # fmt: skip
+                wait_for(f"{pool} ready", lambda p=pool: pool_ready(kube, p), timeout=120)
 
             # The overlapped node: reported by both, labelled for neither, no driver pod.
             for name in ("canary", "vision"):
-                error = wait_for(f"{name} reports the conflict",
-                                 lambda n=name: (c := condition(kube, n, "Error"))
-                                 and c["status"] == "True" and c)  # fmt: skip
+                error = wait_for(
+                    f"{name} reports the conflict", lambda n=name: error_reported(kube, n)
+                )
                 assert "l4-shared" in error["message"], error
             shared = kube.get("Node", "l4-shared") or {}
             assert shared["metadata"]["labels"].get(POOL) == ""
@@ -209,18 +229,25 @@ def test_pools_conflicts_and_a_pool_upgrade(cluster: testenv.Cluster, tmp_path: 
             sampler = CordonSampler(cluster)
             kube.merge_patch("NVIDIADriver", "a100", {"spec": {"version": "580.95.05"}})
 
-            def done(pool: str) -> int:
-                return sum(
-                    1 for n, p in NODES.items() if p == pool
-                    and (kube.get("Node", n) or {})["metadata"]["labels"].get(STATE)
-                    == "upgrade-done"
-                )  # fmt: skip
+            def states(pool: str) -> list[str | None]:
+                return [
+                    (kube.get("Node", n) or {})["metadata"]["labels"].get(STATE)
+                    for n, p in NODES.items() if p == pool
+                ]  # fmt: skip
 
-            wait_for("first A100 node upgraded", lambda: done("a100") >= 1, timeout=180)
+            def done(pool: str) -> int:
+                return states(pool).count("upgrade-done")
+
+            def upgraded(pool: str, count: int) -> bool | NotYet:
+                """At least ``count`` of ``pool``'s nodes upgrade-done; else their states."""
+                now = states(pool)
+                return now.count("upgrade-done") >= count or NotYet({STATE: now})
+
+            wait_for("first A100 node upgraded", lambda: upgraded("a100", 1), timeout=180)
             operator.kill()  # mid-upgrade, no goodbye: the Lease must expire first
             time.sleep(2)
             operator.start()
-            wait_for("A100 pool upgraded", lambda: done("a100") == 4, timeout=300)
+            wait_for("A100 pool upgraded", lambda: upgraded("a100", 4), timeout=300)
             samples = sampler.stop()
             after = wait_for("one running driver pod on each pooled node again",
                              lambda: one_running_pod_per_node(kube), timeout=120)  # fmt: skip
@@ -338,11 +365,12 @@ def test_switching_the_flag_hands_nodes_over_one_at_a_time(testenv_bin_dir: Path
             }
             kube.create(policy)
 
-            def legacy_everywhere() -> bool:
+            def legacy_everywhere() -> bool | NotYet:
                 pods = kube.list_objects(
                     "Pod", NS, label_selector="app.kubernetes.io/component=driver"
                 )
-                return {p["spec"].get("nodeName") for p in pods if pod_ready(p)} == set(nodes)
+                ready = {p["spec"].get("nodeName") for p in pods if pod_ready(p)}
+                return ready == set(nodes) or NotYet({"Ready on": ready})
 
             wait_for("the ClusterPolicy's driver on every node", legacy_everywhere, timeout=120)
             sampler = DriverlessSampler(cluster, nodes)
@@ -354,17 +382,22 @@ def test_switching_the_flag_hands_nodes_over_one_at_a_time(testenv_bin_dir: Path
             assert default["spec"]["default"] is True
             assert default["spec"]["version"] == "570.172.08"
 
-            def handed_over() -> bool:
+            def handed_over() -> bool | NotYet:
                 labels = [(kube.get("Node", n) or {})["metadata"]["labels"] for n in nodes]
                 legacy = kube.list_objects(
                     "DaemonSet", NS, label_selector="app.kubernetes.io/component=driver"
                 )
-                return all(lab.get(POOL) == "default" for lab in labels) and not legacy
+                if all(lab.get(POOL) == "default" for lab in labels) and not legacy:
+                    return True
+                pools = {n: lab.get(POOL) for n, lab in zip(nodes, labels, strict=True)}
+                return NotYet({POOL: pools, "legacy": [d["metadata"]["name"] for d in legacy]})
+
+            def new_driver_everywhere() -> bool | NotYet:
+                ready = {p["spec"].get("nodeName") for p in driver_pods(kube) if pod_ready(p)}
+                return ready == set(nodes) or NotYet({"Ready on": ready})
 
             wait_for("every node handed over, the old driver pruned", handed_over, timeout=180)
-            pods = wait_for("a new driver pod Ready on every node", lambda: (
-                {p["spec"].get("nodeName") for p in driver_pods(kube) if pod_ready(p)} == set(nodes)
-            ))  # fmt: skip
+            pods = wait_for("a new driver pod Ready on every node", new_driver_everywhere)
             assert pods
             samples = sampler.stop()
         finally:

@@ -22,12 +22,15 @@ from gpu_operator.kube import Kube
 from gpu_operator.labels import OWNED_ANNOTATION
 from tests import prerequisites
 from tests.e2e.support import (
+    NotYet,
     audit_writes,
     now,
+    policy_ready,
     policy_status,
     private_cluster,
     service_account_config,
     start_operator,
+    still_there,
     wait_for,
 )
 
@@ -112,12 +115,14 @@ def daemonsets(kube: Kube) -> dict[str, dict[str, Any]]:
     return {d["metadata"]["name"]: d for d in kube.list_objects("DaemonSet", NS)}
 
 
+def image(kube: Kube, daemonset: str) -> str:
+    ds = daemonsets(kube)[daemonset]
+    found: str = ds["spec"]["template"]["spec"]["containers"][0]["image"]
+    return found
+
+
 def wait_ready(kube: Kube, name: str = "cluster-policy", timeout: float = 90) -> dict[str, Any]:
-    return wait_for(
-        f"ClusterPolicy {name} ready",
-        lambda: (s := policy_status(kube, name)).get("state") == "ready" and s,
-        timeout,
-    )
+    return wait_for(f"ClusterPolicy {name} ready", lambda: policy_ready(kube, name), timeout)
 
 
 def node(kube: Kube, name: str) -> dict[str, Any]:
@@ -199,10 +204,7 @@ def test_image_version_change_updates_only_that_daemonset(env: Env) -> None:
     wait_for(
         "device plugin image updated",
         lambda: (
-            "v0.99.0"
-            in daemonsets(env.kube)["nvidia-device-plugin-daemonset"]["spec"]["template"]["spec"][
-                "containers"
-            ][0]["image"]
+            "v0.99.0" in (got := image(env.kube, "nvidia-device-plugin-daemonset")) or NotYet(got)
         ),
     )
     wait_ready(env.kube)
@@ -215,25 +217,31 @@ def test_disabling_a_component_prunes_it(env: Env) -> None:
     env.kube.merge_patch(
         "ClusterPolicy", "cluster-policy", {"spec": {"dcgmExporter": {"enabled": False}}}
     )
-    wait_for("dcgm-exporter pruned", lambda: "nvidia-dcgm-exporter" not in daemonsets(env.kube))
-    wait_for(
-        "exporter Service, ConfigMap, ServiceAccount pruned",
-        lambda: all(
-            env.kube.get(kind, name, NS) is None
-            for kind, name in (
-                ("Service", "nvidia-dcgm-exporter"),
-                ("ConfigMap", "nvidia-dcgm-exporter-metrics"),
-                ("ServiceAccount", "nvidia-dcgm-exporter"),
-            )
-        ),
-    )
-    wait_for(
-        "deploy label removed",
-        lambda: all(
-            "nvidia.com/gpu.deploy.dcgm-exporter" not in operator_labels(node(env.kube, n))
-            for n in GPU_NODES
-        ),
-    )
+
+    def exporter_pruned() -> bool | NotYet:
+        ds = daemonsets(env.kube).get("nvidia-dcgm-exporter")
+        return ds is None or still_there(ds)
+
+    def exporter_objects_pruned() -> bool | NotYet:
+        for kind, name in (
+            ("Service", "nvidia-dcgm-exporter"),
+            ("ConfigMap", "nvidia-dcgm-exporter-metrics"),
+            ("ServiceAccount", "nvidia-dcgm-exporter"),
+        ):
+            if (obj := env.kube.get(kind, name, NS)) is not None:
+                return still_there(obj)
+        return True
+
+    def label_removed() -> bool | NotYet:
+        for n in GPU_NODES:
+            labels = operator_labels(node(env.kube, n))
+            if "nvidia.com/gpu.deploy.dcgm-exporter" in labels:
+                return NotYet({n: labels})
+        return True
+
+    wait_for("dcgm-exporter pruned", exporter_pruned)
+    wait_for("exporter Service, ConfigMap, ServiceAccount pruned", exporter_objects_pruned)
+    wait_for("deploy label removed", label_removed)
     status = wait_ready(env.kube)
     assert "dcgm-exporter" not in {c["name"] for c in status["components"]}
 
@@ -264,7 +272,10 @@ def test_edited_device_plugin_config_rolls_its_pods(env: Env) -> None:
     env.kube.merge_patch(
         "ConfigMap", "time-slicing", {"data": {"any": config["data"]["any"].replace("4", "8")}}, NS
     )
-    wait_for("pods rolled after the ConfigMap edit", lambda: template_hash() not in (None, first))
+    wait_for(
+        "pods rolled after the ConfigMap edit",
+        lambda: (got := template_hash()) not in (None, first) or NotYet({"config-hash": got}),
+    )
     wait_ready(env.kube)
 
 
@@ -272,14 +283,19 @@ def test_second_policy_is_ignored(env: Env) -> None:
     second = helm_default()
     second["metadata"] = {"name": "zz-second"}
     env.kube.create(second)
-    status = wait_for(
-        "second policy ignored",
-        lambda: (s := policy_status(env.kube, "zz-second")).get("state") == "ignored" and s,
-    )
+
+    def ignored() -> dict[str, Any] | NotYet:
+        status = policy_status(env.kube, "zz-second")
+        return status if status.get("state") == "ignored" else NotYet(status)
+
+    status = wait_for("second policy ignored", ignored)
     assert "cluster-policy" in status["message"]
     assert policy_status(env.kube, "cluster-policy")["state"] == "ready"
     env.kube.delete("ClusterPolicy", "zz-second")
-    wait_for("second policy gone", lambda: env.kube.get("ClusterPolicy", "zz-second") is None)
+    wait_for(
+        "second policy gone",
+        lambda: (got := env.kube.get("ClusterPolicy", "zz-second")) is None or still_there(got),
+    )
     # Its deletion must not clean the nodes the active policy still manages.
     assert operator_labels(node(env.kube, "gpu-node-1"))["nvidia.com/gpu.present"] == "true"
 
@@ -305,10 +321,8 @@ def test_restart_converges_without_duplicates(env: Env) -> None:
     wait_for(
         "toolkit updated after the restart",
         lambda: (
-            "v1.99.0"
-            in daemonsets(env.kube)["nvidia-container-toolkit-daemonset"]["spec"]["template"][
-                "spec"
-            ]["containers"][0]["image"]
+            "v1.99.0" in (got := image(env.kube, "nvidia-container-toolkit-daemonset"))
+            or NotYet(got)
         ),
     )
     wait_ready(env.kube)
@@ -326,11 +340,14 @@ def test_steady_state_is_silent(env: Env) -> None:
 
     # The pass that wrote `ready` may still be recording its Events: let one pass complete.
     at_ready = completed()
-    wait_for("a pass completed after ready", lambda: completed() > at_ready)
+    wait_for(
+        "a pass completed after ready",
+        lambda: (n := completed()) > at_ready or NotYet({"passes": n, "at ready": at_ready}),
+    )
     start, first = now(), completed()
     wait_for(
         f"{QUIET_PASSES} more passes (a resync every {RESYNC_S:.0f}s)",
-        lambda: completed() >= first + QUIET_PASSES,
+        lambda: (n := completed()) >= first + QUIET_PASSES or NotYet({"passes": n, "first": first}),
         timeout=QUIET_PASSES * RESYNC_S * 10,
     )
     writes = audit_writes(env.cluster, SA_USER, start)
@@ -342,30 +359,40 @@ def test_steady_state_is_silent(env: Env) -> None:
 
 def test_node_joining_and_losing_its_gpu(env: Env) -> None:
     env.cluster.create_gpu_node("gpu-node-4")
-    wait_for(
-        "new node labelled and running the stack",
-        lambda: (
-            operator_labels(node(env.kube, "gpu-node-4")).get("nvidia.com/gpu.deploy.driver")
-            == "true"
-        ),
-    )
+
+    def labelled() -> bool | NotYet:
+        labels = operator_labels(node(env.kube, "gpu-node-4"))
+        return labels.get("nvidia.com/gpu.deploy.driver") == "true" or NotYet(labels)
+
+    wait_for("new node labelled and running the stack", labelled)
     wait_ready(env.kube)
     env.kube.merge_patch(
         "Node",
         "gpu-node-4",
         {"metadata": {"labels": {"feature.node.kubernetes.io/pci-10de.present": None}}},
     )
-    gone = wait_for(
-        "labels and taint removed from the node that lost its GPU",
-        lambda: (n := node(env.kube, "gpu-node-4")) and not operator_labels(n) and n,
-    )
+
+    def cleaned() -> dict[str, Any] | NotYet:
+        got = node(env.kube, "gpu-node-4")
+        left = operator_labels(got)
+        return got if not left else NotYet(left)
+
+    gone = wait_for("labels and taint removed from the node that lost its GPU", cleaned)
     assert not [t for t in gone["spec"].get("taints") or [] if t["key"] == "nvidia.com/gpu"]
 
 
 def test_deleting_the_policy_cleans_up_and_keeps_user_state(env: Env) -> None:
     env.kube.delete("ClusterPolicy", "cluster-policy")
-    wait_for("policy deleted", lambda: env.kube.get("ClusterPolicy", "cluster-policy") is None)
-    wait_for("children garbage-collected", lambda: not daemonsets(env.kube))
+    wait_for(
+        "policy deleted",
+        lambda: (
+            (got := env.kube.get("ClusterPolicy", "cluster-policy")) is None or still_there(got)
+        ),
+    )
+    wait_for(
+        "children garbage-collected",
+        lambda: not (left := daemonsets(env.kube)) or NotYet({"DaemonSets": sorted(left)}),
+    )
     for name in GPU_NODES:
         got = node(env.kube, name)
         assert operator_labels(got) == {}, name

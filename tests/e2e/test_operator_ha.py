@@ -18,9 +18,11 @@ from gpu_operator.controller.runner import OperatorThread, RunOptions
 from gpu_operator.kube import Kube
 from tests import prerequisites
 from tests.e2e.support import (
+    NotYet,
     policy_status,
     private_cluster,
     service_account_config,
+    still_there,
     token_kubeconfig,
     wait_for,
 )
@@ -62,7 +64,13 @@ def test_one_leader_acts_and_the_other_takes_over(testenv_bin_dir: Path) -> None
         second = replica(config, "replica-b", ports[2], ports[3]).start(wait=False)
         try:
             kube.create(policy)
-            wait_for("ready", lambda: policy_status(kube, "cluster-policy").get("state") == "ready")
+            wait_for(
+                "ready",
+                lambda: (
+                    (s := policy_status(kube, "cluster-policy")).get("state") == "ready"
+                    or NotYet(s)
+                ),
+            )
             lease = kube.get("Lease", "gpu-operator-leader", NS)
             assert lease is not None and lease["spec"]["holderIdentity"] == "replica-a"
             assert not second.started.is_set()  # the standby does not act
@@ -84,7 +92,10 @@ def test_one_leader_acts_and_the_other_takes_over(testenv_bin_dir: Path) -> None
             )
             wait_for(
                 "new leader acted",
-                lambda: kube.get("DaemonSet", "gpu-feature-discovery", NS) is None,
+                lambda: (
+                    (ds := kube.get("DaemonSet", "gpu-feature-discovery", NS)) is None
+                    or still_there(ds)
+                ),
             )
             lease = kube.get("Lease", "gpu-operator-leader", NS)
             assert lease is not None and lease["spec"]["holderIdentity"] == "replica-b"
@@ -124,7 +135,10 @@ def test_sigterm_hands_the_lease_over_and_exits_zero(testenv_bin_dir: Path, tmp_
             )
             wait_for(
                 "the policy ready",
-                lambda: policy_status(kube, "cluster-policy").get("state") == "ready",
+                lambda: (
+                    (s := policy_status(kube, "cluster-policy")).get("state") == "ready"
+                    or NotYet(s)
+                ),
                 timeout=120,
             )
             proc.send_signal(signal.SIGTERM)

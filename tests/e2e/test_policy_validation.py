@@ -15,6 +15,8 @@ from gpu_operator import testenv
 from gpu_operator.kube import Kube
 from tests import prerequisites
 from tests.e2e.support import (
+    NotYet,
+    policy_ready,
     policy_status,
     private_cluster,
     service_account_config,
@@ -101,25 +103,28 @@ def test_apiserver_refuses_with_the_field_named(
 def test_invalid_policy_is_reported_and_nothing_applied(operator: None, kube: Kube) -> None:
     # The CRD cannot express label-key syntax; the models can. Nothing may be applied from it.
     kube.create(policy("invalid", {"daemonsets": {"labels": {"bad key!": "x"}}}))
-    status = wait_for(
-        "invalid policy reported",
-        lambda: (s := policy_status(kube, "invalid")).get("state") == "notReady" and s,
-    )
+
+    def reported() -> dict[str, Any] | NotYet:
+        status = policy_status(kube, "invalid")
+        return status if status.get("state") == "notReady" else NotYet(status)
+
+    def event_recorded() -> bool | NotYet:
+        events = kube.list_objects("Event", "default", field_selector="involvedObject.name=invalid")
+        if any(
+            e["reason"] == "ReconcileFailed" and "spec.daemonsets.labels" in e["message"]
+            for e in events
+        ):
+            return True
+        return NotYet([(e["reason"], e["message"]) for e in events])
+
+    status = wait_for("invalid policy reported", reported)
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     error = next(c for c in status["conditions"] if c["type"] == "Error")
     assert ready["reason"] == error["reason"] == "ReconcileFailed"
     assert error["status"] == "True"
     assert "spec.daemonsets.labels['bad key!']" in error["message"]
     # The Event is recorded after the status in the same pass: wait for it.
-    wait_for(
-        "a ReconcileFailed Event naming the field",
-        lambda: any(
-            e["reason"] == "ReconcileFailed" and "spec.daemonsets.labels" in e["message"]
-            for e in kube.list_objects(
-                "Event", "default", field_selector="involvedObject.name=invalid"
-            )
-        ),
-    )
+    wait_for("a ReconcileFailed Event naming the field", event_recorded)
     assert kube.list_objects("DaemonSet", NS) == []
     assert (
         kube.list_objects("ServiceAccount", NS, label_selector="app.kubernetes.io/managed-by") == []
@@ -127,5 +132,8 @@ def test_invalid_policy_is_reported_and_nothing_applied(operator: None, kube: Ku
 
     # Fixing it applies the stack.
     kube.merge_patch("ClusterPolicy", "invalid", {"spec": {"daemonsets": {"labels": None}}})
-    wait_for("fixed policy ready", lambda: policy_status(kube, "invalid").get("state") == "ready")
+    wait_for(
+        "fixed policy ready",
+        lambda: policy_ready(kube, "invalid"),
+    )
     assert kube.list_objects("DaemonSet", NS)

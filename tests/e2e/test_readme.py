@@ -10,9 +10,11 @@ from pathlib import Path
 from gpu_operator.kube import Kube
 from tests import prerequisites
 from tests.e2e.support import (
+    NotYet,
     private_cluster,
     service_account_config,
     start_operator,
+    still_there,
     wait_for,
 )
 from tests.paths import REPO
@@ -50,7 +52,10 @@ def test_readme_install_use_and_uninstall(testenv_bin_dir: Path) -> None:
             run(kc, "kubectl", "apply", "-f", "examples/clusterpolicy.yaml")
             wait_for(
                 "kubectl shows the policy ready",
-                lambda: "ready" in run(kc, "kubectl", "get", "clusterpolicy").split(),
+                lambda: (
+                    "ready" in (out := run(kc, "kubectl", "get", "clusterpolicy")).split()
+                    or NotYet(out)
+                ),
             )
             out = subprocess.run(
                 [*gpu_operator, "upgrade", "status", "--kubeconfig", str(kc)],
@@ -60,7 +65,12 @@ def test_readme_install_use_and_uninstall(testenv_bin_dir: Path) -> None:
             run(kc, "kubectl", "delete", "clusterpolicy", "--all")
             with cluster.api_client() as api:
                 kube = Kube(api)
-                wait_for("policy gone", lambda: not kube.list_objects("ClusterPolicy"))
+                wait_for(
+                    "policy gone",
+                    lambda: (
+                        not (left := kube.list_objects("ClusterPolicy")) or still_there(left[0])
+                    ),
+                )
                 for node in kube.list_objects("Node"):
                     labels = node["metadata"].get("labels") or {}
                     assert not [k for k in labels if k.startswith("nvidia.com/")], labels
@@ -72,5 +82,9 @@ def test_readme_install_use_and_uninstall(testenv_bin_dir: Path) -> None:
             assert kube.get("ClusterRole", "gpu-operator") is None
             wait_for(
                 "CRD removed",
-                lambda: kube.get("CustomResourceDefinition", "clusterpolicies.nvidia.com") is None,
+                lambda: (
+                    (crd := kube.get("CustomResourceDefinition", "clusterpolicies.nvidia.com"))
+                    is None
+                    or still_there(crd)
+                ),
             )

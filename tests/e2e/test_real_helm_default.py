@@ -29,12 +29,13 @@ from tests.e2e.stack_support import (
     check_mig_reconfiguration,
     exporter_metrics,
     node_labels,
+    phases,
     pods_on,
     ready,
     real_stack,
     wait_all_operands_ready,
 )
-from tests.e2e.support import policy_status, wait_for
+from tests.e2e.support import NotYet, policy_ready, wait_for
 from tests.prerequisites import nvidia
 
 pytestmark = [pytest.mark.real_nodes, pytest.mark.timeout(1800)]
@@ -69,18 +70,18 @@ def _images(pod: dict[str, Any]) -> set[str]:
 
 
 def _ready_pod(stack: Stack, ds: str, node: str) -> dict[str, Any]:
-    return wait_for(
-        f"a Ready {ds} pod on {node}",
-        lambda: next((p for p in pods_on(stack, ds, node) if ready(p)), None),
-        timeout=300,
-    )
+    def found() -> dict[str, Any] | NotYet:
+        pods = pods_on(stack, ds, node)
+        return next((p for p in pods if ready(p)), None) or NotYet(phases(pods))
+
+    return wait_for(f"a Ready {ds} pod on {node}", found, timeout=300)
 
 
 def test_every_operand_is_ready_on_the_real_nodes_through_its_real_probes(stack: Stack) -> None:
     print(f"\nhelm-default stack: every operand Ready in {wait_all_operands_ready(stack):.0f}s")
     wait_for(
         "ClusterPolicy ready",
-        lambda: policy_status(stack.kube, POLICY).get("state") == "ready",
+        lambda: policy_ready(stack.kube, POLICY),
         timeout=180,
     )
     # The pods run NVIDIA's images (their stand-ins) as the Helm defaults name them.

@@ -25,7 +25,7 @@ from gpu_operator.agent.dra.server import DraPlugin, PluginPaths
 from gpu_operator.kube import Kube
 from gpu_operator.render.dra import device_classes
 
-from .support import wait_for
+from .support import NotYet, wait_for
 
 pytestmark = pytest.mark.real_nodes
 
@@ -88,7 +88,10 @@ def test_a_pod_with_a_claim_sees_its_gpu_through_cdi_on_a_real_node(
             os.symlink(paths.registration_socket, registration)
             wait_for(
                 "the kubelet to register the DRA plugin",
-                lambda: (True, "") in plugin.registrations.statuses,
+                lambda: (
+                    (True, "") in (got := plugin.registrations.statuses)
+                    or NotYet({"registration statuses": list(got)})
+                ),
                 timeout=60,
             )
             dra_agent.publish(api, node, inventory, dra_agent.node_owner(api, node))
@@ -128,10 +131,14 @@ def test_a_pod_with_a_claim_sees_its_gpu_through_cdi_on_a_real_node(
                 }
             )  # fmt: skip
 
-            def running() -> str | None:
+            def running() -> str | NotYet:
                 pod = api.get("Pod", "cuda", ns) or {}
-                phase = (pod.get("status") or {}).get("phase")
-                return phase if phase in ("Running", "Failed") else None
+                status = pod.get("status") or {}
+                phase = status.get("phase")
+                if phase in ("Running", "Failed"):
+                    return str(phase)
+                states = [s.get("state") for s in status.get("containerStatuses") or []]
+                return NotYet({"phase": phase, "container states": states})
 
             assert wait_for("the pod Running", running, timeout=120) == "Running"
 
@@ -144,7 +151,10 @@ def test_a_pod_with_a_claim_sees_its_gpu_through_cdi_on_a_real_node(
             api.delete("Pod", "cuda", ns, grace_period_seconds=0)
             wait_for(
                 "NodeUnprepareResources to remove the CDI spec",
-                lambda: not (node_dir / "cdi" / spec_file_name(claim_uid)).exists(),
+                lambda: (
+                    not (spec := node_dir / "cdi" / spec_file_name(claim_uid)).exists()
+                    or NotYet(f"{spec} still there")
+                ),
                 timeout=90,
             )
             assert not plugin.checkpoint.uids()
@@ -159,8 +169,8 @@ def test_a_pod_with_a_claim_sees_its_gpu_through_cdi_on_a_real_node(
 def _log_reader(api: Kube, ns: str) -> Any:
     core = client.CoreV1Api(api.api)
 
-    def read() -> str | None:
+    def read() -> str | NotYet:
         text = str(core.read_namespaced_pod_log("cuda", ns))
-        return text if "gpu=" in text else None
+        return text if "gpu=" in text else NotYet({"log": text[-500:]})
 
     return read

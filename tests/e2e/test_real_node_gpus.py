@@ -29,7 +29,7 @@ from gpu_operator.agent.deviceplugin_config import parse_device_plugin_config
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simulated_nvml
 
-from .support import wait_for
+from .support import NotYet, wait_for
 
 pytestmark = pytest.mark.real_nodes
 
@@ -82,9 +82,10 @@ def _wait_released(cluster: testenv.Cluster, node: str) -> None:
     with cluster.api_client() as api:
         core = testenv.Clients.for_api(api, "default").core
 
-        def released() -> bool:
+        def released() -> bool | NotYet:
             status = core.read_node(node).status
-            return (status.allocatable or {}).get(GPU) in (None, "0")
+            got = (status.allocatable or {}).get(GPU)
+            return got in (None, "0") or NotYet({GPU: got})
 
         wait_for(f"{node} to stop advertising {GPU}", released, timeout=90)
 
@@ -94,13 +95,13 @@ def _allocatable(kube: testenv.Clients, node: str) -> str | None:
     return (status.allocatable or {}).get(GPU)
 
 
-def _output(kube: testenv.Clients, pod_name: str) -> list[str] | None:
-    """The lines the pod printed up to ``end`` once it runs; None before."""
+def _output(kube: testenv.Clients, pod_name: str) -> list[str] | NotYet:
+    """The lines the pod printed up to ``end`` once it runs; before, its phase or its lines."""
     pod = kube.core.read_namespaced_pod(pod_name, kube.namespace)
-    if (pod.status.phase if pod.status else None) != "Running":
-        return None
+    if (phase := pod.status.phase if pod.status else None) != "Running":
+        return NotYet({"phase": phase})
     lines = str(kube.core.read_namespaced_pod_log(pod_name, kube.namespace)).splitlines()
-    return lines if "end" in lines else None
+    return lines if "end" in lines else NotYet({"log": lines[-5:]})
 
 
 @pytest.fixture(params=["envvar", "cdi-cri"])
@@ -145,19 +146,20 @@ def plugin_on_node(
             _wait_released(real_cluster, planned.name)
 
 
-def _exporter_holders(url: str, kube: testenv.Clients) -> set[tuple[str, str, str, str]]:
-    """(UUID, pod, namespace, container) of the GPU samples labelled with this test's pods."""
+def _exporter_holders(url: str, kube: testenv.Clients) -> set[tuple[str, str, str, str]] | NotYet:
+    """(UUID, pod, namespace, container) of the GPU samples labelled with this test's pods;
+    else why none (the exporter unreachable, the pods its samples name)."""
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
             text = response.read().decode()
-    except OSError:
-        return set()
+    except OSError as exc:
+        return NotYet(f"{url}: {exc}")
     found = set()
     for line in text.splitlines():
         if line.startswith("DCGM_FI_DEV_GPU_TEMP{") and f'namespace="{kube.namespace}"' in line:
             labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
             found.add((labels["UUID"], labels["pod"], labels["namespace"], labels["container"]))
-    return found
+    return found or NotYet({"pods in its samples": sorted(set(re.findall(r'pod="([^"]*)"', text)))})
 
 
 @pytest.fixture
@@ -191,7 +193,10 @@ def test_pods_get_exactly_their_gpus_on_a_real_node(
 ) -> None:
     node, uuids, strategy = plugin_on_node
 
-    assert wait_for(f"{node} to advertise {GPU}", lambda: _allocatable(rkube, node) == "8")
+    assert wait_for(
+        f"{node} to advertise {GPU}",
+        lambda: (got := _allocatable(rkube, node)) == "8" or NotYet({GPU: got}),
+    )
 
     rkube.core.create_namespaced_pod(rkube.namespace, _gpu_pod("two", node, 2))
     rkube.core.create_namespaced_pod(rkube.namespace, _gpu_pod("nine", node, 9))
@@ -213,12 +218,13 @@ def test_pods_get_exactly_their_gpus_on_a_real_node(
     held = wait_for("the exporter's pod labels", lambda: _exporter_holders(exporter_url, rkube))
     assert held == {(uuid_, "two", rkube.namespace, "cuda") for uuid_ in gpus}
 
-    def refused() -> str | None:
+    def refused() -> str | NotYet:
         pod = rkube.core.read_namespaced_pod("nine", rkube.namespace)
-        for condition in (pod.status.conditions if pod.status else None) or []:
+        conditions = (pod.status.conditions if pod.status else None) or []
+        for condition in conditions:
             if condition.type == "PodScheduled" and condition.status == "False":
                 return str(condition.message)
-        return None
+        return NotYet({"conditions": [(c.type, c.status, c.reason) for c in conditions]})
 
     message = wait_for("the 9-GPU pod unschedulable", refused)
     assert f"Insufficient {GPU}" in message
@@ -254,14 +260,20 @@ def test_an_xid_drops_allocatable_by_one_and_names_the_pod_holding_that_gpu(
             agent.apply(parse_device_plugin_config("version: v1\n"))
             agent.start()
             try:
-                wait_for(f"{node} to advertise {GPU}", lambda: _allocatable(rkube, node) == "8")
+                wait_for(
+                    f"{node} to advertise {GPU}",
+                    lambda: (got := _allocatable(rkube, node)) == "8" or NotYet({GPU: got}),
+                )
                 rkube.core.create_namespaced_pod(rkube.namespace, _gpu_pod("one", node, 1))
                 output = wait_for("the pod's GPU", lambda: _output(rkube, "one"), timeout=120)
                 held = output[0].removeprefix("visible=")
                 index = next(g.index for g in sim.gpus if g.uuid == held)
 
                 sim.inject_xid(index, 79)  # fallen off the bus
-                wait_for(f"{node} allocatable 7", lambda: _allocatable(rkube, node) == "7")
+                wait_for(
+                    f"{node} allocatable 7",
+                    lambda: (got := _allocatable(rkube, node)) == "7" or NotYet({GPU: got}),
+                )
                 (etype, reason, message), *_ = wait_for("the report", lambda: list(reports))
                 assert (etype, reason) == ("Warning", "GPUUnhealthyInUse")
                 assert f"XID 79 on GPU {index} ({held})" in message

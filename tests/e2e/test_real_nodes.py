@@ -30,7 +30,7 @@ from gpu_operator.kubelet_api.deviceplugin.v1beta1 import api_pb2 as dp
 from gpu_operator.kubelet_api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from gpu_operator.testenv import nodeconfig
 
-from .support import wait_for
+from .support import NotYet, wait_for
 
 pytestmark = pytest.mark.real_nodes
 
@@ -62,10 +62,13 @@ def _pod(name: str, node: str, command: str, **spec: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _phase(kube: testenv.Clients, name: str, *phases: str) -> str | None:
+def _phase(kube: testenv.Clients, name: str, *phases: str) -> str | NotYet:
+    """The pod's phase once one of ``phases``; else the phase it is in."""
     pod = kube.core.read_namespaced_pod(name, kube.namespace)
-    phase = pod.status.phase if pod.status else None
-    return phase if phase in phases else None
+    phase: str | None = pod.status.phase if pod.status else None
+    if phase is not None and phase in phases:
+        return phase
+    return NotYet({"phase": phase})
 
 
 def _logs(kube: testenv.Clients, name: str) -> str:
@@ -148,9 +151,19 @@ def test_privileged_daemonset_with_host_paths_runs_on_each_real_node(
     }  # fmt: skip
     rkube.apps.create_namespaced_daemon_set(rkube.namespace, ds)
 
-    def all_ready() -> Any:
+    def all_ready() -> bool | NotYet:
         status = rkube.apps.read_namespaced_daemon_set(name, rkube.namespace).status
-        return status.desired_number_scheduled == 2 and status.number_ready == 2
+        desired, ready = status.desired_number_scheduled, status.number_ready
+        return (desired == 2 and ready == 2) or NotYet({"desired": desired, "ready": ready})
+
+    def written_by(path: Path) -> str | NotYet:
+        if not path.is_file():
+            return NotYet("no such file")
+        return path.read_text().strip() or NotYet("an empty file")
+
+    def plugin_logs(pod: str) -> str | NotYet:
+        log = _logs(rkube, pod)
+        return log if "device-plugins-ok" in log else NotYet({"log": log[-500:]})
 
     wait_for("the DaemonSet Ready on both real nodes", all_ready, timeout=90)
     pods = rkube.core.list_namespaced_pod(rkube.namespace, label_selector=f"app={name}").items
@@ -158,13 +171,10 @@ def test_privileged_daemonset_with_host_paths_runs_on_each_real_node(
     for pod in pods:
         node = pod.spec.node_name
         written = real_cluster.real_node_dir(node) / "nvidia" / "written-by"
-        wait_for(f"{written}", lambda w=written: w.is_file() and w.read_text().strip())
+        wait_for(f"{written}", lambda w=written: written_by(w))
         assert written.read_text().strip() == node
         planned = next(n for n in real_cluster.real.nodes if n.name == node)  # type: ignore[union-attr]
-        logs = wait_for(
-            f"{pod.metadata.name} logs",
-            lambda p=pod: "device-plugins-ok" in (log := _logs(rkube, p.metadata.name)) and log,
-        )
+        logs = wait_for(f"{pod.metadata.name} logs", lambda p=pod: plugin_logs(p.metadata.name))
         assert logs.splitlines()[0] == planned.gpus, f"{marker} on {node}"
         assert container_privileged(pod)
 
@@ -330,9 +340,14 @@ def test_cdi_device_named_by_a_device_plugin_reaches_the_container(
     try:
         with _device_plugin(node_dir) as plugin:
 
-            def advertised() -> bool:
+            def advertised() -> bool | NotYet:
                 status = rkube.core.read_node(node).status
-                return (status.allocatable or {}).get(RESOURCE) == "1"
+                got = (status.allocatable or {}).get(RESOURCE)
+                return got == "1" or NotYet({RESOURCE: got})
+
+            def cdi_logs() -> str | NotYet:
+                log = _logs(rkube, "cdi")
+                return log if log.count("\n") >= 2 else NotYet({"log": log})
 
             wait_for(f"{node} to advertise {RESOURCE}", advertised)
             pod = _pod(
@@ -343,9 +358,7 @@ def test_cdi_device_named_by_a_device_plugin_reaches_the_container(
             )  # fmt: skip
             rkube.core.create_namespaced_pod(rkube.namespace, pod)
             wait_for("cdi Running", lambda: _phase(rkube, "cdi", "Running", "Failed"))
-            logs = wait_for(
-                "cdi logs", lambda: (log := _logs(rkube, "cdi")).count("\n") >= 2 and log
-            )
+            logs = wait_for("cdi logs", cdi_logs)
             assert logs.splitlines() == ["env=gpu0", " 00 00 00 00"], logs
             assert plugin.allocated == [["gpu0"]]
 

@@ -19,8 +19,8 @@ from kubernetes.stream import stream
 
 from gpu_operator import testenv
 from gpu_operator.kube import Kube
-from tests.e2e.stack_support import project_images
-from tests.e2e.support import policy_status, wait_for
+from tests.e2e.stack_support import phases, project_images
+from tests.e2e.support import NotYet, policy_ready, wait_for
 from tests.paths import REPO
 
 # The first run builds the image and the stand-ins (minutes; a changed tree rebuilds them).
@@ -82,11 +82,14 @@ def test_deploy_runs_two_replicas_one_leader_and_converges_the_example(
                 "Pod", NS, label_selector="app.kubernetes.io/name=gpu-operator"
             )
 
-        pods = wait_for(
-            "both operator replicas Ready",
-            lambda: len(ready := [p for p in operators() if _ready(p)]) == 2 and ready,
-            timeout=300,
-        )
+        def both_ready() -> list[dict[str, Any]] | NotYet:
+            pods = operators()
+            ready = [p for p in pods if _ready(p)]
+            if len(ready) == 2:
+                return ready
+            return NotYet({"Ready": len(ready), "phases": phases(pods)})
+
+        pods = wait_for("both operator replicas Ready", both_ready, timeout=300)
         assert {p["spec"]["nodeName"] for p in pods} <= set(cluster.real_nodes)
         names = sorted(p["metadata"]["name"] for p in pods)
         lease = wait_for(
@@ -101,10 +104,9 @@ def test_deploy_runs_two_replicas_one_leader_and_converges_the_example(
         assert roles[leader[0]] == "leader"
 
         kube.apply(yaml.safe_load((REPO / "examples" / "clusterpolicy.yaml").read_text()))
+
         status = wait_for(
-            "the example ClusterPolicy ready",
-            lambda: (s := policy_status(kube, "cluster-policy")).get("state") == "ready" and s,
-            timeout=600,
+            "the example ClusterPolicy ready", lambda: policy_ready(kube), timeout=600
         )
         assert status["namespace"] == NS
         for name in cluster.real_nodes:

@@ -31,12 +31,13 @@ from tests.e2e.stack_support import (
     diagnose,
     gpu_pod,
     node_labels,
+    phases,
     pods_on,
     ready,
     real_stack,
     wait_all_operands_ready,
 )
-from tests.e2e.support import audit_writes, policy_status, wait_for
+from tests.e2e.support import NotYet, audit_writes, policy_ready, wait_for
 from tests.paths import REPO
 
 # The first run builds the image and the stand-ins (minutes; a changed tree rebuilds them).
@@ -62,11 +63,8 @@ def stack(
 def test_every_operand_is_ready_on_the_real_nodes_through_its_real_probes(stack: Stack) -> None:
     nodes = stack.cluster.real_nodes
     print(f"\nreal stack: every operand Ready in {wait_all_operands_ready(stack):.0f}s")
-    status = wait_for(
-        "ClusterPolicy ready",
-        lambda: (s := policy_status(stack.kube, POLICY)).get("state") == "ready" and s,
-        timeout=180,
-    )
+
+    status = wait_for("ClusterPolicy ready", lambda: policy_ready(stack.kube, POLICY), timeout=180)
     assert status["namespace"] == NS
     # The driver stand-in says what it is.
     driver = pods_on(stack, "nvidia-driver-daemonset", nodes[0])[0]
@@ -87,10 +85,10 @@ def test_agents_run_as_rendered(stack: Stack) -> None:
     agents, the stand-ins' names for NVIDIA's, and tokens from their own ServiceAccounts."""
     node = stack.cluster.real_nodes[1]
 
-    def one_pod(ds: str) -> dict[str, Any] | None:
+    def one_pod(ds: str) -> dict[str, Any] | NotYet:
         """The node's pod of ``ds`` once there is exactly one (none yet, or a rollout, waits)."""
         pods = pods_on(stack, ds, node)
-        return pods[0] if len(pods) == 1 else None
+        return pods[0] if len(pods) == 1 else NotYet(phases(pods))
 
     for ds in ("gpu-feature-discovery", "nvidia-dcgm-exporter", "nvidia-operator-validator"):
         pod = wait_for(f"one {ds} pod on {node}", lambda ds=ds: one_pod(ds), timeout=300)
@@ -138,45 +136,68 @@ def test_mps_on_a_real_node_runs_the_control_daemon_and_shares_each_gpu_four_way
         "config": {"name": "dp-configs", "default": "default"},
     }
     stack.kube.merge_patch("ClusterPolicy", POLICY, {"spec": {"devicePlugin": device_plugin}})
+
+    def daemons_ready() -> list[dict[str, Any]] | NotYet:
+        pods = pods_on(stack, "nvidia-device-plugin-mps-control-daemon", node)
+        return [p for p in pods if ready(p)] or NotYet(phases(pods))
+
+    def refused_at_admission() -> dict[str, Any] | NotYet:
+        status = (stack.kube.get("Pod", "two-replicas", NS) or {}).get("status") or {}
+        if status.get("phase") == "Failed":
+            return status
+        return NotYet({k: status.get(k) for k in ("phase", "reason", "message")})
+
+    def whole_gpus_again() -> bool | NotYet:
+        if (got := allocatable(stack, node)) != "8":
+            return NotYet({"nvidia.com/gpu": got})
+        mps = node_labels(stack.kube, node).get("nvidia.com/mps.capable")
+        return mps == "false" or NotYet({"nvidia.com/mps.capable": mps})
+
+    def plugin_back() -> bool | NotYet:
+        for n in stack.cluster.real_nodes:
+            pods = pods_on(stack, "nvidia-device-plugin-daemonset", n)
+            if not (
+                len(pods) == 1
+                and pods[0]["spec"]["containers"][0]["image"] != DEFAULT_OPERATOR_IMAGE
+                and ready(pods[0])
+            ):
+                images = {p["metadata"]["name"]: p["spec"]["containers"][0]["image"] for p in pods}
+                return NotYet({n: {"phases": phases(pods), "images": images}})
+        return True
+
     stack.kube.merge_patch(
         "Node", node, {"metadata": {"labels": {"nvidia.com/device-plugin.config": "mps"}}}
     )
     try:
         wait_for(
             f"{node} labelled mps.capable by discovery",
-            lambda: node_labels(stack.kube, node).get("nvidia.com/mps.capable") == "true",
+            lambda: (
+                (got := node_labels(stack.kube, node).get("nvidia.com/mps.capable")) == "true"
+                or NotYet({"nvidia.com/mps.capable": got})
+            ),
             timeout=300,
         )
-        daemon = wait_for(
-            "the MPS control daemon Ready on the node",
-            lambda: [
-                p for p in pods_on(stack, "nvidia-device-plugin-mps-control-daemon", node)
-                if ready(p)
-            ],
-            timeout=300,
-        )[0]  # fmt: skip
+        daemon = wait_for("the MPS control daemon Ready on the node", daemons_ready, timeout=300)[0]
         assert daemon["metadata"]["labels"]["app"] == "nvidia-device-plugin-mps-control-daemon"
         # Ready as soon as it runs (NVIDIA's daemon has no probe either); it logs once laid out.
         wait_for(
             "the daemon saying it is the simulated one, for nvidia.com/gpu",
             lambda: (
                 "SIMULATED MPS control daemon for nvidia.com/gpu"
-                in stack.core.read_namespaced_pod_log(daemon["metadata"]["name"], NS)
+                in (log := stack.core.read_namespaced_pod_log(daemon["metadata"]["name"], NS))
+                or NotYet({"log": log[-500:]})
             ),
             timeout=120,
         )
         other = stack.cluster.real_nodes[0]  # its config is not MPS: no daemon there
         assert not pods_on(stack, "nvidia-device-plugin-mps-control-daemon", other)
-        wait_for("32 MPS replicas advertised", lambda: allocatable(stack, node) == "32", 300)
+        wait_for(
+            "32 MPS replicas advertised",
+            lambda: (got := allocatable(stack, node)) == "32" or NotYet(got),
+            300,
+        )
         stack.kube.create(gpu_pod("two-replicas", node, 2))
-        refused = wait_for(
-            "the 2-replica pod refused at admission",
-            lambda: (
-                (s := (stack.kube.get("Pod", "two-replicas", NS) or {}).get("status") or {})
-                .get("phase") == "Failed" and s
-            ),
-            timeout=120,
-        )  # fmt: skip
+        refused = wait_for("the 2-replica pod refused at admission", refused_at_admission, 120)
         assert refused.get("reason") == "UnexpectedAdmissionError", refused
         assert "failRequestsGreaterThanOne" in refused.get("message", ""), refused
     finally:
@@ -188,22 +209,10 @@ def test_mps_on_a_real_node_runs_the_control_daemon_and_shares_each_gpu_four_way
             "ClusterPolicy", POLICY, {"spec": {"devicePlugin": dict.fromkeys(device_plugin)}}
         )
         stack.kube.delete("ConfigMap", "dp-configs", NS)
-        wait_for(
-            "8 whole GPUs advertised again, no MPS",
-            lambda: (
-                allocatable(stack, node) == "8"
-                and node_labels(stack.kube, node).get("nvidia.com/mps.capable") == "false"
-            ),
-            timeout=300,
-        )
+        wait_for("8 whole GPUs advertised again, no MPS", whole_gpus_again, timeout=300)
         wait_for(
             "the device plugin back on NVIDIA's image (its stand-in), one Ready pod per node",
-            lambda: all(
-                len(pods := pods_on(stack, "nvidia-device-plugin-daemonset", n)) == 1
-                and pods[0]["spec"]["containers"][0]["image"] != DEFAULT_OPERATOR_IMAGE
-                and ready(pods[0])
-                for n in stack.cluster.real_nodes
-            ),
+            plugin_back,
             timeout=300,
         )
 
@@ -223,12 +232,23 @@ def test_a_driver_upgrade_rolls_across_the_real_nodes(stack: Stack) -> None:
         pods = [p for p in pods_on(stack, "nvidia-driver-daemonset", node) if ready(p)]
         return pods[0] if len(pods) == 1 else None
 
-    wait_for("a Ready driver on each real node", lambda: all(map(driver, nodes)), timeout=420)
+    def drivers_ready() -> bool | NotYet:
+        for n in nodes:
+            pods = pods_on(stack, "nvidia-driver-daemonset", n)
+            if len([p for p in pods if ready(p)]) != 1:
+                return NotYet({n: phases(pods)})
+        return True
+
+    def job_ready() -> bool | NotYet:
+        pod = stack.kube.get("Pod", "gpu-job", NS) or {}
+        return ready(pod) or NotYet(pod.get("status"))
+
+    wait_for("a Ready driver on each real node", drivers_ready, timeout=420)
     before = {n: driver(n)["metadata"]["uid"] for n in nodes}  # type: ignore[index]
     node = nodes[0]
     wait_for(f"{node} advertising nvidia.com/gpu", lambda: allocatable(stack, node), timeout=300)
     stack.kube.create(gpu_pod("gpu-job", node, 1))
-    wait_for("gpu-job Running", lambda: ready(stack.kube.get("Pod", "gpu-job", NS) or {}))
+    wait_for("gpu-job Running", job_ready)
     since = datetime.now(UTC)
     # Two at a time (of the 3 GPU nodes: the real two and the kwok one), to keep the test short;
     # one at a time is what the kwok upgrade e2e (test_upgrade.py) holds to on 8 nodes.
@@ -240,22 +260,32 @@ def test_a_driver_upgrade_rolls_across_the_real_nodes(stack: Stack) -> None:
     )
     unavailable: list[int] = []
 
-    def upgraded(name: str) -> bool:
+    def upgraded(name: str) -> bool | NotYet:
         pod = driver(name)
         state = node_labels(stack.kube, name).get(UPGRADE_STATE, "")
         spec = (stack.kube.get("Node", name) or {}).get("spec") or {}
-        return bool(
+        image = pod["spec"]["containers"][0]["image"] if pod else None
+        if (
             pod
             and pod["metadata"]["uid"] != before[name]
             and target in pod["spec"]["containers"][0]["image"]
             and state == "upgrade-done"
             and not spec.get("unschedulable")
+        ):
+            return True
+        new = pod is not None and pod["metadata"]["uid"] != before[name]
+        cordoned = bool(spec.get("unschedulable"))
+        return NotYet(
+            {name: {"driver": image, "new pod": new, "state": state, "cordoned": cordoned}}
         )
 
-    def done() -> bool:
+    def done() -> bool | NotYet:
         cordoned = [n for n in stack.kube.list_objects("Node") if n["spec"].get("unschedulable")]
         unavailable.append(len(cordoned))
-        return all(upgraded(n) for n in nodes)
+        for n in nodes:
+            if not (result := upgraded(n)):
+                return result
+        return True
 
     try:
         wait_for(f"driver {target} on every real node", done, timeout=600, every=1.0)
@@ -271,5 +301,8 @@ def test_a_driver_upgrade_rolls_across_the_real_nodes(stack: Stack) -> None:
         and e["objectRef"].get("name") == "gpu-job"
     ]
     assert evictions, "the GPU pod was not evicted through the eviction API"
-    wait_for("ClusterPolicy ready again", lambda: policy_status(stack.kube, POLICY).get(
-        "state") == "ready", timeout=300)  # fmt: skip
+    wait_for(
+        "ClusterPolicy ready again",
+        lambda: policy_ready(stack.kube, POLICY),
+        timeout=300,
+    )

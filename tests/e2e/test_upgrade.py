@@ -22,6 +22,7 @@ import pytest
 from gpu_operator import testenv
 from gpu_operator.kube import Kube
 from tests.e2e.support import (
+    NotYet,
     node_events,
     policy_api_served,
     policy_status,
@@ -165,8 +166,14 @@ def test_driver_upgrade_rolls_safely(cluster: testenv.Cluster, tmp_path: Path) -
         try:
             wait_for("ClusterPolicy API served", lambda: policy_api_served(kube))
             kube.create(policy("580.95.05"))
-            wait_for("stack ready", lambda: policy_status(kube, "cluster-policy").get("state")
-                     == "ready", timeout=120)  # fmt: skip
+            wait_for(
+                "stack ready",
+                lambda: (
+                    (s := policy_status(kube, "cluster-policy")).get("state") == "ready"
+                    or NotYet(s)
+                ),
+                timeout=120,
+            )
             for node in NODES:
                 kube.create(gpu_pod(node, "protected" if node == PROTECTED else "train"))
             kube.create({
@@ -174,9 +181,13 @@ def test_driver_upgrade_rolls_safely(cluster: testenv.Cluster, tmp_path: Path) -
                 "metadata": {"name": "protected", "namespace": "default"},
                 "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "protected"}}},
             })  # fmt: skip
-            wait_for("PDB computed", lambda: (kube.request(
-                "GET", "/apis/policy/v1/namespaces/default/poddisruptionbudgets/protected")
-                .get("status", {}).get("currentHealthy") == 1))  # fmt: skip
+
+            def pdb_computed() -> bool | NotYet:
+                pdb = "/apis/policy/v1/namespaces/default/poddisruptionbudgets/protected"
+                status = kube.request("GET", pdb).get("status", {})
+                return status.get("currentHealthy") == 1 or NotYet(status)
+
+            wait_for("PDB computed", pdb_computed)
             pods_before = driver_pods(kube)
             before = {n: p["metadata"]["uid"] for n, p in pods_before.items()}
             before_names = {p["metadata"]["name"]: n for n, p in pods_before.items()}
@@ -200,28 +211,29 @@ def test_driver_upgrade_rolls_safely(cluster: testenv.Cluster, tmp_path: Path) -
                     == "upgrade-done"
                 )  # fmt: skip
 
-            wait_for("three nodes upgraded", lambda: done_count() >= 3, timeout=180)
+            wait_for(
+                "three nodes upgraded",
+                lambda: (n := done_count()) >= 3 or NotYet({"upgrade-done": n}),
+                timeout=180,
+            )
             operator.kill()  # mid-rollout, no goodbye: the Lease must expire first, so the
             operator.start()  # new process is down for the Lease's duration without a sleep
 
-            def finished() -> bool:
+            def finished() -> bool | NotYet:
                 states = {
                     n: (kube.get("Node", n) or {})["metadata"]["labels"].get(STATE) for n in NODES
                 }
                 others = all(states[n] == "upgrade-done" for n in NODES if n != PROTECTED)
-                return others and states[PROTECTED] == "upgrade-failed"
+                return (others and states[PROTECTED] == "upgrade-failed") or NotYet(states)
+
+            def summary_caught_up() -> bool | NotYet:
+                upgrade = policy_status(kube, "cluster-policy").get("upgrade") or {}
+                counts = {k: upgrade.get(k) for k in ("done", "failed", "inProgress")}
+                return counts == {"done": 7, "failed": 1, "inProgress": 0} or NotYet(upgrade)
 
             wait_for("rollout finished", finished, timeout=300)
             samples = sampler.stop()
-            wait_for(
-                "status summary caught up",
-                lambda: (
-                    (u := policy_status(kube, "cluster-policy").get("upgrade") or {})
-                    and u.get("done") == 7
-                    and u.get("failed") == 1
-                    and u.get("inProgress") == 0
-                ),
-            )
+            wait_for("status summary caught up", summary_caught_up)
         finally:
             operator.kill()
 

@@ -176,10 +176,21 @@ def create_nodes(
     return [str(m["metadata"]["name"]) for m in items]
 
 
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+
+
 def is_ready(node: client.V1Node) -> bool:
     """Whether the Node's Ready condition is True (what kwok's heartbeat maintains)."""
     conditions = (node.status.conditions if node.status else None) or []
     return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def is_settled(node: client.V1Node) -> bool:
+    """Ready, and kube-controller-manager has caught up with it: no not-ready taint left
+    (kcm adds one to a node it sees before the kubelet readies it, and removes it seconds
+    later on a busy machine; a test that starts before then sees kcm write the node)."""
+    taints = (node.spec.taints if node.spec else None) or []
+    return is_ready(node) and not any(t.key == NOT_READY_TAINT for t in taints)
 
 
 def node_name(node: client.V1Node) -> str:
@@ -187,19 +198,23 @@ def node_name(node: client.V1Node) -> str:
 
 
 def wait_nodes_ready(api: client.ApiClient, names: Iterable[str], timeout: float = 60.0) -> None:
-    """Block until kwok reports every named Node Ready; raises TimeoutError naming the rest."""
+    """Block until every named Node is Ready and settled (``is_settled``); raises TimeoutError
+    naming the rest."""
     pending = set(names)
     core = client.CoreV1Api(api)
     deadline = time.monotonic() + timeout
     while pending:
         for node in core.list_node().items:
-            if node_name(node) in pending and is_ready(node):
+            if node_name(node) in pending and is_settled(node):
                 pending.discard(node_name(node))
         if not pending:
             return
         if time.monotonic() > deadline:
             shown = ", ".join(sorted(pending)[:5])
-            raise TimeoutError(f"{len(pending)} node(s) not Ready after {timeout}s: {shown}")
+            raise TimeoutError(
+                f"{len(pending)} node(s) not Ready (or still tainted {NOT_READY_TAINT}) after "
+                f"{timeout}s: {shown}"
+            )
         time.sleep(0.2)
 
 

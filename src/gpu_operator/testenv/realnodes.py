@@ -391,7 +391,7 @@ def label_and_wait_ready(
 
     def ready() -> bool:
         items = [n for n in core.list_node().items if nodes.node_name(n) in names]
-        return len(items) == len(names) and all(nodes.is_ready(n) for n in items)
+        return len(items) == len(names) and all(nodes.is_settled(n) for n in items)
 
     wait_for("real nodes Ready", ready, deadline)
 

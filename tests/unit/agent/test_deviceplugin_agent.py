@@ -36,7 +36,7 @@ from gpu_operator.agent.deviceplugin_config import Sharing, parse_device_plugin_
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.agent.simulated import SimulatedNvml
 from gpu_operator.kubelet_api.deviceplugin.v1beta1 import api_pb2 as pb
-from tests.e2e.support import wait_for
+from tests.e2e.support import NotYet, wait_for
 
 from .conftest import Simulate, mig_configmap
 
@@ -413,7 +413,10 @@ def test_the_node_label_switches_the_config_without_a_restart(node: Callable[...
     # The Event follows the registration: wait for it (a loaded machine once got there first).
     wait_for(
         "the DevicePluginConfigApplied Event",
-        lambda: "DevicePluginConfigApplied" in [e["reason"] for e in api.created],
+        lambda: (
+            "DevicePluginConfigApplied" in (reasons := [e["reason"] for e in api.created])
+            or NotYet(reasons)
+        ),
         timeout=10,
         every=0.05,
     )
