@@ -1,9 +1,10 @@
 """What some tests need from outside this repository, and the one way to ask for it.
 
 NVIDIA's reference documents sit beside the checkout (``../shared/reference``) in this
-project's CI; a user's clone has none. kubectl is on PATH in CI, not on every machine. A test
-that needs either asks here: when it is absent the test skips with one line saying what is
-missing, except with ``CI`` set, where it fails. The session's summary counts those skips once
+project's CI; a user's clone has none. kubectl is on PATH in CI, not on every machine, nor is
+gcc (the stub NVIDIA driver is compiled with it). A test that needs one asks here: when it is
+absent the test skips with one line saying what is missing, except with ``CI`` set, where it
+fails. The session's summary counts those skips once
 (``tests/conftest.py``).
 """
 
@@ -21,7 +22,8 @@ from tests.paths import REPO
 REFERENCE = REPO.parent / "shared" / "reference"
 NO_REFERENCE = "needs ../shared/reference (NVIDIA's reference documents), absent in this clone"
 NO_KUBECTL = "needs kubectl, not on PATH"
-REASONS = (NO_REFERENCE, NO_KUBECTL)
+NO_GCC = "needs gcc (to build the stub NVIDIA driver), not on PATH"
+REASONS = (NO_REFERENCE, NO_KUBECTL, NO_GCC)
 
 
 def absent(reason: str) -> NoReturn:
@@ -52,4 +54,12 @@ def kubectl() -> str:
     path = shutil.which("kubectl")
     if path is None:
         absent(NO_KUBECTL)
+    return path
+
+
+def gcc() -> str:
+    """The C compiler the stub driver is built with (``gpu_operator.agent.stubdriver``)."""
+    path = shutil.which("gcc")
+    if path is None:
+        absent(NO_GCC)
     return path

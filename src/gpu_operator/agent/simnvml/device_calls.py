@@ -67,7 +67,7 @@ def nvmlDeviceGetUUID(node: SimNode, handle: Any, buffer: Any, length: Any) -> N
 def nvmlDeviceGetPciInfo_v3(node: SimNode, handle: Any, out: Any) -> None:
     gpu = node.full_gpu(handle)
     info = dest(out)
-    bus_id = f"00000000:{gpu.bus:02X}:00.0"
+    bus_id = gpu.pci_bus_id
     info.busIdLegacy = bus_id[4:].encode()
     info.busId = bus_id.encode()
     info.domain = 0

@@ -58,6 +58,11 @@ class SimGpu:
     mig_pending: bool = False
     gis: list[SimGi] = field(default_factory=list)
 
+    @property
+    def pci_bus_id(self) -> str:
+        """NVML's ``busId``: domain, bus, device and function."""
+        return f"00000000:{self.bus:02X}:00.0"
+
     def gi(self, gi_id: int) -> SimGi | None:
         return next((g for g in self.gis if g.id == gi_id), None)
 

@@ -1,9 +1,8 @@
-"""The one NVML adapter: pynvml in, typed inventory and metrics out.
+"""The NVML session: typed inventory, MIG operations, metrics and XID events over pynvml.
 
-Nothing above this module calls pynvml. Every NVML failure leaves here as an :class:`NvmlError`
-subclass named for what the caller can do about it (no driver, not supported, out of room...),
-with the NVML function that failed. Works the same against the real ``libnvidia-ml.so.1`` and
-against :mod:`gpu_operator.agent.simulated`, which replaces the library under pynvml.
+Nothing above this package calls pynvml. Works the same against the real ``libnvidia-ml.so.1``
+(loaded from the driver root by :mod:`.loader`) and against the simulated library
+(:mod:`gpu_operator.agent.simnvml`), which replaces the library under pynvml.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from typing import Any, TypeVar
+from typing import Any
 
 import pynvml
 
@@ -32,184 +31,18 @@ from gpu_operator.agent.inventory import (
     XidEvent,
 )
 
+from .errors import (
+    NvmlError,
+    NvmlUnavailable,
+    call,
+    optional,
+)
+from .loader import load_nvml
+from .names import ARCHITECTURES, BRANDS, CI_PROFILE_SLICES, FULL_CI_PROFILE, mig_profile_name, text
+
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 MIB = 1024 * 1024
-
-
-class NvmlError(Exception):
-    """An NVML call failed; ``code`` is the NVML return code, ``function`` the call."""
-
-    def __init__(self, code: int, function: str, message: str = "") -> None:
-        self.code = code
-        self.function = function
-        text = message or _ERROR_TEXT.get(code, f"NVML error {code}")
-        super().__init__(f"{function}: {text}")
-
-
-class NvmlUnavailable(NvmlError):
-    """No usable NVML: library missing, driver not loaded, or not initialised."""
-
-
-class NotSupported(NvmlError):
-    """The GPU or driver does not support this query or operation."""
-
-
-class NoPermission(NvmlError):
-    """The operation needs privileges the agent does not have."""
-
-
-class InvalidArgument(NvmlError):
-    """NVML rejected an argument (bad profile, bad placement, bad handle)."""
-
-
-class NotFound(NvmlError):
-    """The object (device, instance) does not exist."""
-
-
-class InsufficientResources(NvmlError):
-    """No room left: slices overlap or the profile's maximum count is reached."""
-
-
-class InUse(NvmlError):
-    """The GPU or instance is busy (processes running, instances still present)."""
-
-
-class GpuLost(NvmlError):
-    """The GPU fell off the bus."""
-
-
-class ResetRequired(NvmlError):
-    """The GPU must be reset before it can be used again."""
-
-
-class InvalidState(NvmlError):
-    """The GPU is in the wrong state for this operation (e.g. MIG disabled)."""
-
-
-_ERROR_CLASSES: dict[int, type[NvmlError]] = {
-    pynvml.NVML_ERROR_UNINITIALIZED: NvmlUnavailable,
-    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: NvmlUnavailable,
-    pynvml.NVML_ERROR_DRIVER_NOT_LOADED: NvmlUnavailable,
-    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: NvmlUnavailable,
-    pynvml.NVML_ERROR_NOT_SUPPORTED: NotSupported,
-    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: NotSupported,
-    pynvml.NVML_ERROR_NO_PERMISSION: NoPermission,
-    pynvml.NVML_ERROR_INVALID_ARGUMENT: InvalidArgument,
-    pynvml.NVML_ERROR_NOT_FOUND: NotFound,
-    pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES: InsufficientResources,
-    pynvml.NVML_ERROR_IN_USE: InUse,
-    pynvml.NVML_ERROR_GPU_IS_LOST: GpuLost,
-    pynvml.NVML_ERROR_RESET_REQUIRED: ResetRequired,
-    pynvml.NVML_ERROR_INVALID_STATE: InvalidState,
-}
-
-_ERROR_TEXT: dict[int, str] = {
-    pynvml.NVML_ERROR_UNINITIALIZED: "NVML is not initialised",
-    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: (
-        "libnvidia-ml.so.1 not found (is the NVIDIA driver installed?)"
-    ),
-    pynvml.NVML_ERROR_DRIVER_NOT_LOADED: "the NVIDIA kernel driver is not loaded",
-    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "NVML library and kernel driver versions differ",
-    pynvml.NVML_ERROR_NOT_SUPPORTED: "not supported by this GPU or driver",
-    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: "function not present in this NVML library",
-    pynvml.NVML_ERROR_NO_PERMISSION: "insufficient permissions",
-    pynvml.NVML_ERROR_INVALID_ARGUMENT: "invalid argument",
-    pynvml.NVML_ERROR_NOT_FOUND: "not found",
-    pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES: "insufficient resources",
-    pynvml.NVML_ERROR_IN_USE: "in use",
-    pynvml.NVML_ERROR_GPU_IS_LOST: "the GPU is lost",
-    pynvml.NVML_ERROR_RESET_REQUIRED: "the GPU requires a reset",
-    pynvml.NVML_ERROR_INVALID_STATE: "invalid state",
-    pynvml.NVML_ERROR_TIMEOUT: "timeout",
-}
-
-
-def error_for(code: int, function: str) -> NvmlError:
-    """The typed error for an NVML return code."""
-    return _ERROR_CLASSES.get(code, NvmlError)(code, function)
-
-
-def _call(fn: Callable[..., T], *args: Any) -> T:
-    try:
-        return fn(*args)
-    except pynvml.NVMLError as exc:
-        raise error_for(int(exc.value), fn.__name__) from exc
-    except pynvml.NVMLLibraryMismatchError as exc:
-        raise NotSupported(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, fn.__name__, str(exc)) from exc
-
-
-def _optional(fn: Callable[..., T], *args: Any) -> T | None:
-    """A metric read: ``None`` when the GPU does not support it."""
-    try:
-        return _call(fn, *args)
-    except (NotSupported, NoPermission, InvalidArgument, NotFound):
-        return None
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-ARCHITECTURES: dict[int, str] = {
-    pynvml.NVML_DEVICE_ARCH_KEPLER: "kepler",
-    pynvml.NVML_DEVICE_ARCH_MAXWELL: "maxwell",
-    pynvml.NVML_DEVICE_ARCH_PASCAL: "pascal",
-    pynvml.NVML_DEVICE_ARCH_VOLTA: "volta",
-    pynvml.NVML_DEVICE_ARCH_TURING: "turing",
-    pynvml.NVML_DEVICE_ARCH_AMPERE: "ampere",
-    pynvml.NVML_DEVICE_ARCH_ADA: "ada",
-    pynvml.NVML_DEVICE_ARCH_HOPPER: "hopper",
-    pynvml.NVML_DEVICE_ARCH_BLACKWELL: "blackwell",
-}
-
-# NVML brand codes as NVIDIA's DRA driver spells them in its ``brand`` attribute.
-BRANDS: dict[int, str] = {
-    pynvml.NVML_BRAND_QUADRO: "Quadro",
-    pynvml.NVML_BRAND_TESLA: "Tesla",
-    pynvml.NVML_BRAND_NVS: "NVS",
-    pynvml.NVML_BRAND_GRID: "Grid",
-    pynvml.NVML_BRAND_GEFORCE: "GeForce",
-    pynvml.NVML_BRAND_TITAN: "Titan",
-    pynvml.NVML_BRAND_NVIDIA_VAPPS: "NvidiaVApps",
-    pynvml.NVML_BRAND_NVIDIA_VPC: "NvidiaVPC",
-    pynvml.NVML_BRAND_NVIDIA_VCS: "NvidiaVCS",
-    pynvml.NVML_BRAND_NVIDIA_VWS: "NvidiaVWS",
-    pynvml.NVML_BRAND_NVIDIA_CLOUD_GAMING: "NvidiaCloudGaming",
-    pynvml.NVML_BRAND_QUADRO_RTX: "QuadroRTX",
-    pynvml.NVML_BRAND_NVIDIA_RTX: "NvidiaRTX",
-    pynvml.NVML_BRAND_NVIDIA: "Nvidia",
-    pynvml.NVML_BRAND_GEFORCE_RTX: "GeForceRTX",
-    pynvml.NVML_BRAND_TITAN_RTX: "TitanRTX",
-}
-
-# Compute-instance profile index that spans a GPU instance of N compute slices.
-FULL_CI_PROFILE: dict[int, int] = {
-    1: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
-    2: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE,
-    3: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE,
-    4: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE,
-    6: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE,
-    7: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE,
-    8: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE,
-}
-
-
-# Compute slices of each compute-instance profile index (unknown indices are always asked).
-CI_PROFILE_SLICES: dict[int, int] = {index: slices for slices, index in FULL_CI_PROFILE.items()} | {
-    pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1: 1
-}
-
-
-def mig_profile_name(nvml_name: str, slices: int, memory_mib: int) -> str:
-    """``MIG 1g.5gb+me`` -> ``1g.5gb+me``; derived from size when NVML gives no name."""
-    name = nvml_name.strip()
-    if name.startswith("MIG "):
-        name = name[4:]
-    if name:
-        return name
-    return f"{slices}g.{-(-memory_mib // 1024)}gb"
 
 
 class Nvml:
@@ -232,7 +65,8 @@ class Nvml:
     def open(self) -> Nvml:
         with self._lock:
             if not self._open:
-                _call(pynvml.nvmlInit)
+                load_nvml()
+                call(pynvml.nvmlInit)
                 self._open = True
                 self._handles.clear()
                 self._profile_cache.clear()
@@ -244,10 +78,10 @@ class Nvml:
                 return
             if self._events is not None:
                 with suppress(NvmlError):
-                    _call(pynvml.nvmlEventSetFree, self._events)
+                    call(pynvml.nvmlEventSetFree, self._events)
                 self._events = None
             try:
-                _call(pynvml.nvmlShutdown)
+                call(pynvml.nvmlShutdown)
             finally:
                 self._open = False
                 self._handles.clear()
@@ -268,21 +102,21 @@ class Nvml:
     def _device(self, index: int) -> Any:
         handle = self._handles.get(index)
         if handle is None:
-            handle = _call(pynvml.nvmlDeviceGetHandleByIndex, index)
+            handle = call(pynvml.nvmlDeviceGetHandleByIndex, index)
             self._handles[index] = handle
         return handle
 
     # -- inventory ---------------------------------------------------------------------------
     def device_count(self) -> int:
         with self._session():
-            return int(_call(pynvml.nvmlDeviceGetCount))
+            return int(call(pynvml.nvmlDeviceGetCount))
 
     def inventory(self) -> Inventory:
         """Everything the agents need to know about the node's GPUs, read once."""
         with self._session():
-            driver = _text(_call(pynvml.nvmlSystemGetDriverVersion))
-            cuda = int(_call(pynvml.nvmlSystemGetCudaDriverVersion_v2))
-            count = int(_call(pynvml.nvmlDeviceGetCount))
+            driver = text(call(pynvml.nvmlSystemGetDriverVersion))
+            cuda = int(call(pynvml.nvmlSystemGetCudaDriverVersion_v2))
+            count = int(call(pynvml.nvmlDeviceGetCount))
             gpus = tuple(self._gpu(i) for i in range(count))
             return Inventory(driver_version=driver, cuda_driver_version=cuda, gpus=gpus)
 
@@ -292,13 +126,13 @@ class Nvml:
 
     def _gpu(self, index: int) -> Gpu:
         dev = self._device(index)
-        pci = _call(pynvml.nvmlDeviceGetPciInfo, dev)
-        major, minor = _call(pynvml.nvmlDeviceGetCudaComputeCapability, dev)
-        arch = _optional(pynvml.nvmlDeviceGetArchitecture, dev)
-        minor_number = _optional(pynvml.nvmlDeviceGetMinorNumber, dev)
-        brand = _optional(pynvml.nvmlDeviceGetBrand, dev)
-        memory = _call(pynvml.nvmlDeviceGetMemoryInfo, dev)
-        mode = _optional(pynvml.nvmlDeviceGetMigMode, dev)
+        pci = call(pynvml.nvmlDeviceGetPciInfo, dev)
+        major, minor = call(pynvml.nvmlDeviceGetCudaComputeCapability, dev)
+        arch = optional(pynvml.nvmlDeviceGetArchitecture, dev)
+        minor_number = optional(pynvml.nvmlDeviceGetMinorNumber, dev)
+        brand = optional(pynvml.nvmlDeviceGetBrand, dev)
+        memory = call(pynvml.nvmlDeviceGetMemoryInfo, dev)
+        mode = optional(pynvml.nvmlDeviceGetMigMode, dev)
         capable = mode is not None
         current = bool(mode and mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE)
         pending = bool(mode and mode[1] == pynvml.NVML_DEVICE_MIG_ENABLE)
@@ -312,9 +146,9 @@ class Nvml:
                 mig_devices = self._mig_devices(index, dev, instances, profiles)
         return Gpu(
             index=index,
-            name=_text(_call(pynvml.nvmlDeviceGetName, dev)),
-            uuid=_text(_call(pynvml.nvmlDeviceGetUUID, dev)),
-            pci_bus_id=_text(pci.busId),
+            name=text(call(pynvml.nvmlDeviceGetName, dev)),
+            uuid=text(call(pynvml.nvmlDeviceGetUUID, dev)),
+            pci_bus_id=text(pci.busId),
             pci_device_id=int(pci.pciDeviceId),
             memory_mib=int(memory.total) // MIB,
             compute_major=int(major),
@@ -344,11 +178,11 @@ class Nvml:
     def _read_profiles(self, dev: Any) -> tuple[MigProfile, ...]:
         found: list[MigProfile] = []
         for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
-            info = _optional(pynvml.nvmlDeviceGetGpuInstanceProfileInfo, dev, index)
+            info = optional(pynvml.nvmlDeviceGetGpuInstanceProfileInfo, dev, index)
             if info is None or info.instanceCount == 0:
                 continue
             count = ctypes.c_uint(0)
-            _call(
+            call(
                 pynvml.nvmlDeviceGetGpuInstancePossiblePlacements,
                 dev,
                 info.id,
@@ -356,7 +190,7 @@ class Nvml:
                 ctypes.byref(count),
             )
             array = (pynvml.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
-            _call(
+            call(
                 pynvml.nvmlDeviceGetGpuInstancePossiblePlacements,
                 dev,
                 info.id,
@@ -369,7 +203,7 @@ class Nvml:
                 MigProfile(
                     index=index,
                     id=int(info.id),
-                    name=mig_profile_name(_text(info.name), int(info.sliceCount), memory),
+                    name=mig_profile_name(text(info.name), int(info.sliceCount), memory),
                     memory_mib=memory,
                     slice_count=int(info.sliceCount),
                     max_count=int(info.instanceCount),
@@ -389,7 +223,7 @@ class Nvml:
     def _gi_handles(self, dev: Any, profile: MigProfile) -> list[Any]:
         array = (pynvml.c_nvmlGpuInstance_t * max(profile.max_count, 1))()
         count = ctypes.c_uint(0)
-        _call(pynvml.nvmlDeviceGetGpuInstances, dev, profile.id, array, ctypes.byref(count))
+        call(pynvml.nvmlDeviceGetGpuInstances, dev, profile.id, array, ctypes.byref(count))
         return list(array[: count.value])
 
     def _ci_handles(self, gi: Any, gi_slices: int = 8) -> list[tuple[Any, int, int]]:
@@ -402,7 +236,7 @@ class Nvml:
         for index in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             if CI_PROFILE_SLICES.get(index, 0) > gi_slices:
                 continue
-            info = _optional(
+            info = optional(
                 pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo,
                 gi,
                 index,
@@ -412,9 +246,7 @@ class Nvml:
                 continue
             array = (pynvml.c_nvmlComputeInstance_t * info.instanceCount)()
             count = ctypes.c_uint(0)
-            _call(
-                pynvml.nvmlGpuInstanceGetComputeInstances, gi, info.id, array, ctypes.byref(count)
-            )
+            call(pynvml.nvmlGpuInstanceGetComputeInstances, gi, info.id, array, ctypes.byref(count))
             found.extend((h, index, int(info.sliceCount)) for h in array[: count.value])
         return found
 
@@ -422,10 +254,10 @@ class Nvml:
         instances: list[GpuInstance] = []
         for profile in profiles:
             for gi in self._gi_handles(dev, profile):
-                info = _call(pynvml.nvmlGpuInstanceGetInfo, gi)
+                info = call(pynvml.nvmlGpuInstanceGetInfo, gi)
                 cis = []
                 for ci, ci_index, slices in self._ci_handles(gi, profile.slice_count):
-                    ci_info = _call(pynvml.nvmlComputeInstanceGetInfo, ci)
+                    ci_info = call(pynvml.nvmlComputeInstanceGetInfo, ci)
                     cis.append(ComputeInstance(int(ci_info.id), ci_index, slices))
                 instances.append(
                     GpuInstance(
@@ -448,13 +280,13 @@ class Nvml:
         by_id = {gi.id: gi for gi in instances}
         by_name = {p.name: p for p in profiles}
         found: list[MigDevice] = []
-        for i in range(int(_call(pynvml.nvmlDeviceGetMaxMigDeviceCount, dev))):
-            mig = _optional(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, dev, i)
+        for i in range(int(call(pynvml.nvmlDeviceGetMaxMigDeviceCount, dev))):
+            mig = optional(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, dev, i)
             if mig is None:
                 continue
-            gi_id = int(_call(pynvml.nvmlDeviceGetGpuInstanceId, mig))
-            ci_id = int(_call(pynvml.nvmlDeviceGetComputeInstanceId, mig))
-            attrs = _call(pynvml.nvmlDeviceGetAttributes, mig)
+            gi_id = int(call(pynvml.nvmlDeviceGetGpuInstanceId, mig))
+            ci_id = int(call(pynvml.nvmlDeviceGetComputeInstanceId, mig))
+            attrs = call(pynvml.nvmlDeviceGetAttributes, mig)
             gi = by_id.get(gi_id)
             profile = gi.profile if gi else mig_profile_name("", attrs.gpuInstanceSliceCount, 0)
             engines = Engines(
@@ -469,7 +301,7 @@ class Nvml:
                     gpu_index=gpu_index,
                     gi_id=gi_id,
                     ci_id=ci_id,
-                    uuid=_text(_call(pynvml.nvmlDeviceGetUUID, mig)),
+                    uuid=text(call(pynvml.nvmlDeviceGetUUID, mig)),
                     profile=profile,
                     memory_mib=int(attrs.memorySizeMB),
                     sm_count=int(attrs.multiprocessorCount),
@@ -489,8 +321,8 @@ class Nvml:
         with self._session():
             dev = self._device(index)
             mode = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else pynvml.NVML_DEVICE_MIG_DISABLE
-            _call(pynvml.nvmlDeviceSetMigMode, dev, mode)
-            current, pending = _call(pynvml.nvmlDeviceGetMigMode, dev)
+            call(pynvml.nvmlDeviceSetMigMode, dev, mode)
+            current, pending = call(pynvml.nvmlDeviceGetMigMode, dev)
             return (
                 current == pynvml.NVML_DEVICE_MIG_ENABLE,
                 pending == pynvml.NVML_DEVICE_MIG_ENABLE,
@@ -510,8 +342,8 @@ class Nvml:
             for profile in self._profiles(dev):
                 for gi in self._gi_handles(dev, profile):
                     for ci, _, _ in self._ci_handles(gi, profile.slice_count):
-                        _call(pynvml.nvmlComputeInstanceDestroy, ci)
-                    _call(pynvml.nvmlGpuInstanceDestroy, gi)
+                        call(pynvml.nvmlComputeInstanceDestroy, ci)
+                    call(pynvml.nvmlGpuInstanceDestroy, gi)
                     destroyed += 1
             return destroyed
 
@@ -519,26 +351,26 @@ class Nvml:
         """Create one GPU instance of a profile at a placement; returns its GI id."""
         with self._session():
             dev = self._device(index)
-            info = _call(pynvml.nvmlDeviceGetGpuInstanceProfileInfo, dev, profile_index)
+            info = call(pynvml.nvmlDeviceGetGpuInstanceProfileInfo, dev, profile_index)
             where = pynvml.c_nvmlGpuInstancePlacement_t(placement.start, placement.size)
-            gi = _call(
+            gi = call(
                 pynvml.nvmlDeviceCreateGpuInstanceWithPlacement, dev, info.id, ctypes.byref(where)
             )
-            return int(_call(pynvml.nvmlGpuInstanceGetInfo, gi).id)
+            return int(call(pynvml.nvmlGpuInstanceGetInfo, gi).id)
 
     def create_compute_instance(self, index: int, gi_id: int, slices: int) -> int:
         """Create the compute instance spanning ``slices`` in a GPU instance; returns its id."""
         with self._session():
             dev = self._device(index)
-            gi = _call(pynvml.nvmlDeviceGetGpuInstanceById, dev, gi_id)
-            info = _call(
+            gi = call(pynvml.nvmlDeviceGetGpuInstanceById, dev, gi_id)
+            info = call(
                 pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo,
                 gi,
                 FULL_CI_PROFILE[slices],
                 pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
             )
-            ci = _call(pynvml.nvmlGpuInstanceCreateComputeInstance, gi, info.id)
-            return int(_call(pynvml.nvmlComputeInstanceGetInfo, ci).id)
+            ci = call(pynvml.nvmlGpuInstanceCreateComputeInstance, gi, info.id)
+            return int(call(pynvml.nvmlComputeInstanceGetInfo, ci).id)
 
     # -- metrics -----------------------------------------------------------------------------
     def metrics(
@@ -556,23 +388,23 @@ class Nvml:
 
     def _gpu_metrics(self, index: int) -> GpuMetrics:
         dev = self._device(index)
-        util = _optional(pynvml.nvmlDeviceGetUtilizationRates, dev)
-        enc = _optional(pynvml.nvmlDeviceGetEncoderUtilization, dev)
-        dec = _optional(pynvml.nvmlDeviceGetDecoderUtilization, dev)
-        memory = _optional(pynvml.nvmlDeviceGetMemoryInfo, dev, pynvml.nvmlMemory_v2)
-        rows = _optional(pynvml.nvmlDeviceGetRemappedRows, dev)
-        power = _optional(pynvml.nvmlDeviceGetPowerUsage, dev)
+        util = optional(pynvml.nvmlDeviceGetUtilizationRates, dev)
+        enc = optional(pynvml.nvmlDeviceGetEncoderUtilization, dev)
+        dec = optional(pynvml.nvmlDeviceGetDecoderUtilization, dev)
+        memory = optional(pynvml.nvmlDeviceGetMemoryInfo, dev, pynvml.nvmlMemory_v2)
+        rows = optional(pynvml.nvmlDeviceGetRemappedRows, dev)
+        power = optional(pynvml.nvmlDeviceGetPowerUsage, dev)
         return GpuMetrics(
             index=index,
-            sm_clock_mhz=_f(_optional(pynvml.nvmlDeviceGetClockInfo, dev, pynvml.NVML_CLOCK_SM)),
-            mem_clock_mhz=_f(_optional(pynvml.nvmlDeviceGetClockInfo, dev, pynvml.NVML_CLOCK_MEM)),
+            sm_clock_mhz=_f(optional(pynvml.nvmlDeviceGetClockInfo, dev, pynvml.NVML_CLOCK_SM)),
+            mem_clock_mhz=_f(optional(pynvml.nvmlDeviceGetClockInfo, dev, pynvml.NVML_CLOCK_MEM)),
             gpu_temp_c=_f(
-                _optional(pynvml.nvmlDeviceGetTemperature, dev, pynvml.NVML_TEMPERATURE_GPU)
+                optional(pynvml.nvmlDeviceGetTemperature, dev, pynvml.NVML_TEMPERATURE_GPU)
             ),
             memory_temp_c=self._memory_temp(dev),
             power_w=None if power is None else power / 1000.0,
-            energy_mj=_f(_optional(pynvml.nvmlDeviceGetTotalEnergyConsumption, dev)),
-            pcie_replay_count=_f(_optional(pynvml.nvmlDeviceGetPcieReplayCounter, dev)),
+            energy_mj=_f(optional(pynvml.nvmlDeviceGetTotalEnergyConsumption, dev)),
+            pcie_replay_count=_f(optional(pynvml.nvmlDeviceGetPcieReplayCounter, dev)),
             gpu_util_pct=None if util is None else float(util.gpu),
             mem_copy_util_pct=None if util is None else float(util.memory),
             encoder_util_pct=None if enc is None else float(enc[0]),
@@ -587,7 +419,7 @@ class Nvml:
         )
 
     def _memory_temp(self, dev: Any) -> float | None:
-        values = _optional(pynvml.nvmlDeviceGetFieldValues, dev, [pynvml.NVML_FI_DEV_MEMORY_TEMP])
+        values = optional(pynvml.nvmlDeviceGetFieldValues, dev, [pynvml.NVML_FI_DEV_MEMORY_TEMP])
         if not values or values[0].nvmlReturn != pynvml.NVML_SUCCESS:
             return None
         return float(values[0].value.uiVal)
@@ -595,16 +427,16 @@ class Nvml:
     def _mig_metrics(self, gpu: Gpu) -> list[MigMetrics]:
         dev = self._device(gpu.index)
         found: list[MigMetrics] = []
-        for i in range(int(_call(pynvml.nvmlDeviceGetMaxMigDeviceCount, dev))):
-            mig = _optional(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, dev, i)
+        for i in range(int(call(pynvml.nvmlDeviceGetMaxMigDeviceCount, dev))):
+            mig = optional(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, dev, i)
             if mig is None:
                 continue
-            memory = _optional(pynvml.nvmlDeviceGetMemoryInfo, mig, pynvml.nvmlMemory_v2)
+            memory = optional(pynvml.nvmlDeviceGetMemoryInfo, mig, pynvml.nvmlMemory_v2)
             found.append(
                 MigMetrics(
                     gpu_index=gpu.index,
-                    gi_id=int(_call(pynvml.nvmlDeviceGetGpuInstanceId, mig)),
-                    ci_id=int(_call(pynvml.nvmlDeviceGetComputeInstanceId, mig)),
+                    gi_id=int(call(pynvml.nvmlDeviceGetGpuInstanceId, mig)),
+                    ci_id=int(call(pynvml.nvmlDeviceGetComputeInstanceId, mig)),
                     fb_free_mib=None if memory is None else memory.free / MIB,
                     fb_used_mib=None if memory is None else memory.used / MIB,
                     fb_reserved_mib=None if memory is None else memory.reserved / MIB,
@@ -631,13 +463,13 @@ class Nvml:
         wait = timeout_ms
         while True:
             try:
-                data = _call(pynvml.nvmlEventSetWait, self._events, wait)
+                data = call(pynvml.nvmlEventSetWait, self._events, wait)
             except NvmlError:
                 return found  # NVML_ERROR_TIMEOUT: nothing (more) pending
             wait = 0
             if not data.eventType & pynvml.nvmlEventTypeXidCriticalError:
                 continue
-            index = _optional(pynvml.nvmlDeviceGetIndex, data.device)
+            index = optional(pynvml.nvmlDeviceGetIndex, data.device)
             if index is None:
                 continue
             gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
@@ -654,13 +486,13 @@ class Nvml:
         """Create the XID event set on first use; False when no GPU can report events."""
         if self._events is not None:
             return True
-        events = _optional(pynvml.nvmlEventSetCreate)
+        events = optional(pynvml.nvmlEventSetCreate)
         if events is None:
             return False
         registered = 0
         for index in gpu_indexes:
             try:
-                _call(
+                call(
                     pynvml.nvmlDeviceRegisterEvents,
                     self._device(index),
                     pynvml.nvmlEventTypeXidCriticalError,
@@ -670,7 +502,7 @@ class Nvml:
             except NvmlError:
                 continue
         if not registered:
-            _optional(pynvml.nvmlEventSetFree, events)
+            optional(pynvml.nvmlEventSetFree, events)
             return False
         self._events = events
         return True

@@ -1,0 +1,47 @@
+"""The one NVML adapter: pynvml in, typed inventory and metrics out.
+
+Nothing above this package calls pynvml. :mod:`.loader` puts the driver's ``libnvidia-ml.so.1``
+under pynvml, found by path in the driver root (never through a runtime hook); :mod:`.session`
+reads the GPUs; :mod:`.errors` turns every failure into an :class:`NvmlError` subclass named for
+what the caller can do about it.
+"""
+
+from .errors import (
+    GpuLost,
+    InsufficientResources,
+    InUse,
+    InvalidArgument,
+    InvalidState,
+    NoPermission,
+    NotFound,
+    NotSupported,
+    NvmlError,
+    NvmlUnavailable,
+    ResetRequired,
+    error_for,
+)
+from .loader import device_dir, driver_root_from_env, load_nvml, use_driver_root
+from .names import mig_profile_name
+from .session import Nvml, probe
+
+__all__ = [
+    "GpuLost",
+    "InUse",
+    "InsufficientResources",
+    "InvalidArgument",
+    "InvalidState",
+    "NoPermission",
+    "NotFound",
+    "NotSupported",
+    "Nvml",
+    "NvmlError",
+    "NvmlUnavailable",
+    "ResetRequired",
+    "device_dir",
+    "driver_root_from_env",
+    "error_for",
+    "load_nvml",
+    "mig_profile_name",
+    "probe",
+    "use_driver_root",
+]

@@ -1,0 +1,118 @@
+"""Where NVML comes from: the driver root's ``libnvidia-ml.so.1``, loaded by path.
+
+pynvml loads ``libnvidia-ml.so.1`` by soname, which inside a container works only if a runtime
+hook (or CDI) put the library in a standard directory. The project's agents do not rely on that:
+their DaemonSets mount the driver root, and :func:`load_nvml` finds the library there as NVIDIA's
+toolkit would (the root's ld.so.cache, then the usual library directories) and puts it under
+pynvml before ``nvmlInit``. A root without the library fails with one error naming every path
+searched.
+
+The testenv's stub driver (:mod:`gpu_operator.agent.stubdriver`) is found and loaded the same
+way; once loaded it is recognised by its marker symbol and the simulated NVML takes over, built
+from the GPU table the stub carries. Like the real library it needs the driver's control device
+node (``nvidiactl``): in ``/dev``, or in the driver root's ``dev/`` where a simulated driver
+lays out its nodes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import pynvml
+
+from gpu_operator.agent.driverroot import DriverNotFound, find_library
+from gpu_operator.agent.simnvml import SimulatedNvml, install_simulated_nvml
+from gpu_operator.agent.stubdriver import STUB_MARKER, read_table
+
+from .errors import NvmlUnavailable
+
+NVML_SONAME = "libnvidia-ml.so.1"
+# NVIDIA's names: the driver root on the host, and where a container has it mounted.
+ENV_DRIVER_ROOT = "NVIDIA_DRIVER_ROOT"
+ENV_CONTAINER_DRIVER_ROOT = "CONTAINER_DRIVER_ROOT"
+CONTROL_NODE = "nvidiactl"
+# The simulated GPUs' own state (MIG mode and instances: what the hardware holds), beside the
+# device nodes that stand for the GPUs.
+SIM_STATE = "gpu-operator-sim/nvml-state.json"
+
+
+def driver_root_from_env(env: Mapping[str, str] = os.environ) -> str:
+    """The driver root as this process sees it: where the pod mounts it, else the host's path
+    (an agent run on the host), else ``/``."""
+    return env.get(ENV_CONTAINER_DRIVER_ROOT) or env.get(ENV_DRIVER_ROOT) or "/"
+
+
+def device_dir(root: str | Path) -> Path | None:
+    """Where the driver's device nodes are: ``/dev`` on a host with the driver loaded, else the
+    driver root's ``dev/``; None when neither has the control node (no driver loaded)."""
+    for candidate in (Path("/dev"), Path(root) / "dev"):
+        if (candidate / CONTROL_NODE).exists():
+            return candidate
+    return None
+
+
+_configured_root: str | None = None
+
+
+def use_driver_root(root: str | None) -> None:
+    """Where :func:`load_nvml` looks when given no root (an agent's ``--driver-root``)."""
+    global _configured_root
+    _configured_root = root
+
+
+def load_nvml(root: str | Path | None = None) -> str:
+    """Put the driver's NVML under pynvml; returns what was loaded (a path, or the simulation).
+
+    Nothing happens when a library is already there (a simulated one installed by
+    ``--simulate``, or an earlier call). Raises :class:`NvmlUnavailable` naming what was
+    searched when the root holds no NVML, or when the stub driver's device nodes are missing.
+    """
+    current = pynvml.nvmlLib
+    if current is not None:
+        return "simulated NVML" if isinstance(current, SimulatedNvml) else "already loaded"
+    root = Path(root or _configured_root or driver_root_from_env())
+    try:
+        path = find_library(root, NVML_SONAME)
+    except DriverNotFound as exc:
+        raise NvmlUnavailable(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "load", str(exc)) from exc
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:
+        raise NvmlUnavailable(
+            pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "load", f"{path} cannot be loaded: {exc}"
+        ) from exc
+    if hasattr(lib, STUB_MARKER):
+        return _simulate_from_stub(root, path)
+    with pynvml.libLoadLock:
+        pynvml.nvmlLib = lib
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+    return str(path)
+
+
+def _simulate_from_stub(root: Path, path: Path) -> str:
+    """The stub driver: the simulated NVML of the GPUs its table names."""
+    devices = device_dir(root)
+    if devices is None:
+        raise NvmlUnavailable(
+            pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+            "load",
+            f"the driver's control node {CONTROL_NODE} is neither in /dev nor in {root / 'dev'}",
+        )
+    table = read_table(path.resolve())
+    if not table.simulate:
+        raise NvmlUnavailable(
+            pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
+            "load",
+            f"{path} is the stub driver but its GPU table names no simulated GPUs",
+        )
+    install_simulated_nvml(
+        table.simulate,
+        state_file=devices / SIM_STATE,
+        seed=table.seed,
+        driver_version=table.driver_version,
+        cuda_version=table.cuda_version,
+    )
+    return f"simulated NVML from the stub driver at {path} ({table.simulate})"

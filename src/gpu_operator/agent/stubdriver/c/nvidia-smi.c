@@ -1,0 +1,262 @@
+/*
+ * gpu-operator SIMULATED nvidia-smi: a small stand-in for NVIDIA's tool. It loads
+ * libnvidia-ml.so.1 by soname (as NVIDIA's does) and supports:
+ *
+ *     nvidia-smi                 a summary: a SIMULATED header with the versions, a line a GPU
+ *     nvidia-smi -L              "GPU <i>: <name> (UUID: <uuid>)", as NVIDIA's prints it
+ *     nvidia-smi --query-gpu=name,uuid,memory.total,driver_version,index,minor_number
+ *                --format=csv[,noheader][,nounits]
+ *
+ * Exit codes are NVML's return codes, as NVIDIA's: 9 when the driver cannot be reached.
+ * Not NVIDIA software.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int nvmlReturn_t;
+typedef void *nvmlDevice_t;
+typedef struct {
+    unsigned long long total, free, used;
+} nvmlMemory_t;
+
+#define NVML_ERROR_NOT_FOUND 6
+#define NVML_ERROR_DRIVER_NOT_LOADED 9
+#define EXIT_BAD_ARGUMENTS 2
+#define FAILED_MESSAGE                                                                         \
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure " \
+    "that the latest NVIDIA driver is installed and running.\n"
+
+static struct {
+    nvmlReturn_t (*init)(void);
+    nvmlReturn_t (*shutdown)(void);
+    const char *(*error_string)(nvmlReturn_t);
+    nvmlReturn_t (*driver_version)(char *, unsigned int);
+    nvmlReturn_t (*cuda_version)(int *);
+    nvmlReturn_t (*count)(unsigned int *);
+    nvmlReturn_t (*handle)(unsigned int, nvmlDevice_t *);
+    nvmlReturn_t (*name)(nvmlDevice_t, char *, unsigned int);
+    nvmlReturn_t (*uuid)(nvmlDevice_t, char *, unsigned int);
+    nvmlReturn_t (*minor)(nvmlDevice_t, unsigned int *);
+    nvmlReturn_t (*memory)(nvmlDevice_t, nvmlMemory_t *);
+} nvml;
+
+struct gpu {
+    char name[96];
+    char uuid[96];
+    unsigned int minor;
+    unsigned long long memory_mib;
+};
+
+static void *resolve(void *lib, const char *symbol)
+{
+    void *fn = dlsym(lib, symbol);
+    if (!fn) {
+        fprintf(stderr, "nvidia-smi: %s\n", dlerror());
+        printf(FAILED_MESSAGE);
+        exit(NVML_ERROR_DRIVER_NOT_LOADED);
+    }
+    return fn;
+}
+
+static void load(void)
+{
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    nvmlReturn_t ret;
+
+    if (!lib) {
+        fprintf(stderr, "nvidia-smi: %s\n", dlerror());
+        printf(FAILED_MESSAGE);
+        exit(NVML_ERROR_DRIVER_NOT_LOADED);
+    }
+    *(void **)&nvml.init = resolve(lib, "nvmlInit_v2");
+    *(void **)&nvml.shutdown = resolve(lib, "nvmlShutdown");
+    *(void **)&nvml.error_string = resolve(lib, "nvmlErrorString");
+    *(void **)&nvml.driver_version = resolve(lib, "nvmlSystemGetDriverVersion");
+    *(void **)&nvml.cuda_version = resolve(lib, "nvmlSystemGetCudaDriverVersion");
+    *(void **)&nvml.count = resolve(lib, "nvmlDeviceGetCount_v2");
+    *(void **)&nvml.handle = resolve(lib, "nvmlDeviceGetHandleByIndex_v2");
+    *(void **)&nvml.name = resolve(lib, "nvmlDeviceGetName");
+    *(void **)&nvml.uuid = resolve(lib, "nvmlDeviceGetUUID");
+    *(void **)&nvml.minor = resolve(lib, "nvmlDeviceGetMinorNumber");
+    *(void **)&nvml.memory = resolve(lib, "nvmlDeviceGetMemoryInfo");
+    ret = nvml.init();
+    if (ret != 0) {
+        fprintf(stderr, "nvidia-smi: nvmlInit_v2: %s\n", nvml.error_string(ret));
+        printf(FAILED_MESSAGE);
+        exit(NVML_ERROR_DRIVER_NOT_LOADED);
+    }
+}
+
+static void check(nvmlReturn_t ret, const char *call)
+{
+    if (ret != 0) {
+        printf("%s failed: %s\n", call, nvml.error_string(ret));
+        exit(ret);
+    }
+}
+
+/* The visible GPUs, in NVML's order; exits 6 as NVIDIA's does when there are none. */
+static unsigned int gpus(struct gpu *out, unsigned int max)
+{
+    unsigned int count, i;
+
+    check(nvml.count(&count), "nvmlDeviceGetCount_v2");
+    if (count == 0) {
+        printf("No devices were found\n");
+        exit(NVML_ERROR_NOT_FOUND);
+    }
+    if (count > max)
+        count = max;
+    for (i = 0; i < count; i++) {
+        nvmlDevice_t dev;
+        nvmlMemory_t mem;
+
+        check(nvml.handle(i, &dev), "nvmlDeviceGetHandleByIndex_v2");
+        check(nvml.name(dev, out[i].name, sizeof(out[i].name)), "nvmlDeviceGetName");
+        check(nvml.uuid(dev, out[i].uuid, sizeof(out[i].uuid)), "nvmlDeviceGetUUID");
+        check(nvml.minor(dev, &out[i].minor), "nvmlDeviceGetMinorNumber");
+        check(nvml.memory(dev, &mem), "nvmlDeviceGetMemoryInfo");
+        out[i].memory_mib = mem.total / (1024ULL * 1024ULL);
+    }
+    return count;
+}
+
+static void summary(void)
+{
+    struct gpu list[64];
+    char driver[80];
+    int cuda = 0;
+    unsigned int i, n;
+
+    check(nvml.driver_version(driver, sizeof(driver)), "nvmlSystemGetDriverVersion");
+    check(nvml.cuda_version(&cuda), "nvmlSystemGetCudaDriverVersion");
+    printf("SIMULATED nvidia-smi (gpu-operator stub driver, not NVIDIA software)   "
+           "Driver Version: %s   CUDA Version: %d.%d\n",
+           driver, cuda / 1000, (cuda % 1000) / 10);
+    n = gpus(list, 64);
+    for (i = 0; i < n; i++)
+        printf("GPU %u: %s | %s | %llu MiB | /dev/nvidia%u\n", i, list[i].name, list[i].uuid,
+               list[i].memory_mib, list[i].minor);
+}
+
+static void list_gpus(void)
+{
+    struct gpu list[64];
+    unsigned int i, n = gpus(list, 64);
+
+    for (i = 0; i < n; i++)
+        printf("GPU %u: %s (UUID: %s)\n", i, list[i].name, list[i].uuid);
+}
+
+static void print_field(const char *field, unsigned int index, const struct gpu *g,
+                        const char *driver, int units)
+{
+    if (strcmp(field, "name") == 0 || strcmp(field, "gpu_name") == 0)
+        printf("%s", g->name);
+    else if (strcmp(field, "uuid") == 0 || strcmp(field, "gpu_uuid") == 0)
+        printf("%s", g->uuid);
+    else if (strcmp(field, "memory.total") == 0)
+        printf(units ? "%llu MiB" : "%llu", g->memory_mib);
+    else if (strcmp(field, "driver_version") == 0)
+        printf("%s", driver);
+    else if (strcmp(field, "index") == 0)
+        printf("%u", index);
+    else if (strcmp(field, "minor_number") == 0)
+        printf("%u", g->minor);
+}
+
+static int known_field(const char *field)
+{
+    static const char *const known[] = {"name",           "gpu_name", "uuid",  "gpu_uuid",
+                                        "memory.total",   "index",    "minor_number",
+                                        "driver_version", NULL};
+    int i;
+
+    for (i = 0; known[i]; i++)
+        if (strcmp(field, known[i]) == 0)
+            return 1;
+    return 0;
+}
+
+static void query(char *fields_arg, const char *format)
+{
+    char *fields[16], *save = NULL, *f, driver[80];
+    struct gpu list[64];
+    int n_fields = 0, header = 1, units = 1, i;
+    unsigned int g, n;
+    char format_copy[64];
+
+    snprintf(format_copy, sizeof(format_copy), "%s", format);
+    for (f = strtok_r(format_copy, ",", &save); f; f = strtok_r(NULL, ",", &save)) {
+        if (strcmp(f, "noheader") == 0)
+            header = 0;
+        else if (strcmp(f, "nounits") == 0)
+            units = 0;
+        else if (strcmp(f, "csv") != 0) {
+            printf("\"%s\" is not a valid format option.\n", f);
+            exit(EXIT_BAD_ARGUMENTS);
+        }
+    }
+    for (f = strtok_r(fields_arg, ",", &save); f && n_fields < 16; f = strtok_r(NULL, ",", &save)) {
+        if (!known_field(f)) {
+            printf("Field \"%s\" is not a valid field to query.\n", f);
+            exit(EXIT_BAD_ARGUMENTS);
+        }
+        fields[n_fields++] = f;
+    }
+    load();
+    check(nvml.driver_version(driver, sizeof(driver)), "nvmlSystemGetDriverVersion");
+    n = gpus(list, 64);
+    if (header) {
+        for (i = 0; i < n_fields; i++)
+            printf("%s%s%s", i ? ", " : "", fields[i],
+                   units && strcmp(fields[i], "memory.total") == 0 ? " [MiB]" : "");
+        printf("\n");
+    }
+    for (g = 0; g < n; g++) {
+        for (i = 0; i < n_fields; i++) {
+            printf("%s", i ? ", " : "");
+            print_field(fields[i], g, &list[g], driver, units);
+        }
+        printf("\n");
+    }
+}
+
+int main(int argc, char **argv)
+{
+    char *fields = NULL;
+    const char *format = NULL;
+    int i, list = 0;
+
+    for (i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "-L") == 0 || strcmp(argv[i], "--list-gpus") == 0)
+            list = 1;
+        else if (strncmp(argv[i], "--query-gpu=", 12) == 0)
+            fields = argv[i] + 12;
+        else if (strncmp(argv[i], "--format=", 9) == 0)
+            format = argv[i] + 9;
+        else {
+            printf("Invalid combination of input arguments. Please run 'nvidia-smi -h' for "
+                   "help.\n");
+            return EXIT_BAD_ARGUMENTS;
+        }
+    }
+    if (fields && !format) {
+        printf("Please specify the output format with --format (csv).\n");
+        return EXIT_BAD_ARGUMENTS;
+    }
+    if (fields) {
+        query(fields, format);
+    } else {
+        load();
+        if (list)
+            list_gpus();
+        else
+            summary();
+    }
+    nvml.shutdown();
+    return 0;
+}

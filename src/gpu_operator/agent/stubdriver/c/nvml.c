@@ -1,0 +1,285 @@
+/*
+ * gpu-operator SIMULATED stub driver: libnvidia-ml.so.1, a small subset of NVML's C API
+ * (signatures and return codes as in NVIDIA's nvml.h) over the GPU table of stubdriver.h.
+ * Not NVIDIA software.
+ */
+#include "stubdriver.h" /* first: it defines _GNU_SOURCE */
+
+#include <pthread.h>
+#include <stdint.h>
+
+typedef enum nvmlReturn_enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NO_PERMISSION = 4,
+    NVML_ERROR_ALREADY_INITIALIZED = 5,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_INSUFFICIENT_POWER = 8,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
+    NVML_ERROR_IRQ_ISSUE = 11,
+    NVML_ERROR_LIBRARY_NOT_FOUND = 12,
+    NVML_ERROR_FUNCTION_NOT_FOUND = 13,
+    NVML_ERROR_CORRUPTED_INFOROM = 14,
+    NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_RESET_REQUIRED = 16,
+    NVML_ERROR_OPERATING_SYSTEM = 17,
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
+    NVML_ERROR_IN_USE = 19,
+    NVML_ERROR_MEMORY = 20,
+    NVML_ERROR_NO_DATA = 21,
+    NVML_ERROR_UNKNOWN = 999
+} nvmlReturn_t;
+
+typedef struct nvmlDevice_st *nvmlDevice_t;
+
+typedef struct nvmlMemory_st {
+    unsigned long long total;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_t;
+
+/* The handle a caller gets points at one of these. */
+struct nvmlDevice_st {
+    struct stub_gpu gpu;
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned int refcount;
+static struct stub_node node;
+static struct nvmlDevice_st devices[STUB_MAX_GPUS];
+
+STUB_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
+{
+    nvmlReturn_t ret = NVML_SUCCESS;
+    unsigned int i;
+
+    (void)flags; /* NO_GPUS / NO_ATTACH: initialisation is lazy and never fails on 0 GPUs */
+    pthread_mutex_lock(&lock);
+    if (refcount == 0) {
+        if (stub_load_node(&node) != 0) {
+            ret = NVML_ERROR_DRIVER_NOT_LOADED;
+        } else {
+            for (i = 0; i < node.count; i++)
+                devices[i].gpu = node.gpus[i];
+        }
+    }
+    if (ret == NVML_SUCCESS)
+        refcount++;
+    pthread_mutex_unlock(&lock);
+    return ret;
+}
+
+STUB_EXPORT nvmlReturn_t nvmlInit_v2(void)
+{
+    return nvmlInitWithFlags(0);
+}
+
+STUB_EXPORT nvmlReturn_t nvmlInit(void)
+{
+    return nvmlInitWithFlags(0);
+}
+
+STUB_EXPORT nvmlReturn_t nvmlShutdown(void)
+{
+    nvmlReturn_t ret = NVML_SUCCESS;
+
+    pthread_mutex_lock(&lock);
+    if (refcount == 0)
+        ret = NVML_ERROR_UNINITIALIZED;
+    else
+        refcount--;
+    pthread_mutex_unlock(&lock);
+    return ret;
+}
+
+STUB_EXPORT const char *nvmlErrorString(nvmlReturn_t result)
+{
+    switch (result) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
+    case NVML_ERROR_ALREADY_INITIALIZED: return "Already Initialized";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_INSUFFICIENT_POWER: return "Insufficient External Power";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_IRQ_ISSUE: return "Interrupt Request Issue";
+    case NVML_ERROR_LIBRARY_NOT_FOUND: return "NVML Shared Library Not Found";
+    case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
+    case NVML_ERROR_CORRUPTED_INFOROM: return "Corrupted infoROM";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_RESET_REQUIRED: return "GPU requires restart";
+    case NVML_ERROR_OPERATING_SYSTEM: return "The operating system has blocked the request.";
+    case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "RM has detected an NVML/RM version mismatch.";
+    case NVML_ERROR_IN_USE: return "In use by another client";
+    case NVML_ERROR_MEMORY: return "Insufficient Memory";
+    case NVML_ERROR_NO_DATA: return "No data";
+    default: return "Unknown Error";
+    }
+}
+
+/* Copy a string into a caller's buffer as NVML does: all of it with its NUL, or nothing. */
+static nvmlReturn_t put_string(char *buf, unsigned int length, const char *value)
+{
+    if (!buf)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(value) + 1 > length)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(buf, value, strlen(value) + 1);
+    return NVML_SUCCESS;
+}
+
+static int initialised(void)
+{
+    int yes;
+
+    pthread_mutex_lock(&lock);
+    yes = refcount > 0;
+    pthread_mutex_unlock(&lock);
+    return yes;
+}
+
+STUB_EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
+{
+    if (!initialised())
+        return NVML_ERROR_UNINITIALIZED;
+    return put_string(version, length, node.driver);
+}
+
+/* Like NVIDIA's, this one answers without nvmlInit (from the table alone). */
+STUB_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion)
+{
+    struct stub_node table;
+
+    if (!cudaDriverVersion)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    stub_parse_table(&table);
+    *cudaDriverVersion = table.cuda;
+    return NVML_SUCCESS;
+}
+
+STUB_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion)
+{
+    return nvmlSystemGetCudaDriverVersion(cudaDriverVersion);
+}
+
+STUB_EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
+{
+    if (!initialised())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!deviceCount)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *deviceCount = node.count;
+    return NVML_SUCCESS;
+}
+
+STUB_EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount)
+{
+    return nvmlDeviceGetCount_v2(deviceCount);
+}
+
+STUB_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
+{
+    if (!initialised())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!device || index >= node.count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *device = &devices[index];
+    return NVML_SUCCESS;
+}
+
+STUB_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device)
+{
+    return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
+/* Which of our handles this is, or -1. */
+static long handle_index(nvmlDevice_t device)
+{
+    uintptr_t p = (uintptr_t)device, first = (uintptr_t)devices;
+
+    if (p < first || (p - first) % sizeof(devices[0]) != 0)
+        return -1;
+    if ((p - first) / sizeof(devices[0]) >= node.count)
+        return -1;
+    return (long)((p - first) / sizeof(devices[0]));
+}
+
+/* The GPU behind a handle, or NULL when the handle is not one of ours. */
+static const struct stub_gpu *gpu_of(nvmlDevice_t device, nvmlReturn_t *ret)
+{
+    if (!initialised()) {
+        *ret = NVML_ERROR_UNINITIALIZED;
+        return NULL;
+    }
+    if (handle_index(device) < 0) {
+        *ret = NVML_ERROR_INVALID_ARGUMENT;
+        return NULL;
+    }
+    *ret = NVML_SUCCESS;
+    return &device->gpu;
+}
+
+STUB_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
+{
+    nvmlReturn_t ret;
+    const struct stub_gpu *gpu = gpu_of(device, &ret);
+
+    return gpu ? put_string(name, length, gpu->name) : ret;
+}
+
+STUB_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
+{
+    nvmlReturn_t ret;
+    const struct stub_gpu *gpu = gpu_of(device, &ret);
+
+    return gpu ? put_string(uuid, length, gpu->uuid) : ret;
+}
+
+STUB_EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber)
+{
+    nvmlReturn_t ret;
+    const struct stub_gpu *gpu = gpu_of(device, &ret);
+
+    if (!gpu)
+        return ret;
+    if (!minorNumber)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *minorNumber = gpu->minor;
+    return NVML_SUCCESS;
+}
+
+STUB_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+    nvmlReturn_t ret;
+    const struct stub_gpu *gpu = gpu_of(device, &ret);
+
+    if (!gpu)
+        return ret;
+    if (!memory)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    memory->total = gpu->memory_mib * 1024ULL * 1024ULL;
+    memory->used = 0;
+    memory->free = memory->total;
+    return NVML_SUCCESS;
+}
+
+STUB_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
+{
+    nvmlReturn_t ret;
+    const struct stub_gpu *gpu = gpu_of(device, &ret);
+
+    if (!gpu)
+        return ret;
+    if (!index)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *index = (unsigned int)handle_index(device);
+    return NVML_SUCCESS;
+}
