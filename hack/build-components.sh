@@ -449,15 +449,17 @@ build_image() {
 # archive for all of them, images/standins.oci.tar.
 build_standins() {
   local py=${PYTHON:-$REPO_ROOT/.venv/bin/python} base ctx="$IMAGE_DIR/standins-context" list
-  local name entrypoint env ctr archive id envs kv
+  local name entrypoint env ctr archive id envs kv stubs
   [ -x "$py" ] || py=python3
   base=$(operator_image_name)
   buildah_cmd inspect --type image "$base" >/dev/null 2>&1 || { log "build the image first: make image"; return 3; }
   archive="$IMAGE_DIR/standins.oci.tar"
   rm -rf "$ctx" && mkdir -p "$ctx"
   list=$(PYTHONPATH="$REPO_ROOT/src" "$py" -m gpu_operator.testenv.standins "$ctx" "$base")
-  # Current when built FROM this very image with these very names and entrypoints.
-  id="$(buildah_cmd images --noheading --no-trunc --format '{{.ID}}' "$base") $(sha256sum <<<"$list" | cut -c1-16)"
+  # The stub driver the driver stand-in lays out, compiled here (gcc): the image has no compiler.
+  stubs=$(PYTHONPATH="$REPO_ROOT/src" "$py" -m gpu_operator.agent.stubdriver build "$ctx/stubdriver")
+  # Current when built FROM this very image with these very names, entrypoints and stubs.
+  id="$(buildah_cmd images --noheading --no-trunc --format '{{.ID}}' "$base") $(sha256sum <<<"$list" | cut -c1-16) $stubs"
   if [ -f "$archive" ] && [ "$(cat "$archive.id" 2>/dev/null)" = "$id" ]; then
     rm -rf "$ctx"
     log "stand-ins current for $base: $archive"

@@ -80,4 +80,5 @@ SIMULATED_NVML_STATE = "nvml-state.json"  # MIG state the node's agents share, i
 # What the SIMULATED driver leaves in the driver root (as the real one leaves libnvidia-ml): the
 # environment that gives a container the node's simulated NVML.
 SIMULATED_DRIVER_ROOT = "/run/nvidia/driver"
+SIMULATED_HOST_DRIVER_ROOT = "/var/lib/testenv-host-driver"  # a "preinstalled" one, GKE-like
 SIMULATED_NVML_DESCRIPTOR = "gpu-operator-simulated-nvml.env"

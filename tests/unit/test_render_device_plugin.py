@@ -56,7 +56,10 @@ def test_the_projects_image_runs_its_agent_without_a_config_manager() -> None:
         "cdi-root": "/var/run/cdi",
         "mps-root": "/mps",
         "available-configs": "/available-configs",
+        "driver-root": "/driver-root",  # NVML by path, never from a runtime hook
     }
+    assert env["CONTAINER_DRIVER_ROOT"] == "/driver-root"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
     volumes = {v["name"]: v for v in pod(ds)["volumes"]}
     assert volumes["available-configs"]["configMap"]["name"] == "dp-configs"
     assert container["securityContext"]["runAsUser"] == 0

@@ -10,20 +10,34 @@ library directories of Debian-like and RHEL-like images, so that ``dlopen("libcu
 resolves in any glibc image with nothing run on the host. Where the hook is on the host it is
 used as NVIDIA's specs use it, in addition.
 
-Pure: plain data in (what was discovered, where the roots are on the host), a dict out.
+Pure but for :func:`discover_host_driver`, which reads the roots: plain data in (what was
+discovered, where the roots are on the host), dicts out.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_operator.agent.driverroot import DeviceNodes, DriverFiles
+from gpu_operator.agent.driverroot import (
+    DeviceNodes,
+    DriverFiles,
+    DriverNotFound,
+    dev_root_of,
+    device_nodes,
+    discover_driver,
+    mig_device_caps,
+    mig_minors_text,
+    parse_mig_minors,
+)
+from gpu_operator.agent.inventory import Inventory
 
 CDI_VERSION = "0.6.0"
+MAX_GPUS = 32  # the kernel's mig-minors table always covers this many
 # Directories the dynamic loader of a glibc image searches by default, per architecture:
 # Debian/Ubuntu's multiarch directory, then RHEL/Fedora's lib64.
 SONAME_DIRS = {
@@ -41,10 +55,16 @@ class HostDriver:
     ``files`` and ``devices`` were discovered under the roots as this process sees them (a pod
     has them mounted somewhere); the spec names host paths, which the runtime resolves."""
 
-    files: DriverFiles
+    files: DriverFiles | None  # None: no driver files found (a simulated NVML in-process)
     devices: DeviceNodes
     host_root: str  # the driver root on the host
     host_dev_root: str  # the device root on the host
+
+    @property
+    def present(self) -> frozenset[str]:
+        """The device nodes that exist, by their path in a container (``/dev/nvidia0``)."""
+        d = self.devices
+        return frozenset((*d.gpus.values(), *d.control, *d.caps))
 
     def host(self, path: str) -> str:
         return _join(self.host_root, path)
@@ -75,6 +95,8 @@ def driver_mounts(driver: HostDriver, machine: str | None = None) -> list[dict[s
     """Libraries (at their root-relative paths, and at their sonames in the standard library
     directories), binaries, firmware (read-only) and IPC sockets (writable)."""
     files = driver.files
+    if files is None:
+        return []
     mounts: dict[str, dict[str, Any]] = {}
     for lib in files.libraries:
         mounts.setdefault(lib.path, _mount(driver.host(lib.path), lib.path, READ_ONLY))
@@ -95,7 +117,7 @@ def driver_hooks(driver: HostDriver) -> list[dict[str, Any]]:
     the container's ld.so.cache for the library directory (ldconfig also makes the soname
     links there)."""
     files = driver.files
-    if files.hook is None:
+    if files is None or files.hook is None:
         return []
     name = os.path.basename(files.hook)
     prefix = [name] if name == "nvidia-cdi-hook" else [name, "hook"]
@@ -131,3 +153,85 @@ def gpu_nodes(driver: HostDriver, minor: int, caps: Iterable[str] = ()) -> list[
     wanted = [f"/dev/nvidia{minor}", *caps]
     present = {*driver.devices.gpus.values(), *driver.devices.caps}
     return [device_node(driver, p) for p in wanted if p in present]
+
+
+@functools.cache
+def mig_minors() -> Mapping[str, int]:
+    """The kernel's MIG capability minors (its table is fixed: every GPU slot, always)."""
+    return parse_mig_minors(mig_minors_text(MAX_GPUS))
+
+
+def mig_caps(minors: Mapping[str, int], gpu_minor: int, gi: int, ci: int) -> tuple[str, ...]:
+    """A MIG device's capability nodes; none where the table lacks them (not a MIG driver)."""
+    try:
+        return mig_device_caps(minors, gpu_minor, gi, ci)
+    except KeyError:
+        return ()
+
+
+def generate_spec(
+    driver: HostDriver,
+    inventory: Inventory | None,
+    *,
+    kind: str = "nvidia.com/gpu",
+    machine: str | None = None,
+) -> dict[str, Any]:
+    """The node-wide spec ``nvidia-ctk cdi generate`` writes: every GPU by index and UUID,
+    every MIG device by ``<gpu>:<mig>`` and UUID, ``all``, and the driver's files.
+
+    Without an inventory (NVML unavailable) the GPUs are the device nodes found, by minor."""
+    minors = mig_minors()
+    devices: list[dict[str, Any]] = []
+    everything: list[dict[str, str]] = []
+
+    def add(names: Iterable[str], nodes: list[dict[str, str]]) -> None:
+        for name in dict.fromkeys(names):
+            devices.append({"name": name, "containerEdits": {"deviceNodes": nodes}})
+        everything.extend(n for n in nodes if n not in everything)
+
+    if inventory is None:
+        for minor in sorted(driver.devices.gpus):
+            add([str(minor)], gpu_nodes(driver, minor))
+    else:
+        for gpu in inventory.gpus:
+            add([str(gpu.index), gpu.uuid], gpu_nodes(driver, gpu.minor_number))
+            for i, mig in enumerate(gpu.mig_devices):
+                caps = mig_caps(minors, gpu.minor_number, mig.gi_id, mig.ci_id)
+                add([f"{gpu.index}:{i}", mig.uuid], gpu_nodes(driver, gpu.minor_number, caps))
+    if everything:
+        devices.append({"name": "all", "containerEdits": {"deviceNodes": everything}})
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": kind,
+        "devices": devices,
+        "containerEdits": common_edits(driver, machine),
+    }
+
+
+def discover_host_driver(root: str, host_root: str, host_dev_root: str | None = None) -> HostDriver:
+    """The driver under ``root`` as this process sees it (``host_root``: the same directory on
+    the host), with its device nodes wherever the driver has them (``dev_root_of``; on the host
+    at ``host_dev_root`` when given, as NVIDIA_DEV_ROOT says). Raises DriverNotFound."""
+    return _host_driver(discover_driver(root), root, host_root, host_dev_root)
+
+
+def find_host_driver(
+    root: str, host_root: str, host_dev_root: str | None = None
+) -> tuple[HostDriver, DriverNotFound | None]:
+    """As :func:`discover_host_driver`, but a root without a driver gives one without files
+    (device nodes only) and the reason, for callers that can still work without them."""
+    try:
+        return _host_driver(discover_driver(root), root, host_root, host_dev_root), None
+    except DriverNotFound as exc:
+        return _host_driver(None, root, host_root, host_dev_root), exc
+
+
+def _host_driver(
+    files: DriverFiles | None, root: str, host_root: str, host_dev_root: str | None
+) -> HostDriver:
+    dev_root = dev_root_of(root)
+    own = dev_root is not None and dev_root != "/"
+    devices = device_nodes(dev_root or "/")
+    if host_dev_root is None:
+        host_dev_root = host_root if own else "/"
+    return HostDriver(files, devices, host_root, host_dev_root)

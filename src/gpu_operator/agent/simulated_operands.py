@@ -2,40 +2,47 @@
 
 Only the testenv's and demo's stand-in images (`make standins`) run these, as the entrypoints of
 images named like NVIDIA's; nothing in a real deployment selects them. They leave on the node
-what the real containers leave for the rest of the stack, so every agent of the project's own
-image runs unmodified:
+what the real containers leave, so every agent runs unmodified and gets the driver the way it
+would on a GPU node:
 
-- the driver (`nvidia-driver init`): the driver root (`/run/nvidia/driver`) with a descriptor
-  of the node's simulated NVML (what the node's `nvidia` runtime hands to containers, as the
-  real runtime hands them `libnvidia-ml.so.1` from that root), made from the GPU profile the
-  harness wrote on the node; removed again when the container stops, like an unloaded driver.
-- `nvidia-smi` (the driver's startup probe): the simulated GPUs, or failure without a driver.
-- the toolkit: the `nvidia` runtime declared in the node's containerd config drop-in, which is
-  what the validator's toolkit check reads.
+- the driver (`nvidia-driver init`): a driver root (`/run/nvidia/driver`) laid out like a real
+  driver's, with the stub driver (:mod:`gpu_operator.agent.stubdriver`): `libnvidia-ml.so.1`,
+  `libcuda.so.1` and the rest of NVIDIA's libraries as real ELF files carrying the node's GPU
+  table, `nvidia-smi`, GSP firmware, and the device nodes under the root's `dev/`; made from
+  the GPU profile the harness wrote on the node, and taken away again when the container stops
+  (but the device nodes and the GPUs' MIG state, which a real node keeps too). The same layout
+  serves a "preinstalled" host driver (`install-host`), which testenv lays out itself.
+- the toolkit: the `nvidia` runtime declared in the node's containerd config drop-in (what the
+  validator's toolkit check reads) and, as NVIDIA's toolkit does with CDI on, the node's CDI
+  spec for the driver in `/var/run/cdi/nvidia.json`, from which the testenv's `nvidia` runtime
+  (testenv/nvidia_runtime.py) hands containers that ask for GPUs by NVIDIA_VISIBLE_DEVICES
+  their devices and the driver's files. The spec also hands them the simulated GPUs' state
+  directory, the one thing a real GPU keeps in hardware.
 
 Every line they print starts with SIMULATED.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
-import sys
 import threading
-from collections.abc import Mapping
 from pathlib import Path
 
-from gpu_operator import labels
-from gpu_operator.agent.simnvml import (
-    ENV_DRIVER,
-    ENV_SEED,
-    ENV_SIMULATE,
-    ENV_STATE,
-    build_simulated_nvml,
-)
+from gpu_operator.agent.driver_cdi import discover_host_driver, generate_spec
+from gpu_operator.agent.driverroot import DriverNotFound
+from gpu_operator.agent.nvml import SIM_STATE, Nvml, NvmlError
+from gpu_operator.agent.simnvml import DEFAULT_CUDA, build_simulated_nvml
+from gpu_operator.agent.stubdriver import StubGpu, lay_out, remove
+from gpu_operator.agent.stubdriver.libraries import Style
 
 BANNER = "SIMULATED"
 TOOLKIT_DROP_IN = "99-nvidia-simulated.toml"
+MANIFEST = ".gpu-operator-stub-files.json"  # what the install laid out, for the uninstall
+CDI_SPEC = "nvidia.json"
+# The stub artefacts inside the stand-in images (no compiler there); elsewhere they are built.
+ENV_ARTEFACTS = "GPU_OPERATOR_STUB_ARTEFACTS"
 
 
 def say(message: str) -> None:
@@ -44,25 +51,6 @@ def say(message: str) -> None:
 
 class SimulationError(RuntimeError):
     """The simulated operand cannot do its job; the message says what is missing."""
-
-
-def descriptor_text(spec: str, state_file: str, seed: str, driver_version: str) -> str:
-    """`KEY=value` lines: the environment a container needs for the node's simulated NVML (the
-    seed makes every container on the node see the same GPU UUIDs, as on a real machine; the
-    driver version is the one installed, which NVML reports)."""
-    return (
-        f"{ENV_SIMULATE}={spec}\n{ENV_STATE}={state_file}\n{ENV_SEED}={seed}\n"
-        f"{ENV_DRIVER}={driver_version}\n"
-    )
-
-
-def parse_descriptor(text: str) -> dict[str, str]:
-    env = {}
-    for line in text.splitlines():
-        key, sep, value = line.strip().partition("=")
-        if sep and key and not key.startswith("#"):
-            env[key] = value
-    return env
 
 
 def read_profile(path: Path) -> str:
@@ -79,98 +67,104 @@ def read_profile(path: Path) -> str:
     return spec
 
 
-def install_driver(
-    profile_file: Path, driver_root: Path, sim_dir: Path, driver_version: str | None = None
-) -> dict[str, str]:
-    """Lay out the driver root: the simulated NVML's descriptor and a README saying what it is.
+def _artefacts() -> Path | None:
+    value = os.environ.get(ENV_ARTEFACTS)
+    return Path(value) if value else None
 
-    The NVML is built once here, so a bad profile fails the driver container (as a driver that
-    cannot load would), and the MIG state file the node's agents share is created.
-    ``driver_version``: the version this image installs (NVIDIA's driver images say it in
-    DRIVER_VERSION; the stand-ins too); None: the simulation's default."""
-    spec = read_profile(profile_file)
-    state_file = f"{labels.SIMULATED_GPUS_DIR}/{labels.SIMULATED_NVML_STATE}"
-    # The state file as this container sees it (sim_dir is the node's SIMULATED_GPUS_DIR).
-    seed = os.environ.get("NODE_NAME") or os.uname().nodename
+
+def install_driver(
+    spec: str,
+    driver_root: Path,
+    *,
+    seed: str,
+    driver_version: str | None = None,
+    style: Style = "ubuntu",
+) -> dict[str, str]:
+    """Lay out the stub driver for the GPUs of ``spec`` in ``driver_root``.
+
+    The NVML is built first, so a bad profile fails the driver container (as a driver that
+    cannot load would), and the GPUs' MIG state file is made beside the device nodes.
+    ``seed``: what the GPU UUIDs derive from (the node's name). ``driver_version``: the version
+    this image installs (NVIDIA's driver images say it in DRIVER_VERSION); None: the default."""
     sim = build_simulated_nvml(
         spec,
-        state_file=sim_dir / labels.SIMULATED_NVML_STATE,
+        state_file=driver_root / "dev" / SIM_STATE,
         seed=seed,
         driver_version=driver_version,
     )
-    driver_root.mkdir(parents=True, exist_ok=True)
-    (driver_root / "README.SIMULATED").write_text(
-        "SIMULATED NVIDIA driver root (gpu-operator testenv): no kernel module, no libraries;\n"
-        f"NVML is simulated from {labels.SIMULATED_NVML_DESCRIPTOR}.\n"
-    )
-    descriptor = driver_root / labels.SIMULATED_NVML_DESCRIPTOR
-    tmp = descriptor.with_name(descriptor.name + ".tmp")
+    gpus = [
+        StubGpu(g.index, g.uuid, g.model.name, g.model.memory_mib, g.pci_bus_id)
+        for g in sim.node.gpus
+    ]
     version = sim.node.driver_version
-    tmp.write_text(descriptor_text(spec, state_file, seed, version))
-    tmp.replace(descriptor)
-    return {"spec": spec, "driver_version": version, "gpus": str(len(sim.node.gpus))}
+    created = lay_out(
+        driver_root,
+        version=version,
+        cuda_version=sim.node.cuda_version or DEFAULT_CUDA,
+        gpus=gpus,
+        style=style,
+        artefacts=_artefacts(),
+        simulate=spec,
+        seed=seed,
+    )
+    (driver_root / MANIFEST).write_text(json.dumps(created))
+    return {"spec": spec, "driver_version": version, "gpus": str(len(gpus))}
 
 
-def uninstall_driver(driver_root: Path) -> None:
-    (driver_root / labels.SIMULATED_NVML_DESCRIPTOR).unlink(missing_ok=True)
+def uninstall_driver(driver_root: Path) -> bool:
+    """Take away what :func:`install_driver` laid out; False when nothing was there."""
+    manifest = driver_root / MANIFEST
+    try:
+        created = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return False
+    remove(driver_root, created)
+    manifest.unlink(missing_ok=True)
+    return True
 
 
 def run_manager(driver_root: Path) -> int:
     """k8s-driver-manager's `uninstall_driver` before a driver pod starts: the real one evicts
     the node's GPU pods and unloads the old kernel modules; here the operator has already
-    drained the node (its upgrade controller), so unloading is forgetting the old descriptor."""
+    drained the node (its upgrade controller), so unloading is taking the old files away."""
     say("k8s-driver-manager stand-in from the gpu-operator image")
-    loaded = (driver_root / labels.SIMULATED_NVML_DESCRIPTOR).exists()
-    uninstall_driver(driver_root)
+    loaded = uninstall_driver(driver_root)
     say("previous driver 'unloaded'" if loaded else "no driver loaded; nothing to unload")
     return 0
+
+
+def _stop_on_signals(stop: threading.Event) -> None:
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
 
 
 def run_driver(
     profile_file: Path,
     driver_root: Path,
-    sim_dir: Path,
     stop: threading.Event | None = None,
     driver_version: str | None = None,
 ) -> int:
     """`nvidia-driver init`: install, then hold the driver until told to stop (SIGTERM)."""
     stop = stop or threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+    _stop_on_signals(stop)
     say("NVIDIA driver stand-in from the gpu-operator image; no kernel module is loaded")
+    seed = os.environ.get("NODE_NAME") or os.uname().nodename
     try:
-        info = install_driver(profile_file, driver_root, sim_dir, driver_version)
-    except SimulationError as exc:
+        info = install_driver(
+            read_profile(profile_file), driver_root, seed=seed, driver_version=driver_version
+        )
+    except (SimulationError, ValueError) as exc:
         say(f"driver not installed: {exc}")
         return 1
     say(
         f"driver {info['driver_version']} 'installed' with {info['gpus']} simulated GPU(s) "
-        f"({info['spec']}); driver root {driver_root}"
+        f"({info['spec']}); stub driver root {driver_root}"
     )
     stop.wait()
     uninstall_driver(driver_root)
     say("driver 'unloaded'")
     return 0
-
-
-def load_descriptor(driver_root: Path) -> dict[str, str]:
-    path = driver_root / labels.SIMULATED_NVML_DESCRIPTOR
-    try:
-        return parse_descriptor(path.read_text())
-    except OSError as exc:
-        raise SimulationError(f"no driver: {path} missing ({exc.strerror})") from exc
-
-
-def smi_lines(env: Mapping[str, str], state_dir: Path) -> list[str]:
-    """What `nvidia-smi -L` prints, for the simulated GPUs of the descriptor."""
-    sim = build_simulated_nvml(
-        env[ENV_SIMULATE],
-        state_file=state_dir / labels.SIMULATED_NVML_STATE,
-        seed=env.get(ENV_SEED),
-        driver_version=env.get(ENV_DRIVER),
-    )
-    return [f"GPU {g.index}: {g.model.name} (UUID: {g.uuid})" for g in sim.node.gpus]
 
 
 def toolkit_drop_in(runtime: str, handler_binary: str) -> str:
@@ -186,13 +180,43 @@ def toolkit_drop_in(runtime: str, handler_binary: str) -> str:
     )
 
 
-def run_toolkit(config_file: Path, runtime: str, stop: threading.Event | None = None) -> int:
-    """The toolkit stand-in: declare the runtime in a drop-in beside the containerd config,
-    then stay up (NVIDIA's toolkit container runs until it is told to undo its changes)."""
+def node_cdi_spec(driver_root: str, host_driver_root: str) -> dict[str, object] | None:
+    """The node's spec, as NVIDIA's toolkit generates it with CDI on, plus the simulated GPUs'
+    state directory (their hardware); None while no driver is installed."""
+    try:
+        driver = discover_host_driver(driver_root, host_driver_root)
+    except DriverNotFound:  # no driver yet: the toolkit tries again
+        return None
+    with Nvml() as nvml:
+        inventory = nvml.inventory()
+    spec = generate_spec(driver, inventory)
+    state = os.path.dirname(f"/dev/{SIM_STATE}")
+    edits = spec["containerEdits"]
+    assert isinstance(edits, dict)
+    edits.setdefault("mounts", []).append(
+        {
+            "hostPath": driver.host_dev(state),
+            "containerPath": state,
+            "options": ["rbind", "rw", "nosuid", "nodev"],
+        }
+    )
+    return spec
+
+
+def run_toolkit(
+    config_file: Path,
+    runtime: str,
+    cdi_dir: Path | None = None,
+    driver_root: str = "/driver-root",
+    host_driver_root: str = "/run/nvidia/driver",
+    stop: threading.Event | None = None,
+    interval_s: float = 2.0,
+) -> int:
+    """The toolkit stand-in: declare the runtime in a drop-in beside the containerd config and
+    keep the node's CDI spec in step with the driver (written once the driver is there,
+    rewritten when it changes); stay up until told to undo it all."""
     stop = stop or threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+    _stop_on_signals(stop)
     say("NVIDIA container toolkit stand-in from the gpu-operator image")
     drop_in = config_file.parent / "conf.d" / TOOLKIT_DROP_IN
     drop_in.parent.mkdir(parents=True, exist_ok=True)
@@ -200,19 +224,35 @@ def run_toolkit(config_file: Path, runtime: str, stop: threading.Event | None = 
         toolkit_drop_in(runtime, "/usr/local/nvidia/toolkit/nvidia-container-runtime")
     )
     say(f"runtime {runtime!r} declared in {drop_in}")
-    stop.wait()
+    written = ""
+    while True:
+        if cdi_dir is not None:
+            written = _write_cdi_spec(cdi_dir, driver_root, host_driver_root, written)
+        if stop.wait(interval_s):
+            break
     drop_in.unlink(missing_ok=True)
+    if cdi_dir is not None:
+        (cdi_dir / CDI_SPEC).unlink(missing_ok=True)
     say(f"runtime {runtime!r} removed from {drop_in.parent}")
     return 0
 
 
-def main_smi(driver_root: Path, state_dir: Path) -> int:
+def _write_cdi_spec(cdi_dir: Path, driver_root: str, host_driver_root: str, last: str) -> str:
     try:
-        env = load_descriptor(driver_root)
-        lines = smi_lines(env, state_dir)
-    except (SimulationError, KeyError) as exc:
-        print(f"{BANNER}: NVIDIA-SMI has failed: {exc}", file=sys.stderr)
-        return 9
-    for line in lines:
-        say(line)
-    return 0
+        spec = node_cdi_spec(driver_root, host_driver_root)
+    except NvmlError as exc:  # the driver half-installed: the next round tries again
+        say(f"CDI spec not written yet: {exc}")
+        return last
+    text = json.dumps(spec, indent=2, sort_keys=True) + "\n" if spec else ""
+    if text == last:
+        return last
+    path = cdi_dir / CDI_SPEC
+    if text:
+        cdi_dir.mkdir(parents=True, exist_ok=True)
+        tmp = cdi_dir / f".{CDI_SPEC}.tmp"
+        tmp.write_text(text)
+        tmp.replace(path)
+        say(f"CDI spec for the driver written to {path}")
+    else:
+        path.unlink(missing_ok=True)
+    return text

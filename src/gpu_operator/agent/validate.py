@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpu_operator.agent.driverready import DriverLocation
 from gpu_operator.agent.inventory import Inventory
 from gpu_operator.agent.kube import NodeView
-from gpu_operator.agent.nvml import NvmlError, NvmlUnavailable
+from gpu_operator.agent.nvml import NvmlError
 
 log = logging.getLogger(__name__)
 
@@ -190,11 +191,11 @@ class Validator:
     runtime_configs: Sequence[str] = RUNTIME_CONFIGS
     directory: Path = VALIDATIONS_DIR
     components: Sequence[str] = COMPONENTS
-    driver_root: str = "/"
-    # The last pass found no NVML at all. A container gets the driver's NVML from the runtime
-    # when it is created, so one created before the driver can never see it: see run_validator.
-    nvml_unavailable: bool = False
-    uvm_device: Path | None = UVM_DEVICE  # None: not checked (simulated NVML has no devices)
+    driver_root: str = "/"  # on the host
+    container_root: str = "/"  # the same, where this process has it (the driver-ready file)
+    # None: not checked (simulated NVML has no devices); a callable: asked at every check (the
+    # driver's device nodes may appear only once its container has installed it).
+    uvm_device: Path | Callable[[], Path] | None = UVM_DEVICE
 
     def _run(self, name: str, inventory: Inventory | None, error: str) -> CheckResult:
         if name == "driver":
@@ -205,7 +206,8 @@ class Validator:
             result = check_cuda(inventory)
             if not result.ok or self.uvm_device is None:
                 return result
-            uvm = check_uvm(self.uvm_device)
+            device = self.uvm_device() if callable(self.uvm_device) else self.uvm_device
+            uvm = check_uvm(device)
             return result if uvm.ok else uvm
         if name == "plugin":
             if self.read_node is None:
@@ -230,12 +232,10 @@ class Validator:
         self.directory.mkdir(parents=True, exist_ok=True)
         inventory: Inventory | None = None
         error = ""
-        self.nvml_unavailable = False
         try:
             inventory = self.read_inventory()
         except NvmlError as exc:
             error = str(exc)
-            self.nvml_unavailable = isinstance(exc, NvmlUnavailable)
         results: list[CheckResult] = []
         failed = False
         for name in COMPONENTS:
@@ -249,8 +249,7 @@ class Validator:
             if result.ok:
                 content = ""
                 if name == "driver":
-                    host = "true" if self.driver_root == "/" else "false"
-                    content = f"IS_HOST_DRIVER={host}\nNVIDIA_DRIVER_ROOT={self.driver_root}\n"
+                    content = DriverLocation(self.driver_root, self.container_root).ready_text()
                 self._write(status_file(name), content)
             else:
                 failed = True
@@ -268,15 +267,17 @@ def run_validator(
     *,
     interval_s: float = 10.0,
     oneshot: bool = False,
+    until_ready: bool = False,
     stop: threading.Event | None = None,
 ) -> int:
     """Validate until everything passes, then keep re-checking (the marker tracks the state).
 
     ``oneshot``: one pass; exit status 0 when all passed, 1 otherwise.
 
-    Without NVML (no driver yet) it exits with 1 instead of waiting: NVML reaches a container
-    when it is created (NVIDIA's runtime mounts it from the driver root), so only a new
-    container, which the kubelet makes on restart, can see the driver once it is there.
+    ``until_ready``: until everything passes, then exit 0 (an init container). Without a
+    driver yet it keeps trying: NVML is loaded by path from the mounted driver root, where the
+    driver's files appear when it is installed (no new container needed, as with a runtime
+    hook that hands a container the driver only when it is created).
     """
     stop = stop or threading.Event()
     while True:
@@ -286,10 +287,7 @@ def run_validator(
         )
         for result in results:
             log.info("%s: %s (%s)", result.name, "ok" if result.ok else "FAILED", result.message)
-        if oneshot:
+        if oneshot or (until_ready and ok):
             return 0 if ok else 1
-        if validator.nvml_unavailable:
-            log.error("no NVML in this container; exiting so that the container is recreated")
-            return 1
         if stop.wait(interval_s):
             return 0 if ok else 1

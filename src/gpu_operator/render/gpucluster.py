@@ -33,6 +33,17 @@ DEPLOY_LABELS = {
     EXPORTER: DEPLOY_PREFIX + "dcgm-exporter-dra",
 }
 MANAGED = {"app.kubernetes.io/managed-by": "gpu-operator"}
+VALIDATIONS = "/run/nvidia/validations"
+# The DRA init container's own results (its driver-ready file), apart from the ClusterPolicy
+# validator's markers in the same directory.
+DRIVER_VALIDATIONS = f"{VALIDATIONS}/dra-driver"
+# The host's root and a driver container's install dir, as NVIDIA's DRA driver mounts them.
+DRIVER_MOUNTS = [
+    {"name": "host-root", "mountPath": "/host", "readOnly": True,
+     "mountPropagation": "HostToContainer"},
+    {"name": "driver-install-dir", "mountPath": "/driver-root", "readOnly": True,
+     "mountPropagation": "HostToContainer"},
+]  # fmt: skip
 # The kubelet plugin's permissions, each for one thing it does.
 PLUGIN_RULES = [
     # read the claim NodePrepareResources names
@@ -142,9 +153,39 @@ def _admin_claims(name: str, request: str, namespace: str, mode: str) -> dict[st
     }
 
 
+def _driver_validation(spec: GPUClusterSpec, facts: Facts, install_dir: str) -> dict[str, Any]:
+    """NVIDIA's driver-validation init container: finds whether the node's driver is in the
+    host's root or a driver container's install dir, waits for it, and writes the
+    driver-ready file the plugin reads (:mod:`gpu_operator.agent.driverready`)."""
+    return {
+        "name": "driver-validation",
+        "image": facts.operator_image,
+        "imagePullPolicy": spec.dra_driver.image_pull_policy or "IfNotPresent",
+        "args": [
+            "agent",
+            "validate",
+            "--components",
+            "driver",
+            "--with-wait",
+            "--output-dir",
+            DRIVER_VALIDATIONS,
+        ],
+        "env": [
+            _field_env("NODE_NAME", "spec.nodeName"),
+            {"name": "HOST_ROOT_MOUNT", "value": "/host"},
+            {"name": "DRIVER_INSTALL_DIR", "value": install_dir},
+            {"name": "DRIVER_INSTALL_DIR_CTR_PATH", "value": "/driver-root"},
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+        ],
+        "securityContext": {"privileged": True, "runAsUser": 0},
+        "volumeMounts": [*DRIVER_MOUNTS, {"name": "validations", "mountPath": VALIDATIONS}],
+    }
+
+
 def plugin_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:
     ns = facts.namespace
     kubelet_dir = spec.host_paths.kubelet_root_dir or "/var/lib/kubelet"
+    install_dir = spec.host_paths.driver_install_dir or "/run/nvidia/driver"
     gpus = spec.dra_driver.gpus.kubelet_plugin if spec.dra_driver.gpus else None
     gates = spec.dra_driver.feature_gates or {}
     env = [
@@ -153,7 +194,10 @@ def plugin_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:
         {"name": "CDI_ROOT", "value": "/var/run/cdi"},
         {"name": "KUBELET_REGISTRAR_DIRECTORY_PATH", "value": f"{kubelet_dir}/plugins_registry"},
         {"name": "KUBELET_PLUGINS_DIRECTORY_PATH", "value": f"{kubelet_dir}/plugins"},
-        {"name": "DEV_ROOT", "value": "/host"},
+        {"name": "HOST_ROOT", "value": "/host"},
+        # NVML by path from wherever the init container found the driver; no runtime hook
+        {"name": "DRIVER_READY_FILE", "value": f"{DRIVER_VALIDATIONS}/driver-ready"},
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
     ]
     if gates:
         text = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(gates.items()))
@@ -170,7 +214,8 @@ def plugin_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:
             {"name": "plugins-registry", "mountPath": f"{kubelet_dir}/plugins_registry"},
             {"name": "plugins", "mountPath": f"{kubelet_dir}/plugins"},
             {"name": "cdi", "mountPath": "/var/run/cdi"},
-            {"name": "host-dev", "mountPath": "/host/dev", "readOnly": True},
+            {"name": "validations", "mountPath": VALIDATIONS, "readOnly": True},
+            *DRIVER_MOUNTS,
         ],
     }
     resources = _resources(gpus.resources if gpus else None)
@@ -178,12 +223,15 @@ def plugin_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:
         container["resources"] = resources
     pod: dict[str, Any] = {
         "serviceAccountName": PLUGIN_ACCOUNT,
+        "initContainers": [_driver_validation(spec, facts, install_dir)],
         "containers": [container],
         "volumes": [
             _host_volume("plugins-registry", f"{kubelet_dir}/plugins_registry"),
             _host_volume("plugins", f"{kubelet_dir}/plugins"),
             _host_volume("cdi", "/var/run/cdi", "DirectoryOrCreate"),
-            _host_volume("host-dev", "/dev"),
+            _host_volume("validations", VALIDATIONS, "DirectoryOrCreate"),
+            _host_volume("host-root", spec.host_paths.root_fs or "/"),
+            _host_volume("driver-install-dir", install_dir, "DirectoryOrCreate"),
         ],
     }
     secrets = spec.dra_driver.image_pull_secrets

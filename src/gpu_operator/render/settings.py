@@ -16,7 +16,13 @@ from typing import Any
 from gpu_operator.api.base import Component
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.labels import CONFIG_HASH
-from gpu_operator.render.components import ComponentDef, command, component_image, section
+from gpu_operator.render.components import (
+    ComponentDef,
+    command,
+    component_image,
+    runs_agent,
+    section,
+)
 from gpu_operator.render.facts import Facts
 from gpu_operator.render.wire import merge_env, merge_maps
 
@@ -43,6 +49,9 @@ class DaemonSetSettings:
     args: tuple[str, ...]  # the main container's; empty keeps the template's
     env: tuple[Mapping[str, Any], ...]  # merged by name over the main container's own
     resources: Mapping[str, Any] | None  # the main container's
+    # The main container runs the project's image (``gpu-operator agent ...``): it loads NVML by
+    # path from the driver root it mounts, never through a runtime hook (``_daemonset.j2``).
+    project_image: bool = False
     # ConfigMap name -> content hash, for those known so far: the user's (from the facts) and
     # those rendered before this template.
     config_hashes: Mapping[str, str] = field(default_factory=dict)
@@ -72,7 +81,8 @@ def daemonset_settings(
     """The shared settings of ``comp``'s DaemonSets under ``policy``."""
     common = policy.daemonsets
     spec = section(policy, comp)
-    entrypoint = command(comp, component_image(comp, spec, facts), facts.operator_image)
+    image = component_image(comp, spec, facts)
+    entrypoint = command(comp, image, facts.operator_image)
     resources = spec.resources.to_wire() if spec.resources is not None else {}
     return DaemonSetSettings(
         user_labels=dict(common.labels or {}),
@@ -94,6 +104,7 @@ def daemonset_settings(
         args=tuple(spec.args or ()),
         env=tuple(_user_env(comp, spec)),
         resources=resources or None,
+        project_image=runs_agent(comp, image, facts.operator_image),
         config_hashes=facts.config_hashes,
     )
 

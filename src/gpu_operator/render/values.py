@@ -22,6 +22,7 @@ from gpu_operator.render.images import with_os_tag
 from gpu_operator.render.metadata import owned_labels
 from gpu_operator.render.settings import DaemonSetSettings, daemonset_settings, runtime_class
 
+DEFAULT_DRIVER_INSTALL_DIR = "/run/nvidia/driver"
 # NVIDIA's driver startupProbe timings; a long first start compiles the kernel modules.
 DRIVER_STARTUP_PROBE = {
     "initialDelaySeconds": 60,
@@ -207,11 +208,19 @@ def operand(policy: ClusterPolicySpec, facts: Facts, comp: ComponentDef) -> Oper
 def host_paths(policy: ClusterPolicySpec) -> HostPaths:
     host = policy.host_paths
     root = host.root_fs or "/"
-    driver_install_dir = host.driver_install_dir or "/run/nvidia/driver"
+    driver_install_dir = host.driver_install_dir or DEFAULT_DRIVER_INSTALL_DIR
+    if policy.driver.enabled:
+        driver_root = driver_install_dir
+    elif driver_install_dir != DEFAULT_DRIVER_INSTALL_DIR:
+        # A preinstalled driver with a root of its own: GKE's /home/kubernetes/bin/nvidia,
+        # Talos's; the install dir says where (as NVIDIA's users set it there).
+        driver_root = driver_install_dir
+    else:
+        driver_root = root
     return HostPaths(
         root=root,
         driver_install_dir=driver_install_dir,
-        driver_root=driver_install_dir if policy.driver.enabled else root,
+        driver_root=driver_root,
         kubelet_root=(host.kubelet_root_dir or "/var/lib/kubelet").rstrip("/"),
         toolkit_install_dir=policy.toolkit.install_dir or "/usr/local/nvidia",
     )

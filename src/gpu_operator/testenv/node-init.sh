@@ -3,7 +3,8 @@
 # namespaces (started by gpu_operator.testenv.realnodes through `unshare`). Usage:
 #   node-init.sh NODE_DIR/node.env
 # It gives the node its own /run, /var/lib and /var/log (the node directory bound on
-# /var/lib/kubelet, /run/cdi, /run/nvidia and the simulated-GPU marker dir), takes the veth the
+# /var/lib/kubelet, /run/cdi, /run/nvidia, the simulated-GPU marker dir and the simulated host
+# driver's root), takes the veth the
 # harness moved in as eth0, then runs containerd (images imported from archives, never pulled),
 # kube-proxy and the kubelet. When any of them exits, so does this script, and with it every
 # process of the node (the kernel kills a PID namespace with its init).
@@ -25,6 +26,8 @@ mount --bind "$NODE_DIR/cdi" /run/cdi
 mount --bind "$NODE_DIR/nvidia" /run/nvidia
 mount --bind "$NODE_DIR/gpu-operator-sim" "$SIM_DIR"
 mount --bind "$NODE_DIR/var-log" /var/log
+mkdir -p "$HOST_DRIVER_DIR"
+mount --bind "$NODE_DIR/host-driver" "$HOST_DRIVER_DIR"
 # NVIDIA's toolkit writes the container runtime's config under /etc/containerd: the node's own.
 mkdir -p /etc/containerd
 mount --bind "$NODE_DIR/etc-containerd" /etc/containerd

@@ -42,6 +42,10 @@ SIMULATED_GPUS_ANNOTATION = labels.SIMULATED_GPUS_ANNOTATION
 # On the node: the simulated GPU profile (`a100-40gb:8`) in <SIM_DIR_ON_NODE>/profile.
 SIM_DIR_ON_NODE = labels.SIMULATED_GPUS_DIR
 SIM_PROFILE_FILE = labels.SIMULATED_GPUS_PROFILE
+# On the node: a SIMULATED driver "preinstalled" at a root of its own (GKE's layout: lib64/,
+# bin/, as at /home/kubernetes/bin/nvidia), for policies with the driver disabled and
+# hostPaths.driverInstallDir naming it. The driver container's root is /run/nvidia/driver.
+HOST_DRIVER_ON_NODE = labels.SIMULATED_HOST_DRIVER_ROOT
 # The runtime handler NVIDIA's toolkit adds to containerd (RuntimeClass `nvidia`): here the
 # testenv's stand-in (nvidia_runtime.py), which gives containers the node's simulated NVML.
 NVIDIA_RUNTIME = "nvidia"
@@ -412,6 +416,7 @@ def init_env(
         "NODE_BIN": str(node_bin),
         "IMAGES": " ".join(str(p) for p in images),
         "SIM_DIR": SIM_DIR_ON_NODE,
+        "HOST_DRIVER_DIR": HOST_DRIVER_ON_NODE,
     }
 
 

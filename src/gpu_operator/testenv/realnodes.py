@@ -215,9 +215,10 @@ def write_node_files(
     return its env file for node-init.sh."""
     shutil.rmtree(node.dir, ignore_errors=True)
     for sub in ("kubelet", "cdi", "nvidia", "gpu-operator-sim", "var-log", "logs", "cni",
-                "etc-containerd"):  # fmt: skip
+                "etc-containerd", "host-driver"):  # fmt: skip
         (node.dir / sub).mkdir(parents=True, exist_ok=True)
     (node.dir / "gpu-operator-sim" / nodeconfig.SIM_PROFILE_FILE).write_text(node.gpus + "\n")
+    install_host_driver(node)
     resolv = node.dir / "resolv.conf"
     resolv.write_text("# no DNS: nothing outside the testenv is reachable\n")
     ca = keys.ca.cert
@@ -264,6 +265,16 @@ def write_node_files(
     env_path = node.dir / "node.env"
     env_path.write_text(nodeconfig.env_file(env))
     return env_path
+
+
+def install_host_driver(node: RealNode) -> None:
+    """The node's "preinstalled" SIMULATED driver (nodeconfig.HOST_DRIVER_ON_NODE), laid out by
+    the agents' own stub driver: testenv does not import the agents, so through their CLI."""
+    _run(
+        sys.executable, "-m", "gpu_operator", "agent", "simulate-driver", "install",
+        "--root", str(node.dir / "host-driver"), "--spec", node.gpus, "--seed", node.name,
+        "--style", "gke",
+    )  # fmt: skip
 
 
 def node_argv(env_path: Path) -> list[str]:

@@ -8,7 +8,9 @@ clusterpolicy.yaml), and NVIDIA's Helm chart's default ClusterPolicy, reconciled
 real nodes too (HELM_DEFAULT_IMAGES: its versions, and the images it names that the project's
 defaults replace with the project's own):
 
-- driver: `nvidia-driver init` and `nvidia-smi` -> `gpu-operator agent simulate-driver` (also
+- driver: `nvidia-driver init` -> `gpu-operator agent simulate-driver`, which lays out the stub
+  driver (its artefacts ship in the image) in the driver root; `nvidia-smi` -> the stub's own
+  nvidia-smi from there (also
   tagged with UPGRADE_DRIVER_VERSION, for the driver upgrade on real nodes); each tag's image
   sets DRIVER_VERSION to its version, as NVIDIA's driver images do, so the simulated NVML
   reports the version the policy asked for
@@ -24,9 +26,10 @@ defaults replace with the project's own):
 - dcgm-exporter: its entrypoint -> `gpu-operator agent exporter` (DCGM_EXPORTER_LISTEN,
   DCGM_EXPORTER_COLLECTORS, DCGM_EXPORTER_KUBERNETES and the mounted PodResources socket)
 
-None sets GPU_OPERATOR_SIMULATE: the operands NVIDIA runs with the `nvidia` RuntimeClass get the
-simulated NVML from the testenv's `nvidia` runtime (testenv/nvidia_runtime.py), as NVIDIA's get
-the driver's; the driver and toolkit stand-ins need none.
+None sets GPU_OPERATOR_SIMULATE: the operands NVIDIA runs with the `nvidia` RuntimeClass ask for
+every GPU (NVIDIA_VISIBLE_DEVICES=all, as NVIDIA's images do) and get the stub driver from the
+testenv's `nvidia` runtime (testenv/nvidia_runtime.py, applying the node's CDI spec), as
+NVIDIA's get the driver's; loaded, the stub hands over to the simulated NVML.
 
 They reach a node only through `hack/testenv load-image` (an explicit testenv/demo step): a
 real cluster pulls NVIDIA's real images and never sees these.
@@ -77,10 +80,21 @@ class StandIn:
     env: tuple[str, ...] = ()  # the image's own `KEY=value` environment
 
 
+# NVIDIA's images that ask the `nvidia` runtime for every GPU (their image env, from CUDA's base
+# images): the testenv's runtime gives them the driver from the node's CDI spec, as NVIDIA's does.
+ASKS_FOR_GPUS = ("device-plugin", "mig-manager", "dcgm-exporter")
+# Where the build context has the stub driver's artefacts, and where the image keeps them.
+STUB_CONTEXT = "stubdriver"
+STUB_ARTEFACTS = "/usr/local/lib/gpu-operator-stubdriver"
+
 # The commands each stand-in adds (under /usr/local/bin) and what they run.
 COMMANDS = {
     "nvidia-driver": 'exec gpu-operator agent simulate-driver "$@"',
-    "nvidia-smi": "exec gpu-operator agent simulate-driver smi",
+    # The stub driver's own nvidia-smi, from the driver root the driver container installed.
+    "nvidia-smi": (
+        'root="${DRIVER_ROOT:-/run/nvidia/driver}"\n'
+        'LD_LIBRARY_PATH="$root/usr/lib/x86_64-linux-gnu" exec "$root/usr/bin/nvidia-smi" "$@"'
+    ),
     "driver-manager": 'exec gpu-operator agent simulate-driver manager "$@"',
     "nvidia-toolkit": 'exec gpu-operator agent simulate-toolkit "$@"',
     "nvidia-device-plugin": (
@@ -141,6 +155,8 @@ def standins() -> list[StandIn]:
             if reference is None:
                 continue
             env: tuple[str, ...] = ()
+            if name in ASKS_FOR_GPUS:
+                env = ("NVIDIA_VISIBLE_DEVICES=all",)
             if name == "driver":
                 env = (f"DRIVER_VERSION={reference.rsplit(':', 1)[1]}",)
                 reference = with_os_tag(reference, os_tag)
@@ -149,14 +165,17 @@ def standins() -> list[StandIn]:
 
 
 def containerfile(base: str) -> str:
-    """One image with every stand-in command; each stand-in is it, named and with an
-    entrypoint of its own. Root, as NVIDIA's images run (the project's image is nonroot)."""
+    """One image with every stand-in command and the stub driver's artefacts (which the driver
+    stand-in lays out on the node; the image has no compiler); each stand-in is it, named and
+    with an entrypoint of its own. Root, as NVIDIA's images run (the project's is nonroot)."""
     return (
         f"FROM {base}\n"
         f'LABEL org.opencontainers.image.description="{SIMULATED_LABEL} stand-ins for NVIDIA '
         'operand images (gpu-operator testenv); not NVIDIA software"\n'
         "USER 0:0\n"
         "COPY bin/ /usr/local/bin/\n"
+        f"COPY {STUB_CONTEXT}/ {STUB_ARTEFACTS}/\n"
+        f"ENV GPU_OPERATOR_STUB_ARTEFACTS={STUB_ARTEFACTS}\n"
     )
 
 

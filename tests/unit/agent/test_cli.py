@@ -6,13 +6,18 @@ import argparse
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from gpu_operator.agent.cli import add_agent_commands
+from gpu_operator.agent import simulated_operands
+from gpu_operator.agent.cli import MODULES, add_agent_commands, monitor
+from gpu_operator.agent.nvml import current_driver_root, use_driver_root
 from gpu_operator.agent.simulated import uninstall_simulated_nvml
+from tests import prerequisites
 
 from .conftest import mig_configmap
 
@@ -26,10 +31,36 @@ RUNNER = (
 )
 
 
+ROOT_ENV = ("CONTAINER_DRIVER_ROOT", "NVIDIA_DRIVER_ROOT")
+# Every command that reads the GPUs, with the arguments it needs to parse.
+NVML_COMMANDS = (
+    ("discover",),
+    ("mig-manager",),
+    ("mig-parted", "plan"),
+    ("exporter",),
+    ("device-plugin",),
+    ("mps-control-daemon",),
+    ("dra-plugin",),
+    ("validate",),
+    ("nvml-info",),
+    ("cdi", "generate"),
+    ("cdi", "list"),
+)
+
+
 @pytest.fixture(autouse=True)
-def _clean_nvml() -> None:
+def _clean_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in ROOT_ENV:
+        monkeypatch.delenv(name, raising=False)
     yield
     uninstall_simulated_nvml()
+    use_driver_root(None)
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="gpu-operator")
+    add_agent_commands(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["agent", *argv])
 
 
 def run(argv: list[str]) -> int:
@@ -169,6 +200,14 @@ def test_validate_oneshot_exit_status(tmp_path: Path) -> None:
         == 0
     )
     assert (out / ".ready").exists()
+    assert (out / "driver-ready").read_text() == (
+        "IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\nDRIVER_ROOT_CTR_PATH=/\n"
+    )
+    argv = ["agent", "validate", "--simulate", "l4:1", "--oneshot", "--components", "driver"]
+    assert run([*argv, "--output-dir", str(out), "--host-driver-root", "/run/nvidia/driver"]) == 0
+    assert (out / "driver-ready").read_text() == (
+        "IS_HOST_DRIVER=false\nNVIDIA_DRIVER_ROOT=/run/nvidia/driver\nDRIVER_ROOT_CTR_PATH=/\n"
+    )
     assert run(["agent", "validate", "--components", "driver,bogus"]) == 2
 
 
@@ -176,12 +215,175 @@ def test_exporter_reads_dcgm_exporter_kubernetes(monkeypatch: pytest.MonkeyPatch
     """NVIDIA's env turns the pod attribution off; unset, the agent keeps it on."""
 
     def parsed(*argv: str) -> argparse.Namespace:
-        parser = argparse.ArgumentParser(prog="gpu-operator")
-        add_agent_commands(parser.add_subparsers(dest="command", required=True))
-        return parser.parse_args(["agent", "exporter", *argv])
+        return parse("exporter", *argv)
 
     monkeypatch.delenv("DCGM_EXPORTER_KUBERNETES", raising=False)
     assert parsed().kubernetes is True
     monkeypatch.setenv("DCGM_EXPORTER_KUBERNETES", "false")
     assert parsed().kubernetes is False
     assert parsed("--kubernetes").kubernetes is True
+
+
+def test_each_module_registers_its_commands_and_imports_only_what_is_light() -> None:
+    parser = argparse.ArgumentParser(prog="gpu-operator")
+    agent = add_agent_commands(parser.add_subparsers(dest="command", required=True))
+    commands = next(a for a in agent._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(commands.choices) == {
+        "discover",
+        "nvml-info",
+        "mig-manager",
+        "mig-parted",
+        "exporter",
+        "validate",
+        "device-plugin",
+        "mps-control-daemon",
+        "dra-plugin",
+        "simulate-driver",
+        "simulate-toolkit",
+        "cdi",
+    }
+    assert all(callable(module.register) for module in MODULES)
+    heavy = (
+        "prometheus_client",
+        "pydantic",
+        "gpu_operator.agent.exporter",
+        "gpu_operator.agent.mig_manager",
+        "gpu_operator.agent.migparted",
+        "gpu_operator.agent.deviceplugin.agent",
+        "gpu_operator.agent.dra",
+        "gpu_operator.agent.simulated_operands",
+        "gpu_operator.agent.driver_cdi",
+    )
+    probe = (
+        "import sys\n"
+        "import gpu_operator.agent.cli\n"
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("command", NVML_COMMANDS, ids=" ".join)
+def test_every_nvml_command_takes_the_driver_root(
+    command: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert parse(*command).driver_root == "/"
+    monkeypatch.setenv("NVIDIA_DRIVER_ROOT", "/run/nvidia/driver")
+    assert parse(*command).driver_root == "/run/nvidia/driver"
+    monkeypatch.setenv("CONTAINER_DRIVER_ROOT", "/driver-root")
+    assert parse(*command).driver_root == "/driver-root"
+    assert parse(*command, "--driver-root", "/elsewhere").driver_root == "/elsewhere"
+
+
+def test_nvml_comes_from_the_driver_root_unless_simulated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(["agent", "nvml-info", "--driver-root", str(tmp_path)]) == 1
+    assert current_driver_root() == str(tmp_path)
+    assert f"not found under driver root {tmp_path}" in capsys.readouterr().err
+    use_driver_root(None)
+    assert run(["agent", "nvml-info", "--simulate", "t4:1", "--driver-root", str(tmp_path)]) == 0
+    assert current_driver_root() == "/"  # the simulated NVML: the root is not used
+
+
+def test_validate_host_driver_root_and_uvm_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = parse("validate")
+    assert (args.host_driver_root, args.driver_root) == ("/", "/")
+    monkeypatch.setenv("NVIDIA_DRIVER_ROOT", "/run/nvidia/driver")
+    assert parse("validate").host_driver_root == "/run/nvidia/driver"
+    assert parse("validate", "--host-driver-root", "/h").host_driver_root == "/h"
+
+    def uvm(*argv: str) -> Path | None:
+        found = monitor.uvm_device(parse("validate", "--driver-root", str(tmp_path), *argv))
+        return found() if callable(found) else found
+
+    assert uvm("--simulate", "t4:1") is None
+    assert uvm("--uvm-device", "") is None
+    assert uvm("--uvm-device", "/x/nvidia-uvm") == Path("/x/nvidia-uvm")
+    if Path("/dev/nvidiactl").exists():
+        assert uvm() == Path("/dev/nvidia-uvm")
+        return
+    assert uvm() == Path("/dev/nvidia-uvm")  # no driver loaded anywhere: the host's /dev
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidiactl").touch()
+    assert uvm() == tmp_path / "dev" / "nvidia-uvm"  # the driver root's own device nodes
+    # Asked at each check: a driver container lays its nodes out after the validator starts.
+    later = monitor.uvm_device(parse("validate", "--driver-root", str(tmp_path / "later")))
+    assert callable(later) and later() == Path("/dev/nvidia-uvm")
+    (tmp_path / "later" / "dev").mkdir(parents=True)
+    (tmp_path / "later" / "dev" / "nvidiactl").touch()
+    assert later() == tmp_path / "later" / "dev" / "nvidia-uvm"
+
+
+def test_simulate_driver_actions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, Any]] = []
+
+    def record(name: str) -> Any:
+        return lambda *a, **kw: calls.append((name, (a, kw))) or 0
+
+    monkeypatch.setattr(simulated_operands, "run_driver", record("driver"))
+    monkeypatch.setattr(simulated_operands, "run_manager", record("manager"))
+    assert run(["agent", "simulate-driver", "--host-root", str(tmp_path)]) == 0
+    profile = tmp_path / "run" / "gpu-operator-sim" / "profile"
+    driver = Path("/run/nvidia/driver")
+    assert calls.pop() == ("driver", ((profile, driver), {"driver_version": None}))
+    argv = ["agent", "simulate-driver", "init", "--driver-root", "/d", "--driver-version", "1.2"]
+    assert run([*argv, "--host-root", str(tmp_path)]) == 0
+    assert calls.pop() == ("driver", ((profile, Path("/d")), {"driver_version": "1.2"}))
+    # k8s-driver-manager's entrypoint passes its own step word after the action
+    assert run(["agent", "simulate-driver", "manager", "uninstall_driver"]) == 0
+    assert calls.pop() == ("manager", ((driver,), {}))
+    with pytest.raises(SystemExit):
+        parse("simulate-driver", "smi")  # the stub driver has a real nvidia-smi
+
+
+def test_simulate_driver_install_and_uninstall(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prerequisites.gcc()
+    root = tmp_path / "driver"
+    install = ["agent", "simulate-driver", "install", "--root", str(root), "--seed", "node-3"]
+    assert (
+        run([*install, "--spec", "a100-40gb:2", "--style", "rhel", "--driver-version", "1.2"]) == 0
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith("SIMULATED: driver 1.2 installed in"), out
+    assert (root / "usr/lib64/libnvidia-ml.so.1.2").is_file()
+    assert run(["agent", "simulate-driver", "uninstall", "--root", str(root)]) == 0
+    assert not (root / "usr/lib64").exists()
+    assert capsys.readouterr().out.startswith("SIMULATED:")
+    assert run([*install, "--spec", "no-such-gpu:2"]) == 1
+    assert "no-such-gpu" in capsys.readouterr().err
+    assert run(["agent", "simulate-driver", "install", "--root", str(root)]) == 2
+    assert "needs --spec, --seed" in capsys.readouterr().err
+
+
+def test_simulate_toolkit_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("CDI_ENABLED", "DRIVER_ROOT_CTR_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    args = parse("simulate-toolkit")
+    assert (args.cdi_dir, args.driver_root, args.host_driver_root) == (
+        None,
+        "/driver-root",
+        "/run/nvidia/driver",
+    )
+    monkeypatch.setenv("CDI_ENABLED", "true")
+    monkeypatch.setenv("DRIVER_ROOT_CTR_PATH", "/mnt/driver")
+    monkeypatch.setenv("NVIDIA_DRIVER_ROOT", "/home/kubernetes/bin/nvidia")
+    calls: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(simulated_operands, "run_toolkit", lambda *a: calls.append(a) or 0)
+    assert run(["agent", "simulate-toolkit", "--containerd-config", "/etc/c/config.toml"]) == 0
+    assert calls == [
+        (
+            Path("/etc/c/config.toml"),
+            "nvidia",
+            Path("/var/run/cdi"),
+            "/mnt/driver",
+            "/home/kubernetes/bin/nvidia",
+        )
+    ]
+    assert current_driver_root() == "/mnt/driver"  # the CDI spec's GPUs come from there

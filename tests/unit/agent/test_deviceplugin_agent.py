@@ -199,9 +199,9 @@ def test_cdi_strategies_write_the_spec_containerd_reads(node: Callable[..., Node
         assert f'"name": "{gpu.uuid}"' in spec
     with n.kubelet.client("nvidia.com/gpu") as client:
         (response,) = client.allocate([n.sim.gpus[1].uuid]).container_responses
-    assert [d.name for d in response.cdi_devices] == ["nvidia.com/gpu=1"]
+    assert [d.name for d in response.cdi_devices] == [f"{cdi.CDI_KIND}=1"]
     (value,) = response.annotations.values()
-    assert value == "nvidia.com/gpu=1"
+    assert value == "k8s.device-plugin.nvidia.com/gpu=1"
     assert not response.envs  # CDI only: the runtime gets the devices from the spec
     n.agent.apply(parse_device_plugin_config("version: v1\n"))  # back to envvar: spec removed
     assert not (n.root / "cdi" / cdi.SPEC_FILE).exists()

@@ -22,6 +22,8 @@ from gpu_operator.agent.deviceplugin.resources import Device, MigPart
 from gpu_operator.agent.deviceplugin.settings import PluginSettings
 from gpu_operator.agent.deviceplugin.topology import Locality, pci_root, read_locality
 from gpu_operator.agent.deviceplugin_config import Replicated, Sharing
+from gpu_operator.agent.driver_cdi import HostDriver
+from gpu_operator.agent.driverroot import DeviceNodes
 
 
 def gpu(index: int) -> Device:
@@ -131,12 +133,21 @@ def allocate(
     settings: PluginSettings = DEFAULTS,
     sharing: Sharing = UNSHARED,
     devices: list[Device] = EIGHT,
-    present: frozenset[str] = frozenset(),
+    driver: HostDriver | None = None,
     resource: str = "nvidia.com/gpu",
 ) -> ContainerAllocation:
     return container_allocation(
-        resource, devices, request, settings, sharing, response_id="r1", present=present
+        resource, devices, request, settings, sharing, response_id="r1", driver=driver
     )
+
+
+def driver_with(present: set[str], host_dev_root: str = "/") -> HostDriver:
+    """A driver without files whose device nodes are ``present`` (container paths)."""
+    gpus = {int(p.removeprefix("/dev/nvidia")): p for p in present if p[11:].isdigit()}
+    control = tuple(sorted(p for p in present if p not in gpus.values() and "caps" not in p))
+    caps = tuple(sorted(p for p in present if "caps" in p))
+    devices = DeviceNodes(host_dev_root, gpus, control, caps)
+    return HostDriver(None, devices, host_root=host_dev_root, host_dev_root=host_dev_root)
 
 
 def test_envvar_strategy_lists_the_uuids() -> None:
@@ -168,7 +179,9 @@ def test_cdi_annotations_strategy() -> None:
     settings = PluginSettings(device_list_strategies=("cdi-annotations",))
     assert allocate(["GPU-2", "GPU-4"], settings) == ContainerAllocation(
         annotations={
-            "cdi.k8s.io/nvidia-device-plugin_r1": "nvidia.com/gpu=GPU-2,nvidia.com/gpu=GPU-4"
+            "cdi.k8s.io/nvidia-device-plugin_r1": (
+                "k8s.device-plugin.nvidia.com/gpu=GPU-2,k8s.device-plugin.nvidia.com/gpu=GPU-4"
+            )
         }
     )
 
@@ -177,14 +190,17 @@ def test_cdi_cri_with_envvar_gives_both() -> None:
     settings = PluginSettings(device_list_strategies=("cdi-cri", "envvar"))
     assert allocate(["GPU-2", "GPU-4"], settings) == ContainerAllocation(
         envs={"NVIDIA_VISIBLE_DEVICES": "GPU-2,GPU-4"},
-        cdi_devices=("nvidia.com/gpu=GPU-2", "nvidia.com/gpu=GPU-4"),
+        cdi_devices=(
+            "k8s.device-plugin.nvidia.com/gpu=GPU-2",
+            "k8s.device-plugin.nvidia.com/gpu=GPU-4",
+        ),
     )
 
 
 def test_device_specs_only_for_nodes_that_exist() -> None:
-    settings = PluginSettings(pass_device_specs=True, dev_root="/run/nvidia/driver")
-    present = frozenset({"/dev/nvidiactl", "/dev/nvidia1"})
-    got = allocate(["GPU-1", "GPU-2"], settings, present=present)
+    settings = PluginSettings(pass_device_specs=True)
+    driver = driver_with({"/dev/nvidiactl", "/dev/nvidia1"}, "/run/nvidia/driver")
+    got = allocate(["GPU-1", "GPU-2"], settings, driver=driver)
     assert got.device_nodes == (
         DeviceNode("/dev/nvidiactl", "/run/nvidia/driver/dev/nvidiactl"),
         DeviceNode("/dev/nvidia1", "/run/nvidia/driver/dev/nvidia1"),
@@ -237,8 +253,9 @@ def test_mps_gives_the_pipe_and_shm_of_the_resource() -> None:
 # -- CDI spec -----------------------------------------------------------------------------------
 def test_cdi_spec_names_devices_by_uuid_and_index() -> None:
     devices = [*replicas(gpu(0), 2), mig(gpu(1), 0, 7)]
-    spec = cdi.cdi_spec(devices, frozenset({"/dev/nvidia0", "/dev/nvidiactl"}))
-    assert spec["cdiVersion"] == "0.6.0" and spec["kind"] == "nvidia.com/gpu"
+    spec = cdi.cdi_spec(devices, driver_with({"/dev/nvidia0", "/dev/nvidiactl"}))
+    # NVIDIA's plugin's kind: the toolkit's node-wide spec holds nvidia.com/gpu
+    assert spec["cdiVersion"] == "0.6.0" and spec["kind"] == "k8s.device-plugin.nvidia.com/gpu"
     assert [d["name"] for d in spec["devices"]] == ["GPU-0", "0", "MIG-1-0", "1:0"]
     by_name = {d["name"]: d["containerEdits"] for d in spec["devices"]}
     assert by_name["GPU-0"] == {
@@ -253,7 +270,7 @@ def test_cdi_spec_names_devices_by_uuid_and_index() -> None:
 
 
 def test_cdi_spec_file_is_written_whole(tmp_path: Path) -> None:
-    spec = cdi.cdi_spec([gpu(0)], frozenset(), "/run/nvidia/driver")
+    spec = cdi.cdi_spec([gpu(0)], driver_with(set(), "/run/nvidia/driver"))
     path = cdi.write_spec(tmp_path / "cdi", spec)
     assert json.loads(path.read_text()) == spec
     assert [p.name for p in path.parent.iterdir()] == [cdi.SPEC_FILE]
@@ -284,3 +301,29 @@ def test_locality_from_sysfs(tmp_path: Path) -> None:
 )
 def test_pci_root(path: str, root: str | None) -> None:
     assert pci_root(path) == root
+
+
+def test_a_mig_device_gets_its_gpu_and_capability_nodes() -> None:
+    """gpu1/gi7/access and gpu1/gi7/ci0/access (the kernel's mig-minors: 3 + 135 g + 9 i, +1+c
+    for a compute instance): what a container needs to open a MIG device."""
+    gi_access, ci_access = 3 + 135 + 9 * 7, 3 + 135 + 9 * 7 + 1
+    caps = {f"/dev/nvidia-caps/nvidia-cap{m}" for m in (gi_access, ci_access)}
+    driver = driver_with({"/dev/nvidia1", "/dev/nvidiactl", *caps}, "/run/nvidia/driver")
+    spec = cdi.cdi_spec([mig(gpu(1), 0, 7)], driver)
+    nodes = spec["devices"][0]["containerEdits"]["deviceNodes"]
+    assert [n["path"] for n in nodes] == [
+        "/dev/nvidia1",
+        f"/dev/nvidia-caps/nvidia-cap{gi_access}",
+        f"/dev/nvidia-caps/nvidia-cap{ci_access}",
+    ]
+    assert nodes[0]["hostPath"] == "/run/nvidia/driver/dev/nvidia1"
+    got = allocate(
+        ["MIG-1-0"],
+        PluginSettings(pass_device_specs=True),
+        devices=[mig(gpu(1), 0, 7)],
+        driver=driver,
+    )
+    assert [n.container_path for n in got.device_nodes] == [
+        "/dev/nvidiactl",
+        *(n["path"] for n in nodes),
+    ]

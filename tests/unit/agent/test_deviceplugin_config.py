@@ -51,7 +51,7 @@ def test_nvidia_time_slicing_example_reads_unchanged() -> None:
         pass_device_specs=False,
         device_list_strategies=("envvar",),
         device_id_strategy="uuid",
-        dev_root="/run/nvidia/driver",
+        driver_root="/run/nvidia/driver",
     )
 
 
@@ -206,6 +206,7 @@ def test_unused_fields_of_nvidias_file_are_accepted() -> None:
                 device_id_strategy="index",
                 cdi_annotation_prefix="cdi.example/",
                 mps_root="/var/mps",
+                driver_root="/run/nvidia/driver",
                 dev_root="/",
             ),
         ),

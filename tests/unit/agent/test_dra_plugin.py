@@ -14,6 +14,8 @@ from gpu_operator.agent.dra import devices as dra_devices
 from gpu_operator.agent.dra.kubelet import DraClient, LocalDraKubelet
 from gpu_operator.agent.dra.prepare import CDI_KIND, spec_file_name
 from gpu_operator.agent.dra.server import DraPlugin, PluginPaths
+from gpu_operator.agent.driver_cdi import HostDriver
+from gpu_operator.agent.driverroot import DeviceNodes
 from gpu_operator.agent.nvml import Nvml
 from tests.unit.agent.conftest import Simulate
 
@@ -74,6 +76,12 @@ def refs(simulate: Simulate) -> dict[str, dra_devices.DeviceRef]:
         return dra_devices.refs_by_name(nvml.inventory())
 
 
+def no_driver() -> HostDriver:
+    """No driver root here: the specs carry device nodes and env only (the driver's files are
+    test_driver_cdi's)."""
+    return HostDriver(None, DeviceNodes("/", {}, (), ()), "/", "/")
+
+
 @pytest.fixture
 def api() -> Api:
     return Api()
@@ -83,7 +91,7 @@ def api() -> Api:
 def plugin(
     paths: PluginPaths, refs: dict[str, dra_devices.DeviceRef], api: Api
 ) -> Iterator[DraPlugin]:
-    with DraPlugin(NODE, paths, lambda: refs, api.read) as p:
+    with DraPlugin(NODE, paths, lambda: refs, api.read, no_driver) as p:
         yield p
 
 
@@ -116,7 +124,7 @@ def test_prepare_writes_a_cdi_spec_and_returns_its_device_names(
         got = answer(kubelet.prepare(key), "uid-1")
     assert got == [(["r0"], NODE, "gpu-1", [f"{CDI_KIND}=uid-1-gpu-1"])]
     spec = json.loads((paths.cdi_dir / spec_file_name("uid-1")).read_text())
-    assert spec["kind"] == "k8s.gpu.nvidia.com/device"
+    assert spec["kind"] == "k8s.gpu.nvidia.com/claim"  # NVIDIA's DRA driver's kind
     (device,) = spec["devices"]
     assert device["name"] == "uid-1-gpu-1"
     assert device["containerEdits"]["env"] == [f"NVIDIA_DRA_GPU_1={refs['gpu-1'].uuid}"]
@@ -128,7 +136,10 @@ def test_prepare_unprepare_restart_prepare_again_is_the_same_answer(
 ) -> None:
     key = api.add(claim("uid-2", "gpu-0", "gpu-1"))
     spec_file = paths.cdi_dir / spec_file_name("uid-2")
-    with DraPlugin(NODE, paths, lambda: refs, api.read), registered_client(paths) as kubelet:
+    with (
+        DraPlugin(NODE, paths, lambda: refs, api.read, no_driver),
+        registered_client(paths) as kubelet,
+    ):
         first = answer(kubelet.prepare(key), "uid-2")
         assert answer(kubelet.prepare(key), "uid-2") == first  # idempotent
     assert api.reads == 1
@@ -136,7 +147,10 @@ def test_prepare_unprepare_restart_prepare_again_is_the_same_answer(
 
     # A new plugin process: state comes from the checkpoint, not from the API server.
     api.down = True
-    with DraPlugin(NODE, paths, lambda: refs, api.read), registered_client(paths) as kubelet:
+    with (
+        DraPlugin(NODE, paths, lambda: refs, api.read, no_driver),
+        registered_client(paths) as kubelet,
+    ):
         assert answer(kubelet.prepare(key), "uid-2") == first
         spec_file.unlink()  # even a lost spec file comes back
         assert answer(kubelet.prepare(key), "uid-2") == first
@@ -146,7 +160,10 @@ def test_prepare_unprepare_restart_prepare_again_is_the_same_answer(
         assert not spec_file.exists()
         assert not kubelet.unprepare(key).claims["uid-2"].error  # idempotent
     api.down = False
-    with DraPlugin(NODE, paths, lambda: refs, api.read), registered_client(paths) as kubelet:
+    with (
+        DraPlugin(NODE, paths, lambda: refs, api.read, no_driver),
+        registered_client(paths) as kubelet,
+    ):
         assert answer(kubelet.prepare(key), "uid-2") == first  # prepared afresh
     assert api.reads == 2
 

@@ -1,10 +1,23 @@
-"""The SIMULATED driver and toolkit leave what the rest of the stack reads: the simulated NVML's
-descriptor in the driver root (what the node's `nvidia` runtime hands to containers), and a
-containerd drop-in naming the `nvidia` runtime (what the validator's toolkit check reads)."""
+"""The SIMULATED driver and toolkit leave on the node what NVIDIA's leave: a driver root with
+the stub driver (libraries, nvidia-smi, firmware, device nodes), a containerd drop-in naming the
+`nvidia` runtime (what the validator's toolkit check reads) and, with CDI on, the node's CDI spec.
+
+The stub is built with gcc (skipped without it, failed in CI). Device nodes are made only as
+root; the tests that need them skip otherwise. The toolkit runs in a subprocess: its CDI spec
+opens NVML from the driver root, and the stub library loaded into this process would be what
+later tests' pynvml finds.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,83 +25,148 @@ import pytest
 from gpu_operator import labels
 from gpu_operator.agent import simulated_operands as sim
 from gpu_operator.agent import validate
-from gpu_operator.agent.simnvml import (
-    DEFAULT_DRIVER,
-    ENV_DRIVER,
-    ENV_SEED,
-    ENV_SIMULATE,
-    ENV_STATE,
-    build_simulated_nvml,
+from gpu_operator.agent.simulated import build_simulated_nvml
+from gpu_operator.agent.stubdriver import build_stubs
+from tests import prerequisites
+
+LIB = "usr/lib/x86_64-linux-gnu"
+NOT_ROOT = "device nodes are made only as root (mknod)"
+TOOLKIT = (
+    "import sys, threading\n"
+    "from pathlib import Path\n"
+    "from gpu_operator.agent import simulated_operands as sim\n"
+    "from gpu_operator.agent.nvml import use_driver_root\n"
+    "config, cdi, root = sys.argv[1:4]\n"
+    "use_driver_root(root)\n"
+    "sys.exit(sim.run_toolkit(Path(config), 'nvidia', Path(cdi), root, '/run/nvidia/driver',\n"
+    "                         threading.Event(), 0.05))\n"
 )
 
 
-def _host(tmp_path: Path, spec: str = "a100-40gb:2") -> Path:
+@pytest.fixture(scope="module")
+def artefacts() -> Path:
+    prerequisites.gcc()
+    return build_stubs()
+
+
+@pytest.fixture
+def stub(artefacts: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The built stub driver, which install_driver lays out (as the stand-in images do)."""
+    monkeypatch.setenv(sim.ENV_ARTEFACTS, str(artefacts))
+    return artefacts
+
+
+def as_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip(NOT_ROOT)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def profile(tmp_path: Path, spec: str = "a100-40gb:2") -> Path:
     sim_dir = tmp_path / "host" / labels.SIMULATED_GPUS_DIR.lstrip("/")
     sim_dir.mkdir(parents=True)
-    (sim_dir / labels.SIMULATED_GPUS_PROFILE).write_text(spec + "\n")
-    return sim_dir
+    path = sim_dir / labels.SIMULATED_GPUS_PROFILE
+    path.write_text(spec + "\n")
+    return path
 
 
-def test_driver_installs_the_descriptor_and_removes_it_when_stopped(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+def test_install_lays_out_the_stub_driver_and_a_manifest(stub: Path, tmp_path: Path) -> None:
+    root = tmp_path / "driver"
+    info = sim.install_driver("a100-40gb:2", root, seed="node-1", driver_version="595.91.07")
+    assert info == {"spec": "a100-40gb:2", "driver_version": "595.91.07", "gpus": "2"}
+    assert (root / LIB / "libnvidia-ml.so.595.91.07").is_file()
+    assert os.readlink(root / LIB / "libnvidia-ml.so.1") == "libnvidia-ml.so.595.91.07"
+    assert os.access(root / "usr/bin/nvidia-smi", os.X_OK)
+    manifest = json.loads((root / sim.MANIFEST).read_text())
+    assert f"{LIB}/libcuda.so.595.91.07" in manifest
+    if os.geteuid() == 0:
+        assert {"dev/nvidia0", "dev/nvidia1", "dev/nvidiactl"} <= set(manifest)
+        assert (root / "dev/nvidia1").is_char_device()
+    # The table carries the GPUs the simulated NVML names for this node (the seed).
+    uuid = build_simulated_nvml("a100-40gb:2", seed="node-1").node.gpus[1].uuid
+    assert uuid.encode() in (root / LIB / "libnvidia-ml.so.595.91.07").read_bytes()
+    assert sim.uninstall_driver(root)
+    assert not (root / LIB).exists() and not (root / sim.MANIFEST).exists()
+    assert not sim.uninstall_driver(root)  # nothing there: nothing to undo
+
+
+def test_driver_installs_then_unloads_when_stopped(
+    stub: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("NODE_NAME", "real-node-7")
-    sim_dir = _host(tmp_path)
     root = tmp_path / "driver"
     stop = threading.Event()
     done: list[int] = []
     thread = threading.Thread(
-        target=lambda: done.append(
-            sim.run_driver(
-                sim_dir / labels.SIMULATED_GPUS_PROFILE, root, sim_dir, stop, "595.91.07"
-            )
-        )
+        target=lambda: done.append(sim.run_driver(profile(tmp_path), root, stop, "595.91.07"))
     )
     thread.start()
-    descriptor = root / labels.SIMULATED_NVML_DESCRIPTOR
+    library = root / LIB / "libnvidia-ml.so.595.91.07"
     try:
-        for _ in range(500):
-            if descriptor.exists():
-                break
-            threading.Event().wait(0.01)
-        env = sim.parse_descriptor(descriptor.read_text())
-        assert env == {
-            ENV_SIMULATE: "a100-40gb:2",
-            ENV_STATE: f"{labels.SIMULATED_GPUS_DIR}/{labels.SIMULATED_NVML_STATE}",
-            ENV_SEED: "real-node-7",  # every agent on the node sees the same GPU UUIDs
-            ENV_DRIVER: "595.91.07",  # the version the driver image installs, as NVML says
-        }
-        assert (sim_dir / labels.SIMULATED_NVML_STATE).exists()  # the agents' shared MIG state
-        assert sim.main_smi(root, sim_dir) == 0
+        wait_for(lambda: (root / sim.MANIFEST).exists())
+        assert library.is_file() and (root / "usr/bin/nvidia-smi").is_file()
+        nodes = [
+            entry for entry in json.loads((root / sim.MANIFEST).read_text()) if "dev/" in entry
+        ]
     finally:
         stop.set()
-        thread.join(10)
-    assert done == [0] and not descriptor.exists()
+        thread.join(30)
+    assert done == [0]
+    assert not library.exists() and not (root / "usr/bin/nvidia-smi").exists()
+    assert not (root / sim.MANIFEST).exists()
+    assert all((root / node).exists() for node in nodes if node.startswith("dev/nvidia"))
     out = capsys.readouterr().out
     assert all(line.startswith("SIMULATED") for line in out.splitlines()), out
-    assert "GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-" in out
-    assert "driver 595.91.07 'installed'" in out
+    assert "driver 595.91.07 'installed' with 2 simulated GPU(s) (a100-40gb:2)" in out
+    assert "driver 'unloaded'" in out
 
 
-def test_agents_report_the_driver_version_of_the_descriptor(
-    monkeypatch: pytest.MonkeyPatch,
+def test_the_driver_keeps_its_device_nodes_when_unloaded(stub: Path, tmp_path: Path) -> None:
+    """A container may still use /dev/nvidia*, and a real driver's unload leaves them too."""
+    as_root()
+    root = tmp_path / "driver"
+    sim.install_driver("t4:1", root, seed="n")
+    sim.uninstall_driver(root)
+    assert (root / "dev/nvidia0").is_char_device() and (root / "dev/nvidiactl").is_char_device()
+    assert not (root / LIB).exists()
+
+
+def test_a_bad_profile_fails_the_driver_saying_why(
+    stub: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A container the `nvidia` runtime gave the descriptor's env sees the installed version."""
-    monkeypatch.delenv(ENV_DRIVER, raising=False)
-    assert build_simulated_nvml("t4:1").node.driver_version == DEFAULT_DRIVER
-    monkeypatch.setenv(ENV_DRIVER, "595.91.07")
-    assert build_simulated_nvml("t4:1").node.driver_version == "595.91.07"
-    assert build_simulated_nvml("t4:1", driver_version="1.2.3").node.driver_version == "1.2.3"
+    root = tmp_path / "driver"
+    assert sim.run_driver(profile(tmp_path, "no-such-gpu:2"), root, threading.Event()) == 1
+    out = capsys.readouterr().out
+    assert "SIMULATED: driver not installed:" in out and "no-such-gpu" in out
+    assert not (root / sim.MANIFEST).exists()
+    with pytest.raises(ValueError, match="no-such-gpu"):
+        sim.install_driver("no-such-gpu:2", root, seed="n")
 
 
 def test_without_a_profile_the_driver_fails_saying_where_it_runs(tmp_path: Path) -> None:
     with pytest.raises(sim.SimulationError, match="--real-nodes"):
-        sim.install_driver(tmp_path / "none", tmp_path / "driver", tmp_path)
+        sim.read_profile(tmp_path / "none")
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(sim.SimulationError, match="is empty"):
+        sim.read_profile(tmp_path / "empty")
 
 
-def test_smi_fails_without_a_driver(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert sim.main_smi(tmp_path / "driver", tmp_path) == 9
-    assert "SIMULATED: NVIDIA-SMI has failed: no driver" in capsys.readouterr().err
+def test_manager_unloads_the_previous_driver_and_succeeds_without_one(
+    stub: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "driver"
+    sim.install_driver("a100-40gb:1", root, seed="n")
+    assert sim.run_manager(root) == 0
+    assert not (root / sim.MANIFEST).exists() and not (root / LIB).exists()
+    assert "previous driver 'unloaded'" in capsys.readouterr().out
+    assert sim.run_manager(root) == 0  # nothing loaded: nothing to do, still success
+    assert "nothing to unload" in capsys.readouterr().out
 
 
 def test_toolkit_drop_in_is_what_the_validator_recognises(tmp_path: Path) -> None:
@@ -98,27 +176,41 @@ def test_toolkit_drop_in_is_what_the_validator_recognises(tmp_path: Path) -> Non
     text = sim.toolkit_drop_in("nvidia", "/x/nvidia-container-runtime")
     assert validate.runtime_configured(text, "nvidia")
     assert not validate.runtime_configured(text, "other")
-    assert sim.run_toolkit(config, "nvidia", stop) == 0
+    assert sim.run_toolkit(config, "nvidia", stop=stop) == 0
     assert not (config.parent / "conf.d" / sim.TOOLKIT_DROP_IN).exists()
 
 
-def test_the_seed_gives_pods_without_node_name_the_node_s_uuids(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The device plugin's pod has no NODE_NAME: without the seed its GPU UUIDs would be its
-    pod's, and the exporter could not match PodResources' device IDs to GPUs."""
-    monkeypatch.setenv("NODE_NAME", "real-node-0")
-    expected = [g.uuid for g in build_simulated_nvml("t4:2").node.gpus]
-    monkeypatch.delenv("NODE_NAME")
-    monkeypatch.setenv(ENV_SEED, "real-node-0")
-    assert [g.uuid for g in build_simulated_nvml("t4:2").node.gpus] == expected
-
-
-def test_manager_unloads_the_previous_driver_and_succeeds_without_one(tmp_path: Path) -> None:
-    root = tmp_path / "driver"
-    root.mkdir()
-    descriptor = root / labels.SIMULATED_NVML_DESCRIPTOR
-    descriptor.write_text("GPU_OPERATOR_SIMULATE=a100-40gb:2\n")
-    assert sim.run_manager(root) == 0
-    assert not descriptor.exists()
-    assert sim.run_manager(root) == 0  # nothing loaded: nothing to do, still success
+def test_toolkit_writes_the_cdi_spec_once_the_driver_is_there(stub: Path, tmp_path: Path) -> None:
+    as_root()
+    if Path("/dev/nvidiactl").exists():
+        pytest.skip("this machine has /dev/nvidiactl (a real driver): the stub would use /dev")
+    config, cdi, root = tmp_path / "containerd/config.toml", tmp_path / "cdi", tmp_path / "driver"
+    drop_in, spec_file = config.parent / "conf.d" / sim.TOOLKIT_DROP_IN, cdi / sim.CDI_SPEC
+    toolkit = subprocess.Popen(
+        [sys.executable, "-c", TOOLKIT, str(config), str(cdi), str(root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(drop_in.exists)
+        assert 'BinaryName = "/usr/local/nvidia/toolkit/nvidia-container-runtime"' in (
+            drop_in.read_text()
+        )
+        time.sleep(0.2)  # a few rounds without a driver: no spec
+        assert not spec_file.exists()
+        sim.install_driver("a100-40gb:2", root, seed="node-2")
+        wait_for(spec_file.exists)
+        spec = json.loads(spec_file.read_text())
+    finally:
+        toolkit.send_signal(signal.SIGTERM)
+        out, _ = toolkit.communicate(timeout=30)
+    assert toolkit.returncode == 0, out
+    assert not spec_file.exists() and not drop_in.exists()
+    uuids = [g.uuid for g in build_simulated_nvml("a100-40gb:2", seed="node-2").node.gpus]
+    assert [d["name"] for d in spec["devices"]] == ["0", uuids[0], "1", uuids[1], "all"]
+    mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+    assert mounts["/usr/lib64/libnvidia-ml.so.1"].startswith("/run/nvidia/driver/usr/lib/")
+    assert mounts["/dev/gpu-operator-sim"] == "/run/nvidia/driver/dev/gpu-operator-sim"
+    assert all(line.startswith("SIMULATED") for line in out.splitlines()), out
+    assert "CDI spec for the driver written to" in out

@@ -128,7 +128,7 @@ def test_plan_puts_each_style_where_its_distribution_does() -> None:
         assert {f"{bin_dir}/nvidia-smi", f"{bin_dir}/{sd.PROBE}"} <= files
     nodes = {e.path.removeprefix("dev/"): e.device for e in plan if e.kind == "node"}
     gpu_nodes = {"nvidia0": (195, 0), "nvidia1": (195, 1), "nvidia3": (195, 3)}
-    ctl_nodes = {"nvidiactl": (195, 255), "nvidia-uvm": (235, 0), "nvidia-uvm-tools": (235, 1)}
+    ctl_nodes = {"nvidiactl": (195, 255), "nvidia-uvm": (1, 3), "nvidia-uvm-tools": (1, 3)}
     caps = {k: v for k, v in nodes.items() if k.startswith("nvidia-caps/")}
     assert {k: v for k, v in nodes.items() if k not in caps} == gpu_nodes | ctl_nodes
     # MIG capability nodes: config, monitor and every GI/CI access node of each GPU present

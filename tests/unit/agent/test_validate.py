@@ -97,7 +97,9 @@ def test_all_checks_pass_write_every_file_and_the_marker(
         "plugin-ready",
         READY_MARKER,
     }
-    assert (out / "driver-ready").read_text() == "IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\n"
+    assert (out / "driver-ready").read_text() == (
+        "IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\nDRIVER_ROOT_CTR_PATH=/\n"
+    )
     assert str(validate.READY_MARKER_PATH) == "/run/nvidia/validations/.ready"
     assert run_validator(validator, oneshot=True) == 0
 
@@ -163,18 +165,27 @@ def test_plugin_without_api_access_fails(simulate: Simulate, tmp_path: Path) -> 
     assert validator.validate_once()[-1].message.startswith("cannot read the Node")
 
 
-def test_without_nvml_the_validator_exits_so_its_container_is_recreated(tmp_path: Path) -> None:
-    """NVML reaches a container when it is created: one made before the driver never sees it,
-    so the validator does not wait in it."""
+def test_without_nvml_the_validator_waits_in_its_container_for_the_driver(
+    simulate: Simulate, tmp_path: Path
+) -> None:
+    """NVML is loaded by path from the mounted driver root, where the driver's files appear when
+    it is installed: the same container validates once they are there (an init container with
+    until_ready then exits 0)."""
     from gpu_operator.agent.nvml import NvmlUnavailable
 
-    def no_nvml() -> Any:
-        raise NvmlUnavailable(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "nvmlInit")
+    calls: list[int] = []
 
-    validator = Validator(no_nvml, None, [], tmp_path / "v")
-    assert run_validator(validator, interval_s=3600) == 1
-    assert validator.nvml_unavailable
-    assert files(tmp_path / "v") == set()
+    def driver_later() -> Any:
+        calls.append(1)
+        if len(calls) < 3:
+            raise NvmlUnavailable(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "load")
+        return read_inventory()
+
+    simulate("l4:1")
+    validator = Validator(driver_later, None, [], tmp_path / "v", components=["driver"])
+    assert run_validator(validator, interval_s=0.01, until_ready=True) == 0
+    assert len(calls) == 3
+    assert files(tmp_path / "v") == {"driver-ready", READY_MARKER}
 
 
 def test_runtime_configs_are_read_from_the_host_root() -> None:

@@ -3,13 +3,11 @@ testenv's `nvidia` runtime hands the simulated driver's NVML to containers."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import yaml
 
-from gpu_operator import labels
 from gpu_operator.cli import main as cli_main
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
 from gpu_operator.testenv import nodeconfig, nvidia_runtime, standins
@@ -109,19 +107,64 @@ def _spec(*env: str) -> dict:  # type: ignore[type-arg]
     return {"process": {"env": ["PATH=/bin", *env]}, "mounts": [{"destination": "/proc"}]}
 
 
-def test_nvidia_runtime_adds_the_descriptor_env_and_the_shared_state_dir() -> None:
-    spec = _spec("GPU_OPERATOR_SIMULATE=stale")
-    env = ["GPU_OPERATOR_SIMULATE=a100-40gb:8", "GPU_OPERATOR_SIMULATE_STATE=/run/x/s.json"]
-    assert nvidia_runtime.patch_spec(spec, env, labels.SIMULATED_GPUS_DIR)
-    assert spec["process"]["env"] == ["PATH=/bin", *env]
-    assert spec["mounts"][-1]["destination"] == labels.SIMULATED_GPUS_DIR
-    assert spec["mounts"][-1]["source"] == labels.SIMULATED_GPUS_DIR
+def _node_spec(dev: Path) -> dict:  # type: ignore[type-arg]
+    """A node's CDI spec as the toolkit stand-in writes it (one real device node: /dev/null's
+    numbers stand in for a GPU's; the runtime copies type and numbers from the host's node)."""
+    node = {"deviceNodes": [{"path": "/dev/nvidia0", "hostPath": str(dev)}]}
+    mount = {
+        "hostPath": "/drv/libcuda.so.1",
+        "containerPath": "/usr/lib64/libcuda.so.1",
+        "options": ["ro", "rbind"],
+    }
+    hook = {"hookName": "createContainer", "path": "/h", "args": ["h", "update-ldcache"]}
+    return {
+        "cdiVersion": "0.6.0",
+        "kind": "nvidia.com/gpu",
+        "devices": [{"name": "0", "containerEdits": node}, {"name": "all", "containerEdits": node}],
+        "containerEdits": {
+            "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+            "mounts": [mount],
+            "hooks": [hook],
+        },
+    }
 
 
-def test_nvidia_runtime_leaves_containers_alone_without_a_driver_or_when_opted_out() -> None:
-    env = ["GPU_OPERATOR_SIMULATE=a100-40gb:8"]
-    assert not nvidia_runtime.patch_spec(_spec(), [], "/run/s")
-    assert not nvidia_runtime.patch_spec(_spec("NVIDIA_VISIBLE_DEVICES=void"), env, "/run/s")
+def test_nvidia_runtime_gives_what_the_container_asks_for_from_the_node_spec() -> None:
+    """CDI mode: NVIDIA_VISIBLE_DEVICES names devices of the node's spec; their edits and the
+    spec-wide ones (the driver's files) go into the OCI spec."""
+    spec = _spec("NVIDIA_VISIBLE_DEVICES=0")
+    names = nvidia_runtime.requested(spec["process"]["env"])
+    assert names == ["0"]
+    nvidia_runtime.inject(spec, _node_spec(Path("/dev/null")), names)
+    (device,) = spec["linux"]["devices"]
+    assert device["path"] == "/dev/nvidia0" and device["type"] == "c"
+    assert (device["major"], device["minor"]) == (1, 3)  # /dev/null's
+    assert spec["linux"]["resources"]["devices"][0]["access"] == "rwm"
+    assert spec["mounts"][-1] == {
+        "destination": "/usr/lib64/libcuda.so.1",
+        "type": "bind",
+        "source": "/drv/libcuda.so.1",
+        "options": ["ro", "rbind"],
+    }
+    assert spec["hooks"]["createContainer"][0]["args"] == ["h", "update-ldcache"]
+    assert "NVIDIA_VISIBLE_DEVICES=void" in spec["process"]["env"]  # the hook: nothing again
+
+
+def test_nvidia_runtime_gives_nothing_to_containers_that_do_not_ask() -> None:
+    for env in ((), ("NVIDIA_VISIBLE_DEVICES=void",), ("NVIDIA_VISIBLE_DEVICES=none",)):
+        assert nvidia_runtime.requested(["PATH=/bin", *env]) == []
+    assert nvidia_runtime.requested(["NVIDIA_VISIBLE_DEVICES=0, GPU-1"]) == ["0", "GPU-1"]
+
+
+def test_nvidia_runtime_refuses_devices_the_node_spec_lacks(tmp_path: Path) -> None:
+    """As NVIDIA's runtime: an unresolvable device fails the container, naming what exists;
+    a host path that is not a device node too."""
+    with pytest.raises(nvidia_runtime.CdiError, match=r"nvidia\.com/gpu=7 .*has 0, all"):
+        nvidia_runtime.inject(_spec(), _node_spec(Path("/dev/null")), ["7"])
+    plain = tmp_path / "not-a-device"
+    plain.write_text("")
+    with pytest.raises(nvidia_runtime.CdiError, match="not a device"):
+        nvidia_runtime.inject(_spec(), _node_spec(plain), ["all"])
 
 
 def test_nvidia_runtime_finds_the_bundle_of_create_only() -> None:
@@ -136,7 +179,3 @@ def test_nvidia_runtime_wrapper_execs_the_script_with_runc(tmp_path: Path) -> No
         "/v/python", Path("/p/nvidia_runtime.py"), "/sbin/runc"
     )
     assert text.splitlines()[-1] == 'exec /v/python -I /p/nvidia_runtime.py /sbin/runc "$@"'
-    descriptor = tmp_path / labels.SIMULATED_NVML_DESCRIPTOR
-    descriptor.write_text("# c\nGPU_OPERATOR_SIMULATE=t4:1\n")
-    assert nvidia_runtime.descriptor_env(tmp_path) == ["GPU_OPERATOR_SIMULATE=t4:1"]
-    assert json.dumps(nvidia_runtime.descriptor_env(tmp_path / "none")) == "[]"

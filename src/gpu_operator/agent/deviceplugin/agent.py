@@ -31,16 +31,17 @@ import grpc
 from gpu_operator.agent import kube
 from gpu_operator.agent.deviceplugin import cdi, health, mps
 from gpu_operator.agent.deviceplugin.configs import ConfigDir
-from gpu_operator.agent.deviceplugin.resources import device_map
+from gpu_operator.agent.deviceplugin.resources import Device, device_map
 from gpu_operator.agent.deviceplugin.server import Advertised, PluginServer, ResourceState
-from gpu_operator.agent.deviceplugin.settings import plugin_settings
+from gpu_operator.agent.deviceplugin.settings import PluginSettings, plugin_settings
 from gpu_operator.agent.deviceplugin.topology import read_locality
 from gpu_operator.agent.deviceplugin_config import (
     DevicePluginConfig,
     load_device_plugin_config,
 )
+from gpu_operator.agent.driver_cdi import HostDriver, find_host_driver
 from gpu_operator.agent.inventory import Inventory
-from gpu_operator.agent.nvml import Nvml, NvmlError
+from gpu_operator.agent.nvml import Nvml, NvmlError, current_driver_root
 from gpu_operator.agent.podresources import attributions_from_kubelet
 
 if TYPE_CHECKING:
@@ -93,10 +94,15 @@ def _socket_identity(path: Path) -> tuple[int, int] | None:
     return st.st_ino, st.st_ctime_ns
 
 
-def present_nodes(minors: list[int]) -> frozenset[str]:
-    """Which NVIDIA device nodes exist (as this container sees /dev, like NVIDIA's plugin)."""
-    paths = [*cdi.CONTROL_NODES, *(f"/dev/nvidia{m}" for m in minors)]
-    return frozenset(p for p in paths if os.path.exists(p))
+def find_driver(settings: PluginSettings) -> HostDriver:
+    """The driver this plugin hands to containers: found where this container has the driver
+    root (where NVML is loaded from), named by its host paths (NVIDIA_DRIVER_ROOT)."""
+    driver, missing = find_host_driver(
+        current_driver_root(), settings.driver_root, settings.dev_root
+    )
+    if missing is not None:
+        log.warning("CDI specs carry no driver files: %s", missing)
+    return driver
 
 
 class DevicePluginAgent:
@@ -109,7 +115,7 @@ class DevicePluginAgent:
         health_options: HealthOptions = HealthOptions(),
         kubelet_poll_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
-        present: Callable[[list[int]], frozenset[str]] = present_nodes,
+        find_driver: Callable[[PluginSettings], HostDriver] = find_driver,
         report: Callable[[str, str, str], None] | None = None,
     ) -> None:
         self.nvml = nvml
@@ -119,12 +125,15 @@ class DevicePluginAgent:
         self.health_options = health_options
         self.kubelet_poll_s = kubelet_poll_s
         self.clock = clock
-        self._present = present
+        self._find_driver = find_driver
+        self._driver: HostDriver | None = None  # as the last spec written (or Allocate) saw it
+        self._settings = PluginSettings()
         self._lock = threading.RLock()
         self._servers: dict[str, PluginServer] = {}
         self._faults: dict[health.FaultKey, health.Fault] = {}
         self._mps_waiting: set[str] = set()
         self._inventory = Inventory(driver_version="", cuda_driver_version=0)
+        self._devices: list[Device] = []
         self._kubelet = _socket_identity(paths.kubelet_socket)
         self._label: str | None = None
         self._failed: tuple[str | None] | None = None  # the label whose switch failed
@@ -145,11 +154,11 @@ class DevicePluginAgent:
         }
         with self._lock:
             self._inventory = inventory
+            self._settings = settings
+            self._devices = [d for found in devices.values() for d in found]
+            self._driver = None
             if settings.cdi_enabled:
-                minors = [g.minor_number for g in inventory.gpus]
-                every = [d for found in devices.values() for d in found]
-                spec = cdi.cdi_spec(every, self._present(minors), settings.dev_root)
-                cdi.write_spec(self.paths.cdi_root, spec)
+                self.driver()
             else:
                 cdi.remove_spec(self.paths.cdi_root)
             current = {n: s.state.advertised for n, s in self._servers.items()}
@@ -165,13 +174,20 @@ class DevicePluginAgent:
             )
         return {name: len(found) for name, found in devices.items()}
 
+    def driver(self) -> HostDriver:
+        """The driver as it is now (the servers ask at every Allocate); with CDI on, the spec
+        is rewritten when it changed, so a driver upgrade's new files reach new containers."""
+        with self._lock:
+            driver = self._find_driver(self._settings)
+            if self._settings.cdi_enabled and driver != self._driver:
+                cdi.write_spec(self.paths.cdi_root, cdi.cdi_spec(self._devices, driver))
+            self._driver = driver
+            return driver
+
     def _serve(self, advertised: Advertised) -> PluginServer:
         unhealthy = self._unhealthy(advertised, self._faults)
-        minors = [g.minor_number for g in self._inventory.gpus]
         server = PluginServer(
-            ResourceState(advertised, unhealthy),
-            self.paths.socket_dir,
-            lambda: self._present(minors),
+            ResourceState(advertised, unhealthy), self.paths.socket_dir, self.driver
         ).start()
         self._register(server)
         return server
@@ -205,7 +221,7 @@ class DevicePluginAgent:
                     advertised, unhealthy = server.state.advertised, server.state.unhealthy
                     server.stop()
                     server = PluginServer(
-                        ResourceState(advertised, unhealthy), self.paths.socket_dir, server.present
+                        ResourceState(advertised, unhealthy), self.paths.socket_dir, server.driver
                     ).start()
                     self._servers[name] = server
                 if identity is not None and not server.registered:

@@ -24,6 +24,7 @@ from gpu_operator.agent.deviceplugin.resources import Device
 from gpu_operator.agent.deviceplugin.settings import PluginSettings
 from gpu_operator.agent.deviceplugin.topology import Locality
 from gpu_operator.agent.deviceplugin_config import Sharing
+from gpu_operator.agent.driver_cdi import HostDriver
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
@@ -168,13 +169,11 @@ def _section(sharing: Sharing) -> str:
     return "mps" if sharing.strategy == "mps" else "timeSlicing"
 
 
-def _device_nodes(
-    physical: Sequence[Device], settings: PluginSettings, present: frozenset[str]
-) -> tuple[DeviceNode, ...]:
-    paths = [*cdi.CONTROL_NODES, *dict.fromkeys(cdi.gpu_node(d) for d in physical)]
-    return tuple(
-        DeviceNode(p, cdi.host_path(settings.dev_root, p), "rw") for p in paths if p in present
-    )
+def _device_nodes(physical: Sequence[Device], driver: HostDriver) -> tuple[DeviceNode, ...]:
+    """The control nodes and each device's, where they exist (passDeviceSpecs)."""
+    own = dict.fromkeys(p for d in physical for p in cdi.device_paths(d))
+    paths = [*driver.devices.control, *own]
+    return tuple(DeviceNode(p, driver.host_dev(p), "rw") for p in paths if p in driver.present)
 
 
 def container_allocation(
@@ -185,10 +184,10 @@ def container_allocation(
     sharing: Sharing,
     *,
     response_id: str,
-    present: frozenset[str] = frozenset(),
+    driver: HostDriver | None = None,
 ) -> ContainerAllocation:
     """The kubelet's ContainerAllocateResponse for one container asking for ``request`` (ids
-    advertised under ``resource``). ``present``: the /dev paths that exist on the host."""
+    advertised under ``resource``). ``driver``: where the device nodes are (None: none)."""
     by_id = {d.id: d for d in devices}
     for device_id in request:
         if device_id not in by_id:
@@ -225,8 +224,8 @@ def container_allocation(
         if "volume-mounts" in settings.device_list_strategies:
             envs[VISIBLE_DEVICES] = VOLUME_MOUNTS_ROOT
             mounts.extend(Mount(os.path.join(VOLUME_MOUNTS_ROOT, i), "/dev/null") for i in ids)
-        if settings.pass_device_specs:
-            nodes = _device_nodes(physical, settings, present)
+        if settings.pass_device_specs and driver is not None:
+            nodes = _device_nodes(physical, driver)
     return ContainerAllocation(
         envs=envs,
         mounts=tuple(mounts),

@@ -1,11 +1,13 @@
 """The Container Device Interface side: qualified device names, the annotations the
 cdi-annotations strategy returns, and the spec file containerd v2 reads from /var/run/cdi.
 
-Every GPU and MIG device is named twice in the spec, by UUID and by index, so either
-deviceIDStrategy resolves. Each device injects its device node (where it exists on the host) and
-one environment variable ``NVIDIA_GPU_<index>=<uuid>``, so a container can tell which devices
-CDI gave it; the spec-wide ``NVIDIA_VISIBLE_DEVICES=void`` keeps NVIDIA's legacy runtime hook
-from injecting GPUs a second time, as nvidia-ctk's specs do.
+The kind is NVIDIA's plugin's own, ``k8s.device-plugin.nvidia.com/gpu``: the toolkit's node-wide
+spec holds ``nvidia.com/gpu``, and two specs of one kind naming the same devices would conflict.
+Every GPU and MIG device is named twice, by UUID and by index, so either deviceIDStrategy
+resolves. Each device injects its device nodes (a MIG device: its GPU's and its capability
+nodes) and ``NVIDIA_GPU_<index>=<uuid>``; the spec-wide edits carry the driver (its libraries,
+binaries, firmware, control nodes: :mod:`gpu_operator.agent.driver_cdi`), so a container from
+any image can run a CUDA program with nothing else.
 """
 
 from __future__ import annotations
@@ -17,12 +19,19 @@ from pathlib import Path
 from typing import Any
 
 from gpu_operator.agent.deviceplugin.resources import Device, physical_devices
+from gpu_operator.agent.driver_cdi import (
+    CDI_VERSION,
+    HostDriver,
+    common_edits,
+    gpu_nodes,
+    mig_caps,
+    mig_minors,
+)
 
-CDI_VERSION = "0.6.0"
-CDI_KIND = "nvidia.com/gpu"
-SPEC_FILE = "gpu-operator.nvidia.com-gpu.json"
+CDI_VENDOR = "k8s.device-plugin.nvidia.com"
+CDI_KIND = f"{CDI_VENDOR}/gpu"
+SPEC_FILE = f"{CDI_VENDOR}-gpu.json"
 ANNOTATION_PLUGIN = "nvidia-device-plugin"  # the plugin name NVIDIA puts in annotation keys
-CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
 def qualified_name(device_id: str) -> str:
@@ -30,7 +39,7 @@ def qualified_name(device_id: str) -> str:
 
 
 def annotations_for(prefix: str, response_id: str, names: Sequence[str]) -> dict[str, str]:
-    """``cdi.k8s.io/nvidia-device-plugin_<id>: nvidia.com/gpu=GPU-a,nvidia.com/gpu=GPU-b``."""
+    """``cdi.k8s.io/nvidia-device-plugin_<id>: <kind>=GPU-a,<kind>=GPU-b``."""
     return {f"{prefix}{ANNOTATION_PLUGIN}_{response_id}": ",".join(names)} if names else {}
 
 
@@ -38,40 +47,28 @@ def device_env(device: Device) -> str:
     return f"NVIDIA_GPU_{device.index.replace(':', '_')}={device.uuid}"
 
 
-def gpu_node(device: Device) -> str:
-    return f"/dev/nvidia{device.minor}"
+def device_paths(device: Device) -> tuple[str, ...]:
+    """The nodes a device needs, by their path in a container (present or not)."""
+    caps = mig_caps(mig_minors(), device.minor, device.mig.gi, device.mig.ci) if device.mig else ()
+    return (f"/dev/nvidia{device.minor}", *caps)
 
 
-def host_path(dev_root: str, path: str) -> str:
-    return path if dev_root in ("", "/") else os.path.join(dev_root, path.lstrip("/"))
-
-
-def _node(path: str, dev_root: str) -> dict[str, str]:
-    host = host_path(dev_root, path)
-    return {"path": path} if host == path else {"path": path, "hostPath": host}
-
-
-def cdi_spec(
-    devices: Iterable[Device], present: frozenset[str], dev_root: str = "/"
-) -> dict[str, Any]:
-    """The spec for these devices; ``present`` lists the /dev paths that exist on the host
-    (a node that does not exist would make the runtime refuse the container)."""
+def cdi_spec(devices: Iterable[Device], driver: HostDriver) -> dict[str, Any]:
+    """The spec for these devices on this driver (only device nodes present on the host: a
+    missing one would make the runtime refuse the container)."""
     entries: list[dict[str, Any]] = []
     for device in physical_devices(devices):
         edits: dict[str, Any] = {"env": [device_env(device)]}
-        if gpu_node(device) in present:
-            edits["deviceNodes"] = [_node(gpu_node(device), dev_root)]
+        nodes = gpu_nodes(driver, device.minor, device_paths(device)[1:])
+        if nodes:
+            edits["deviceNodes"] = nodes
         for name in dict.fromkeys((device.uuid, device.index)):
             entries.append({"name": name, "containerEdits": edits})
-    common: dict[str, Any] = {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}
-    control = [_node(p, dev_root) for p in CONTROL_NODES if p in present]
-    if control:
-        common["deviceNodes"] = control
     return {
         "cdiVersion": CDI_VERSION,
         "kind": CDI_KIND,
         "devices": entries,
-        "containerEdits": common,
+        "containerEdits": common_edits(driver),
     }
 
 

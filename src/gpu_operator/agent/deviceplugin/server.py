@@ -31,6 +31,7 @@ from gpu_operator.agent.deviceplugin.resources import Device
 from gpu_operator.agent.deviceplugin.settings import PluginSettings
 from gpu_operator.agent.deviceplugin.topology import Locality
 from gpu_operator.agent.deviceplugin_config import RESOURCE_PREFIX, Sharing
+from gpu_operator.agent.driver_cdi import HostDriver
 from gpu_operator.kubelet_api.deviceplugin.v1beta1 import api_pb2 as pb
 from gpu_operator.kubelet_api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 
@@ -136,9 +137,9 @@ def _refuse(context: Any, exc: AllocationError) -> NoReturn:
 
 
 class DevicePluginService(pb_grpc.DevicePluginServicer):
-    def __init__(self, state: ResourceState, present: Callable[[], frozenset[str]]) -> None:
+    def __init__(self, state: ResourceState, driver: Callable[[], HostDriver]) -> None:
         self.state = state
-        self.present = present  # the /dev paths that exist on the host, read at Allocate
+        self.driver = driver  # the driver and its device nodes, read at Allocate
 
     def GetDevicePluginOptions(self, request: pb.Empty, context: Any) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(get_preferred_allocation_available=True)
@@ -181,7 +182,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
 
     def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
         advertised = self.state.advertised
-        present = self.present()
+        driver = self.driver()
         responses = []
         for container in request.container_requests:
             try:
@@ -192,7 +193,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                     advertised.settings,
                     advertised.sharing,
                     response_id=str(uuid.uuid4()),
-                    present=present,
+                    driver=driver,
                 )
             except AllocationError as exc:
                 log.warning("refused Allocate of %s: %s", advertised.resource, exc)
@@ -210,11 +211,11 @@ class PluginServer:
     """Serves one resource on its socket; :meth:`register` announces it to the kubelet."""
 
     def __init__(
-        self, state: ResourceState, socket_dir: Path, present: Callable[[], frozenset[str]]
+        self, state: ResourceState, socket_dir: Path, driver: Callable[[], HostDriver]
     ) -> None:
         self.state = state
         self.socket_path = socket_dir / socket_name(state.advertised.resource)
-        self.present = present
+        self.driver = driver
         self.registered = False
         self._server: Any = None
 
@@ -227,7 +228,7 @@ class PluginServer:
             self.socket_path.unlink()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         pb_grpc.add_DevicePluginServicer_to_server(  # type: ignore[no-untyped-call]
-            DevicePluginService(self.state, self.present), server
+            DevicePluginService(self.state, self.driver), server
         )
         server.add_insecure_port(f"unix://{self.socket_path}")
         server.start()

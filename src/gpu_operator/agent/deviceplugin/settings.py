@@ -45,7 +45,10 @@ class PluginSettings:
     device_id_strategy: str = "uuid"
     cdi_annotation_prefix: str = DEFAULT_CDI_ANNOTATION_PREFIX
     mps_root: str = DEFAULT_MPS_ROOT  # on the host: where the MPS control daemon keeps pipes
-    dev_root: str = "/"  # on the host: where /dev/nvidia* live (the driver root)
+    driver_root: str = "/"  # on the host: the driver root (NVIDIA_DRIVER_ROOT)
+    # On the host: where /dev/nvidia* live (NVIDIA_DEV_ROOT); None: wherever the driver has
+    # them (its root's dev/ for a driver container's, else /dev).
+    dev_root: str | None = None
 
     @property
     def cdi_enabled(self) -> bool:
@@ -126,5 +129,6 @@ def plugin_settings(
         or (plugin and plugin.cdi_annotation_prefix)
         or DEFAULT_CDI_ANNOTATION_PREFIX,
         mps_root=given.get("MPS_ROOT") or flags.mps_root or DEFAULT_MPS_ROOT,
-        dev_root=given.get("NVIDIA_DEV_ROOT") or flags.nvidia_dev_root or driver_root,
+        driver_root=driver_root,
+        dev_root=given.get("NVIDIA_DEV_ROOT") or flags.nvidia_dev_root or None,
     )

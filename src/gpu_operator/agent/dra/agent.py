@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any
 from gpu_operator.agent.dra import devices as dra_devices
 from gpu_operator.agent.dra import slices
 from gpu_operator.agent.dra.server import DraPlugin, PluginPaths
+from gpu_operator.agent.driver_cdi import HostDriver, find_host_driver
 from gpu_operator.agent.inventory import Inventory
+from gpu_operator.agent.nvml import current_driver_root
 
 if TYPE_CHECKING:
     from gpu_operator.kube import Kube
 
 log = logging.getLogger(__name__)
-
-DEV_PATHS = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
 def existing_slices(kube: Kube, node: str) -> list[dict[str, Any]]:
@@ -105,10 +105,15 @@ class PluginOptions:
     resync_s: float = 300.0  # re-read the node's slices this often even when nothing changed
 
 
-def present_dev_paths(dev_root: str, minors: list[int]) -> frozenset[str]:
-    root = Path(dev_root)
-    candidates = [*DEV_PATHS, *(f"/dev/nvidia{m}" for m in minors)]
-    return frozenset(p for p in candidates if (root / p.lstrip("/")).exists())
+def find_driver(paths: PluginPaths) -> HostDriver:
+    """The driver prepared claims hand to containers: found where this container has the
+    driver root (where NVML is loaded from), named by its host paths."""
+    driver, missing = find_host_driver(
+        current_driver_root(), paths.host_driver_root, paths.dev_root
+    )
+    if missing is not None:
+        log.warning("claims' CDI specs carry no driver files: %s", missing)
+    return driver
 
 
 def run(
@@ -123,14 +128,12 @@ def run(
     def refs() -> Mapping[str, dra_devices.DeviceRef]:
         return dra_devices.refs_by_name(latest["inventory"])
 
-    def present() -> frozenset[str]:
-        minors = [g.minor_number for g in latest["inventory"].gpus]
-        return present_dev_paths(options.paths.dev_root, minors)
-
     def read_claim(namespace: str, name: str) -> Mapping[str, Any] | None:
         return kube.get("ResourceClaim", name, namespace)
 
-    plugin = DraPlugin(options.node, options.paths, refs, read_claim, present)
+    plugin = DraPlugin(
+        options.node, options.paths, refs, read_claim, lambda: find_driver(options.paths)
+    )
     if options.serve_kubelet:
         plugin.start()
     owner = node_owner(kube, options.node)

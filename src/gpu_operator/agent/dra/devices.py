@@ -161,6 +161,7 @@ class DeviceRef:
 
     uuid: str
     minor: int
+    mig: tuple[int, int] | None = None  # a MIG device's GPU and compute instance ids
 
 
 def refs_by_name(inventory: Inventory) -> dict[str, DeviceRef]:
@@ -168,7 +169,10 @@ def refs_by_name(inventory: Inventory) -> dict[str, DeviceRef]:
     for gpu in inventory.gpus:
         if gpu.mig_current:
             names.update(
-                {mig_name(gpu, m): DeviceRef(m.uuid, gpu.minor_number) for m in gpu.mig_devices}
+                {
+                    mig_name(gpu, m): DeviceRef(m.uuid, gpu.minor_number, (m.gi_id, m.ci_id))
+                    for m in gpu.mig_devices
+                }
             )
         else:
             names[gpu_name(gpu)] = DeviceRef(gpu.uuid, gpu.minor_number)

@@ -4,9 +4,11 @@ The kubelet sends only the claim's namespace, name and UID; the allocation is in
 status (``status.allocation.devices.results``). The results of this driver in this node's pool
 become CDI devices in a per-claim spec, vendor ``k8s.gpu.nvidia.com`` as NVIDIA's DRA driver
 names it, kind ``k8s.gpu.nvidia.com/device``, one device ``<claim uid>-<device name>`` per
-allocated device. Each device injects its GPU's device node (where it exists on the host) and
-``NVIDIA_DRA_<DEVICE>=<uuid>``, so a container can tell what it was given; the spec-wide
-``NVIDIA_VISIBLE_DEVICES=void`` keeps NVIDIA's legacy hook from injecting GPUs again.
+allocated device. Each device injects its device nodes (a MIG device: its GPU's and its
+capability nodes, where they exist on the host) and ``NVIDIA_DRA_<DEVICE>=<uuid>``, so a container
+can tell what it was given; the spec-wide edits carry the driver (libraries, binaries, firmware,
+control nodes: :mod:`gpu_operator.agent.driver_cdi`) and ``NVIDIA_VISIBLE_DEVICES=void``, which
+keeps NVIDIA's legacy hook from injecting GPUs again.
 """
 
 from __future__ import annotations
@@ -16,11 +18,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_operator.agent.deviceplugin.cdi import CDI_VERSION, CONTROL_NODES, host_path
 from gpu_operator.agent.dra.devices import DRIVER, DeviceRef
+from gpu_operator.agent.driver_cdi import (
+    CDI_VERSION,
+    HostDriver,
+    common_edits,
+    gpu_nodes,
+    mig_caps,
+    mig_minors,
+)
 
 CDI_VENDOR = f"k8s.{DRIVER}"
-CDI_CLASS = "device"
+CDI_CLASS = "claim"  # NVIDIA's DRA driver's: k8s.gpu.nvidia.com/claim=<claim uid>-<device>
 CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
 
 
@@ -100,35 +109,26 @@ def env_name(device: str) -> str:
     return "NVIDIA_DRA_" + re.sub(r"[^A-Z0-9]", "_", device.upper())
 
 
-def _node(path: str, dev_root: str) -> dict[str, str]:
-    host = host_path(dev_root, path)
-    return {"path": path} if host == path else {"path": path, "hostPath": host}
-
-
 def cdi_spec(
     uid: str,
     prepared: tuple[PreparedDevice, ...],
     refs: Mapping[str, DeviceRef],
-    present: frozenset[str],
-    dev_root: str = "/",
+    driver: HostDriver,
 ) -> dict[str, Any]:
-    """The claim's CDI spec; ``present`` lists the /dev paths that exist on the host (a missing
-    device node would make the runtime refuse the container)."""
+    """The claim's CDI spec on this driver (only device nodes present on the host: a missing
+    one would make the runtime refuse the container)."""
     entries = []
     for p in prepared:
         ref = refs[p.device]
+        caps = mig_caps(mig_minors(), ref.minor, *ref.mig) if ref.mig else ()
         edits: dict[str, Any] = {"env": [f"{env_name(p.device)}={ref.uuid}"]}
-        node = f"/dev/nvidia{ref.minor}"
-        if node in present:
-            edits["deviceNodes"] = [_node(node, dev_root)]
+        nodes = gpu_nodes(driver, ref.minor, caps)
+        if nodes:
+            edits["deviceNodes"] = nodes
         entries.append({"name": cdi_device_name(uid, p.device), "containerEdits": edits})
-    common: dict[str, Any] = {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}
-    control = [_node(p, dev_root) for p in CONTROL_NODES if p in present]
-    if control:
-        common["deviceNodes"] = control
     return {
         "cdiVersion": CDI_VERSION,
         "kind": CDI_KIND,
         "devices": entries,
-        "containerEdits": common,
+        "containerEdits": common_edits(driver),
     }

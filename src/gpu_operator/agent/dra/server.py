@@ -31,6 +31,7 @@ from gpu_operator.agent.dra.prepare import (
     prepare_claim,
     spec_file_name,
 )
+from gpu_operator.agent.driver_cdi import HostDriver
 from gpu_operator.kubelet_api.dra.v1 import api_pb2 as v1
 from gpu_operator.kubelet_api.dra.v1 import api_pb2_grpc as v1_grpc
 from gpu_operator.kubelet_api.dra.v1beta1 import api_pb2 as v1beta1
@@ -55,7 +56,8 @@ class PluginPaths:
     plugin_dir: Path  # /var/lib/kubelet/plugins/gpu.nvidia.com
     registry_dir: Path  # /var/lib/kubelet/plugins_registry
     cdi_dir: Path  # /var/run/cdi
-    dev_root: str = "/"  # where the host's /dev is mounted, to see which nodes exist
+    host_driver_root: str = "/"  # the driver root on the host (NVIDIA_DRIVER_ROOT)
+    dev_root: str | None = None  # where /dev/nvidia* are on the host; None: with the driver
     # The plugin socket as the kubelet names it, when the kubelet sees the directories under
     # other paths than this process (a node in its own mount namespace); default: the same.
     kubelet_plugin_dir: Path | None = None
@@ -95,13 +97,13 @@ class DraPlugin:
         paths: PluginPaths,
         devices: Callable[[], Mapping[str, DeviceRef]],
         read_claim: ClaimReader,
-        present: Callable[[], frozenset[str]] = lambda: frozenset(),
+        driver: Callable[[], HostDriver],
     ) -> None:
         self.node = node
         self.paths = paths
         self.devices = devices
         self.read_claim = read_claim
-        self.present = present
+        self.driver = driver
         self.checkpoint = Checkpoint(paths.plugin_dir)
         self.registrations = Registrations()
         self._lock = threading.Lock()
@@ -133,8 +135,7 @@ class DraPlugin:
         if len(known) != len(prepared):
             missing = sorted({p.device for p in prepared} - set(known))
             raise PrepareError(f"prepared devices {missing} are not on this node any more")
-        # dev_root is where this container sees the host's /dev; the spec names host paths.
-        spec = cdi_spec(uid, prepared, known, self.present())
+        spec = cdi_spec(uid, prepared, known, self.driver())
         directory = self.paths.cdi_dir
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / spec_file_name(uid)

@@ -11,6 +11,7 @@ capability minors). Every miss says what was searched, so "no driver" is never a
 
 from gpu_operator.agent.driverroot.devices import (
     DeviceNodes,
+    dev_root_of,
     device_nodes,
     mig_device_caps,
     mig_minors_text,
@@ -24,6 +25,7 @@ __all__ = [
     "DriverFiles",
     "DriverNotFound",
     "Library",
+    "dev_root_of",
     "device_nodes",
     "discover_driver",
     "find_library",

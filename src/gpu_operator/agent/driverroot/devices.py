@@ -140,3 +140,15 @@ def mig_device_caps(minors: Mapping[str, int], gpu: int, gi: int, ci: int) -> tu
     if missing:
         raise KeyError(f"mig-minors has no {' or '.join(missing)}")
     return cap_path(minors[keys[0]]), cap_path(minors[keys[1]])
+
+
+def dev_root_of(driver_root: str | Path) -> str | None:
+    """Where the driver's device nodes are: ``/`` when ``/dev/nvidiactl`` exists (a host with
+    the driver loaded; a privileged container sees the host's ``/dev``), else the driver root
+    when its own ``dev/nvidiactl`` exists (a driver container's, or a simulated driver's,
+    nodes); None when neither has it: no driver loaded. The stub driver's libraries decide the
+    same way (``agent/stubdriver/c/stubdriver.h``)."""
+    for root in ("/", str(driver_root)):
+        if os.path.exists(os.path.join(root, "dev", "nvidiactl")):
+            return root
+    return None

@@ -20,11 +20,18 @@ from .errors import (
     ResetRequired,
     error_for,
 )
-from .loader import device_dir, driver_root_from_env, load_nvml, use_driver_root
+from .loader import (
+    SIM_STATE,
+    current_driver_root,
+    driver_root_from_env,
+    load_nvml,
+    use_driver_root,
+)
 from .names import mig_profile_name
 from .session import Nvml, probe
 
 __all__ = [
+    "SIM_STATE",
     "GpuLost",
     "InUse",
     "InsufficientResources",
@@ -37,7 +44,7 @@ __all__ = [
     "NvmlError",
     "NvmlUnavailable",
     "ResetRequired",
-    "device_dir",
+    "current_driver_root",
     "driver_root_from_env",
     "error_for",
     "load_nvml",

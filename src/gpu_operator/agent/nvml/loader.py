@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pynvml
 
-from gpu_operator.agent.driverroot import DriverNotFound, find_library
+from gpu_operator.agent.driverroot import DriverNotFound, dev_root_of, find_library
 from gpu_operator.agent.simnvml import SimulatedNvml, install_simulated_nvml
 from gpu_operator.agent.stubdriver import STUB_MARKER, read_table
 
@@ -33,7 +33,6 @@ NVML_SONAME = "libnvidia-ml.so.1"
 # NVIDIA's names: the driver root on the host, and where a container has it mounted.
 ENV_DRIVER_ROOT = "NVIDIA_DRIVER_ROOT"
 ENV_CONTAINER_DRIVER_ROOT = "CONTAINER_DRIVER_ROOT"
-CONTROL_NODE = "nvidiactl"
 # The simulated GPUs' own state (MIG mode and instances: what the hardware holds), beside the
 # device nodes that stand for the GPUs.
 SIM_STATE = "gpu-operator-sim/nvml-state.json"
@@ -45,15 +44,6 @@ def driver_root_from_env(env: Mapping[str, str] = os.environ) -> str:
     return env.get(ENV_CONTAINER_DRIVER_ROOT) or env.get(ENV_DRIVER_ROOT) or "/"
 
 
-def device_dir(root: str | Path) -> Path | None:
-    """Where the driver's device nodes are: ``/dev`` on a host with the driver loaded, else the
-    driver root's ``dev/``; None when neither has the control node (no driver loaded)."""
-    for candidate in (Path("/dev"), Path(root) / "dev"):
-        if (candidate / CONTROL_NODE).exists():
-            return candidate
-    return None
-
-
 _configured_root: str | None = None
 
 
@@ -61,6 +51,11 @@ def use_driver_root(root: str | None) -> None:
     """Where :func:`load_nvml` looks when given no root (an agent's ``--driver-root``)."""
     global _configured_root
     _configured_root = root
+
+
+def current_driver_root() -> str:
+    """The driver root :func:`load_nvml` reads by default: ``--driver-root``, else the env."""
+    return _configured_root or driver_root_from_env()
 
 
 def load_nvml(root: str | Path | None = None) -> str:
@@ -73,7 +68,7 @@ def load_nvml(root: str | Path | None = None) -> str:
     current = pynvml.nvmlLib
     if current is not None:
         return "simulated NVML" if isinstance(current, SimulatedNvml) else "already loaded"
-    root = Path(root or _configured_root or driver_root_from_env())
+    root = Path(root or current_driver_root())
     try:
         path = find_library(root, NVML_SONAME)
     except DriverNotFound as exc:
@@ -94,12 +89,12 @@ def load_nvml(root: str | Path | None = None) -> str:
 
 def _simulate_from_stub(root: Path, path: Path) -> str:
     """The stub driver: the simulated NVML of the GPUs its table names."""
-    devices = device_dir(root)
-    if devices is None:
+    dev_root = dev_root_of(root)
+    if dev_root is None:
         raise NvmlUnavailable(
             pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
             "load",
-            f"the driver's control node {CONTROL_NODE} is neither in /dev nor in {root / 'dev'}",
+            f"the driver's control node nvidiactl is neither in /dev nor in {root / 'dev'}",
         )
     table = read_table(path.resolve())
     if not table.simulate:
@@ -110,7 +105,7 @@ def _simulate_from_stub(root: Path, path: Path) -> str:
         )
     install_simulated_nvml(
         table.simulate,
-        state_file=devices / SIM_STATE,
+        state_file=Path(dev_root, "dev", SIM_STATE),
         seed=table.seed,
         driver_version=table.driver_version,
         cuda_version=table.cuda_version,

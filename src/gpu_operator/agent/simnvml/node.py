@@ -37,9 +37,14 @@ class SimNode:
         self.init_count = 0  # nvmlInit calls not yet matched by nvmlShutdown
         self._clock = clock
         self._t0 = clock()
-        if state is not None:
-            with self.mutate():
-                pass  # load existing state, or write the initial one
+        if state is not None and state.path.exists():
+            self.sync()  # another process's state: read it (this view may be read-only)
+        elif state is not None:
+            try:
+                with self.mutate():
+                    pass  # the first process of the node writes the initial state
+            except OSError:
+                pass  # a read-only view before anyone wrote it: as booted until someone does
 
     # -- time --------------------------------------------------------------------------------
     def load(self, index: int) -> float:

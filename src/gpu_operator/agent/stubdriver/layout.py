@@ -6,7 +6,7 @@ in), the soname link (``libcuda.so.1 ->``) and, for libcuda and libnvidia-ml, th
 link (``libcuda.so -> libcuda.so.1``). Programs: ``nvidia-smi`` and ``gpu-operator-cuda-probe``.
 GSP firmware files (they say SIMULATED), a ``README.SIMULATED``, and device nodes under
 ``<root>/dev``: ``nvidia<minor>`` (195:minor), ``nvidiactl`` (195:255), ``nvidia-uvm`` and
-``nvidia-uvm-tools`` (235:0 and 235:1), made only as root.
+``nvidia-uvm-tools`` (openable: /dev/null's numbers, see UVM), made only as root.
 
 Every file and link is written beside its place and renamed over it, so laying out again (the
 same or another version, other GPUs) never leaves a half-written library, and a process that has
@@ -43,7 +43,10 @@ log = logging.getLogger(__name__)
 
 NVIDIA_MAJOR = 195
 CTL_MINOR = 255
-UVM_MAJOR = 235  # dynamic on a real node; fixed here
+# nvidia-uvm's major is dynamic on a real node. Here it is /dev/null's numbers, so that opening
+# it works as with a loaded nvidia-uvm module (the validator opens it, as every CUDA program
+# does); no process reads or writes it.
+UVM = (1, 3)
 CAPS_MAJOR = 236  # nvidia-caps: dynamic too
 README = "README.SIMULATED"
 FIRMWARE_TEXT = "gpu-operator SIMULATED stub driver {version}: not NVIDIA GSP firmware ({name})\n"
@@ -93,8 +96,8 @@ def plan_layout(
         for gpu in sorted(gpus, key=lambda g: g.minor):
             plan.append(Entry("node", f"dev/nvidia{gpu.minor}", device=(NVIDIA_MAJOR, gpu.minor)))
         plan.append(Entry("node", "dev/nvidiactl", device=(NVIDIA_MAJOR, CTL_MINOR)))
-        plan.append(Entry("node", "dev/nvidia-uvm", device=(UVM_MAJOR, 0)))
-        plan.append(Entry("node", "dev/nvidia-uvm-tools", device=(UVM_MAJOR, 1)))
+        plan.append(Entry("node", "dev/nvidia-uvm", device=UVM))
+        plan.append(Entry("node", "dev/nvidia-uvm-tools", device=UVM))
         plan.extend(_mig_cap_nodes(gpus))
     return plan
 

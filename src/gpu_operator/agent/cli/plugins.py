@@ -1,0 +1,308 @@
+"""``agent device-plugin`` (with ``--kwok-capacity`` for simulated kwok nodes), the SIMULATED
+``agent mps-control-daemon`` and ``agent dra-plugin``: what hands GPUs to pods."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from gpu_operator.agent import kube
+from gpu_operator.agent.cli.common import (
+    add_common,
+    add_config_args,
+    add_node_name,
+    config_dir,
+    node_name,
+    setup,
+    stop_on_signals,
+)
+from gpu_operator.agent.deviceplugin.settings import ENV_NAMES as PLUGIN_ENV
+from gpu_operator.agent.deviceplugin_config import load_device_plugin_config
+from gpu_operator.agent.nvml import Nvml
+
+log = logging.getLogger(__name__)
+
+
+# -- device-plugin ------------------------------------------------------------------------------
+def cmd_device_plugin(args: argparse.Namespace) -> int:
+    from gpu_operator.agent.deviceplugin import agent as plugin
+    from gpu_operator.agent.deviceplugin.configs import ConfigSelectionError
+    from gpu_operator.agent.deviceplugin.health import xid_policy
+
+    setup(args)
+    node = node_name(args)
+    try:
+        configs = config_dir(args)
+    except ConfigSelectionError as exc:
+        log.error("%s", exc)
+        return 2
+    stop = stop_on_signals()
+    if args.kwok_capacity:
+        return _kwok_capacity(args, node, configs, stop)
+    return plugin.run_device_plugin(
+        stop=stop,
+        paths=plugin.Paths(
+            kubelet_socket=Path(args.kubelet_socket),
+            cdi_root=Path(args.cdi_root),
+            sysfs=Path(args.sysfs_root),
+            mps_dir=Path(args.mps_dir) if args.mps_dir else None,
+            pod_resources_socket=(
+                Path(args.pod_resources_socket) if args.pod_resources_socket else None
+            ),
+        ),
+        overrides={env: getattr(args, env.lower()) for env in PLUGIN_ENV},
+        health_options=plugin.HealthOptions(
+            policy=xid_policy(
+                os.environ.get("DP_DISABLE_HEALTHCHECKS"), os.environ.get("DP_ENABLE_HEALTHCHECKS")
+            ),
+            recovery_s=args.xid_recovery_seconds,
+            poll_s=args.health_poll_ms / 1000.0,
+        ),
+        config_file=args.config_file,
+        configs=configs,
+        node=node,
+        api=kube.connect() if configs is not None and node else None,
+    )
+
+
+def _kwok_capacity(
+    args: argparse.Namespace, node: str | None, configs: Any, stop: threading.Event
+) -> int:
+    """``device-plugin --kwok-capacity``: the simulated node's capacity instead of a kubelet."""
+    from gpu_operator.agent.deviceplugin import advertised_resources
+    from gpu_operator.agent.deviceplugin.capacity import follow
+    from gpu_operator.agent.deviceplugin.settings import plugin_settings
+
+    if not args.simulate or not node:
+        log.error(
+            "--kwok-capacity is for simulated kwok nodes: it needs --simulate (or "
+            "GPU_OPERATOR_SIMULATE) and the node's name (--node-name or NODE_NAME)"
+        )
+        return 2
+    overrides = {env: getattr(args, env.lower()) for env in PLUGIN_ENV}
+    nvml = Nvml()
+    nvml.open()
+
+    def advertised(view: kube.NodeView) -> dict[str, int]:
+        if configs is not None:
+            _, config = configs.choose(view.labels.get(configs.label_key) or None)
+        else:
+            config = load_device_plugin_config(args.config_file)
+        settings = plugin_settings(config, overrides)
+        return advertised_resources(nvml.inventory(), config, settings.mig_strategy)
+
+    api = kube.connect()
+    code: list[int] = []
+
+    def run() -> None:
+        code.append(follow(api, node, advertised, stop))
+        stop.set()
+
+    # The watch may block for its whole timeout: a daemon thread, so a signal ends it at once.
+    threading.Thread(target=run, name="kwok capacity", daemon=True).start()
+    stop.wait()
+    nvml.close()
+    return code[0] if code else 0
+
+
+# -- mps-control-daemon -------------------------------------------------------------------------
+def cmd_mps_control_daemon(args: argparse.Namespace) -> int:
+    from gpu_operator.agent.deviceplugin import mps
+    from gpu_operator.agent.deviceplugin.configs import ConfigSelectionError
+    from gpu_operator.agent.deviceplugin.resources import device_map
+    from gpu_operator.agent.deviceplugin.settings import plugin_settings
+
+    setup(args)
+    # Simulated GPUs (GPU_OPERATOR_SIMULATE, set by the renderer or by the node's runtime) get the
+    # simulated daemon; real GPUs need NVIDIA's.
+    if not args.simulate:
+        if args.simulated:
+            log.error("--simulated needs simulated GPUs: --simulate or GPU_OPERATOR_SIMULATE")
+        else:
+            log.error(
+                "this image has no CUDA MPS control daemon: it runs only simulated, for "
+                "simulated GPUs (GPU_OPERATOR_SIMULATE); use NVIDIA's device-plugin image "
+                "(devicePlugin.repository/image) for MPS on real GPUs"
+            )
+        return 2
+    node = node_name(args)
+    api = kube.connect() if args.config_dir and node else None
+    try:
+        configs = config_dir(args)
+    except ConfigSelectionError as exc:
+        log.error("%s", exc)
+        return 2
+    nvml = Nvml()
+    nvml.open()
+    seen = {"version": ""}
+
+    def resources() -> list[str]:
+        if configs is not None:
+            label = None
+            if api is not None and node:
+                view = kube.read_node(api, node)
+                seen["version"] = view.resource_version
+                label = view.labels.get(configs.label_key) or None
+            _, config = configs.choose(label)
+        else:
+            config = load_device_plugin_config(args.config_file)
+        settings = plugin_settings(config, {"MIG_STRATEGY": args.mig_strategy})
+        devices = device_map(nvml.inventory(), config, settings.mig_strategy)
+        return mps.mps_resources(devices, config.sharing.strategy)
+
+    stop = stop_on_signals()
+
+    def changed() -> None:
+        if (
+            api is None
+            or not node
+            or not kube.wait_for_node_change(api, node, seen["version"], 300)
+        ):
+            stop.wait(10)
+
+    try:
+        return mps.run_simulated(Path(args.mps_root), resources, stop, changed=changed)
+    finally:
+        nvml.close()
+
+
+# -- dra-plugin -----------------------------------------------------------------------------------
+def cmd_dra_plugin(args: argparse.Namespace) -> int:
+    from gpu_operator.agent.dra import agent as dra
+    from gpu_operator.agent.dra.devices import DRIVER
+    from gpu_operator.agent.dra.server import PluginPaths
+
+    setup(args)
+    node = node_name(args)
+    if not node:
+        log.error("dra-plugin needs the node's name: --node-name or env NODE_NAME")
+        return 2
+    stop = stop_on_signals()
+    nvml = Nvml().open()
+    try:
+        return dra.run(
+            kube.connect(),
+            nvml.inventory,
+            dra.PluginOptions(
+                node=node,
+                paths=PluginPaths(
+                    plugin_dir=Path(args.kubelet_plugins_directory_path) / DRIVER,
+                    registry_dir=Path(args.kubelet_registrar_directory_path),
+                    cdi_dir=Path(args.cdi_root),
+                    host_driver_root=args.host_driver_root,
+                    dev_root=args.dev_root,
+                ),
+                interval_s=args.interval,
+                serve_kubelet=not args.publish_only,
+            ),
+            stop,
+        )
+    finally:
+        nvml.close()
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "dra-plugin",
+        help="DRA kubelet plugin: publish GPUs as ResourceSlices, prepare claims with CDI",
+    )
+    add_common(p)
+    add_node_name(p)
+    p.add_argument(
+        "--kubelet-registrar-directory-path",
+        default=os.environ.get("KUBELET_REGISTRAR_DIRECTORY_PATH")
+        or "/var/lib/kubelet/plugins_registry",
+    )
+    p.add_argument(
+        "--kubelet-plugins-directory-path",
+        default=os.environ.get("KUBELET_PLUGINS_DIRECTORY_PATH") or "/var/lib/kubelet/plugins",
+    )
+    p.add_argument("--cdi-root", default=os.environ.get("CDI_ROOT") or "/var/run/cdi")
+    p.add_argument(
+        "--host-driver-root",
+        default=os.environ.get("NVIDIA_DRIVER_ROOT") or "/",
+        help="the driver root on the host, as claims' CDI specs name it (env NVIDIA_DRIVER_ROOT)",
+    )
+    p.add_argument(
+        "--dev-root",
+        default=os.environ.get("NVIDIA_DEV_ROOT") or None,
+        help="where /dev/nvidia* are on the host (env NVIDIA_DEV_ROOT); default: with the driver",
+    )
+    p.add_argument(
+        "--interval", type=float, default=2.0, help="seconds between inventory reads (2)"
+    )
+    p.add_argument(
+        "--publish-only", action="store_true", help="publish slices, serve no kubelet (kwok)"
+    )
+    p.set_defaults(func=cmd_dra_plugin)
+
+    p = sub.add_parser(
+        "device-plugin",
+        help="kubelet device plugin: advertise and allocate GPUs, MIG devices and replicas",
+    )
+    add_common(p)
+    add_config_args(p)
+    add_node_name(p)
+    for env in PLUGIN_ENV:
+        p.add_argument(
+            "--" + env.lower().replace("_", "-"),
+            dest=env.lower(),
+            default=os.environ.get(env),
+            help=f"overrides the config file (env {env})",
+        )
+    p.add_argument(
+        "--kubelet-socket",
+        default=os.environ.get("KUBELET_SOCKET") or "/var/lib/kubelet/device-plugins/kubelet.sock",
+        help="plugin sockets go next to it (env KUBELET_SOCKET)",
+    )
+    p.add_argument("--cdi-root", default=os.environ.get("CDI_ROOT") or "/var/run/cdi")
+    p.add_argument("--sysfs-root", default="/sys", help="for NUMA nodes and PCIe roots")
+    p.add_argument(
+        "--mps-dir",
+        default=os.environ.get("MPS_DIR") or None,
+        help="the MPS root as mounted here (/mps in the DaemonSet): MPS replicas wait for the "
+        "control daemon's .started file there (env MPS_DIR; default: no wait)",
+    )
+    p.add_argument(
+        "--pod-resources-socket",
+        default=os.environ.get("POD_RESOURCES_SOCKET") or None,
+        help="the kubelet's PodResources socket: the containers holding a GPU that turns "
+        "Unhealthy are reported (env POD_RESOURCES_SOCKET; default: not looked up)",
+    )
+    p.add_argument(
+        "--xid-recovery-seconds",
+        type=float,
+        default=float(os.environ.get("DP_XID_RECOVERY_SECONDS") or 300),
+        help="a GPU quiet this long after an XID, answering NVML, is healthy again; 0: never "
+        "(env DP_XID_RECOVERY_SECONDS)",
+    )
+    p.add_argument("--health-poll-ms", type=int, default=500)
+    p.add_argument(
+        "--kwok-capacity",
+        action="store_true",
+        help="simulated kwok nodes only: write the node's nvidia.com/* capacity and allocatable "
+        "(what a kubelet would report from this plugin) instead of serving a kubelet",
+    )
+    p.set_defaults(func=cmd_device_plugin)
+
+    p = sub.add_parser(
+        "mps-control-daemon",
+        help="SIMULATED MPS control daemon: the pipe and .started files the plugin's MPS "
+        "resources need, for simulated GPUs only",
+    )
+    add_common(p)
+    p.add_argument(
+        "--simulated",
+        action="store_true",
+        help="say so explicitly (implied by simulated GPUs): no CUDA MPS server runs, only its "
+        "files are laid out",
+    )
+    p.add_argument("--mps-root", default="/mps", help="the host's MPS root, as mounted here")
+    add_config_args(p)
+    p.add_argument("--mig-strategy", default=os.environ.get("MIG_STRATEGY") or None)
+    add_node_name(p)
+    p.set_defaults(func=cmd_mps_control_daemon)

@@ -1,0 +1,137 @@
+"""``agent simulate-driver`` and ``agent simulate-toolkit``: the SIMULATED stand-ins for NVIDIA's
+driver and container-toolkit images (testenv only; :mod:`gpu_operator.agent.simulated_operands`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpu_operator import labels
+from gpu_operator.agent.cli.common import setup
+from gpu_operator.agent.stubdriver import STYLES  # light: the NVML loader imports it anyway
+
+
+def cmd_simulate_driver(args: argparse.Namespace) -> int:
+    from gpu_operator.agent import simulated_operands as sim
+
+    setup(args)
+    if args.action == "install":
+        return _install(args)
+    if args.action == "uninstall":
+        if not args.root:
+            print("error: simulate-driver uninstall needs --root", file=sys.stderr)
+            return 2
+        removed = sim.uninstall_driver(Path(args.root))
+        sim.say(f"stub driver removed from {args.root}" if removed else "no stub driver there")
+        return 0
+    driver_root = Path(args.driver_root)
+    if args.action == "manager":
+        return sim.run_manager(driver_root)
+    sim_dir = Path(args.host_root) / labels.SIMULATED_GPUS_DIR.lstrip("/")
+    return sim.run_driver(
+        sim_dir / labels.SIMULATED_GPUS_PROFILE,
+        driver_root,
+        driver_version=args.driver_version or None,
+    )
+
+
+def _install(args: argparse.Namespace) -> int:
+    """``install``: lay the stub driver out once (the testenv harness's preinstalled driver)."""
+    from gpu_operator.agent import simulated_operands as sim
+    from gpu_operator.agent.stubdriver import StubDriverError
+
+    missing = [f"--{name}" for name in ("root", "spec", "seed") if not getattr(args, name)]
+    if missing:
+        print(f"error: simulate-driver install needs {', '.join(missing)}", file=sys.stderr)
+        return 2
+    root = Path(args.root)
+    try:
+        info = sim.install_driver(
+            args.spec,
+            root,
+            seed=args.seed,
+            driver_version=args.driver_version or None,
+            style=args.style,
+        )
+    except (sim.SimulationError, StubDriverError, ValueError) as exc:
+        print(f"{sim.BANNER}: driver not installed: {exc}", file=sys.stderr)
+        return 1
+    sim.say(
+        f"driver {info['driver_version']} installed in {root} with {info['gpus']} simulated "
+        f"GPU(s) ({info['spec']})"
+    )
+    return 0
+
+
+def cmd_simulate_toolkit(args: argparse.Namespace) -> int:
+    from gpu_operator.agent import simulated_operands as sim
+
+    setup(args)  # NVML from --driver-root: the CDI spec names the driver's GPUs
+    return sim.run_toolkit(
+        Path(args.containerd_config),
+        args.runtime_class,
+        Path(args.cdi_dir) if args.cdi_dir else None,
+        args.driver_root,
+        args.host_driver_root,
+    )
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "simulate-driver",
+        help="SIMULATED NVIDIA driver container (testenv stand-in images only)",
+    )
+    p.add_argument(
+        "action",
+        nargs="?",
+        choices=["init", "manager", "install", "uninstall"],
+        default="init",
+        help="init: install from the node's profile and hold the driver until stopped; "
+        "manager: unload the previous one; install/uninstall: once, in --root",
+    )
+    # k8s-driver-manager's own step word (uninstall_driver); the stand-in has only that one.
+    p.add_argument("step", nargs="?", help=argparse.SUPPRESS)
+    p.add_argument("--host-root", default=os.environ.get("HOST_ROOT", "/host"))
+    p.add_argument("--driver-root", default=labels.SIMULATED_DRIVER_ROOT)
+    p.add_argument(
+        "--driver-version",
+        default=os.environ.get("DRIVER_VERSION"),
+        help="the version installed (env DRIVER_VERSION, as NVIDIA's driver images set it)",
+    )
+    p.add_argument("--root", help="install/uninstall: the driver root to lay out or clear")
+    p.add_argument("--spec", metavar="PROFILE:COUNT", help="install: the GPUs, e.g. a100-40gb:2")
+    p.add_argument("--seed", metavar="NODE", help="install: what the GPU UUIDs derive from")
+    p.add_argument("--style", choices=STYLES, default="ubuntu", help="install: the layout")
+    p.set_defaults(func=cmd_simulate_driver)
+
+    p = sub.add_parser(
+        "simulate-toolkit",
+        help="SIMULATED NVIDIA container toolkit (testenv stand-in images only)",
+    )
+    p.add_argument(
+        "--containerd-config",
+        default=os.environ.get("CONTAINERD_CONFIG", "/etc/containerd/config.toml"),
+    )
+    p.add_argument("--runtime-class", default=os.environ.get("CONTAINERD_RUNTIME_CLASS", "nvidia"))
+    p.add_argument(
+        "--cdi-dir",
+        default="/var/run/cdi" if os.environ.get("CDI_ENABLED") == "true" else None,
+        help="where to keep the node's CDI spec for the driver (default /var/run/cdi when env "
+        "CDI_ENABLED is true, else no spec)",
+    )
+    p.add_argument(
+        "--driver-root",
+        default=os.environ.get("DRIVER_ROOT_CTR_PATH") or "/driver-root",
+        help="the driver root as mounted here (env DRIVER_ROOT_CTR_PATH; default /driver-root)",
+    )
+    p.add_argument(
+        "--host-driver-root",
+        default=os.environ.get("NVIDIA_DRIVER_ROOT") or "/run/nvidia/driver",
+        help="the driver root on the host, named by the CDI spec (env NVIDIA_DRIVER_ROOT; "
+        "default /run/nvidia/driver)",
+    )
+    p.set_defaults(func=cmd_simulate_toolkit)
