@@ -503,9 +503,13 @@ def test_runtime_class_name_follows_the_operator_setting() -> None:
         ]
         == "nvidia-cdi"
     )
-    assert pod(by_kind(objects, "DaemonSet")["gpu-feature-discovery"])["runtimeClassName"] == (
-        "nvidia-cdi"
-    )
+    daemonsets = by_kind(objects, "DaemonSet")
+    # NVIDIA's device plugin image (the default) gets the driver from NVIDIA's runtime ...
+    assert pod(daemonsets["nvidia-device-plugin-daemonset"])["runtimeClassName"] == "nvidia-cdi"
+    # ... the project's agents load it themselves from the driver root they mount: no runtime
+    # class (nor a toolkit having configured it) needed to start them.
+    for name in ("gpu-feature-discovery", "nvidia-dcgm-exporter", "nvidia-operator-validator"):
+        assert "runtimeClassName" not in pod(daemonsets[name]), name
 
 
 def test_without_the_toolkit_pods_use_the_host_default_runtime() -> None:

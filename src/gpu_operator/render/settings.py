@@ -83,6 +83,9 @@ def daemonset_settings(
     spec = section(policy, comp)
     image = component_image(comp, spec, facts)
     entrypoint = command(comp, image, facts.operator_image)
+    # The project's agents load the driver themselves: no NVIDIA runtime (nor its toolkit having
+    # configured it) needed to start them.
+    project_image = runs_agent(comp, image, facts.operator_image)
     resources = spec.resources.to_wire() if spec.resources is not None else {}
     return DaemonSetSettings(
         user_labels=dict(common.labels or {}),
@@ -91,7 +94,7 @@ def daemonset_settings(
         node_selector={comp.deploy_label: "true"},
         tolerations=_tolerations(policy),
         priority_class_name=common.priority_class_name or DEFAULT_PRIORITY_CLASS,
-        runtime_class_name=_runtime_class_name(policy, facts, comp),
+        runtime_class_name=(None if project_image else _runtime_class_name(policy, facts, comp)),
         security_context=(
             common.pod_security_context.to_wire()
             if common.pod_security_context is not None
@@ -104,7 +107,7 @@ def daemonset_settings(
         args=tuple(spec.args or ()),
         env=tuple(_user_env(comp, spec)),
         resources=resources or None,
-        project_image=runs_agent(comp, image, facts.operator_image),
+        project_image=project_image,
         config_hashes=facts.config_hashes,
     )
 

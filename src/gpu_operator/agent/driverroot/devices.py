@@ -143,12 +143,13 @@ def mig_device_caps(minors: Mapping[str, int], gpu: int, gi: int, ci: int) -> tu
 
 
 def dev_root_of(driver_root: str | Path) -> str | None:
-    """Where the driver's device nodes are: ``/`` when ``/dev/nvidiactl`` exists (a host with
-    the driver loaded; a privileged container sees the host's ``/dev``), else the driver root
-    when its own ``dev/nvidiactl`` exists (a driver container's, or a simulated driver's,
-    nodes); None when neither has it: no driver loaded. The stub driver's libraries decide the
-    same way (``agent/stubdriver/c/stubdriver.h``)."""
-    for root in ("/", str(driver_root)):
+    """Where the driver's device nodes are: the driver root when its own ``dev/nvidiactl``
+    exists (a driver container's nodes, or a simulated driver's: NVIDIA's toolkit takes the dev
+    root to be the driver root), else ``/`` when ``/dev/nvidiactl`` exists (a host with the
+    driver loaded; a privileged container sees the host's ``/dev``); None when neither has it:
+    no driver loaded. The stub driver's libraries decide the same way
+    (``agent/stubdriver/c/stubdriver.h``)."""
+    for root in (str(driver_root), "/"):
         if os.path.exists(os.path.join(root, "dev", "nvidiactl")):
             return root
     return None

@@ -10,8 +10,8 @@ searched.
 The testenv's stub driver (:mod:`gpu_operator.agent.stubdriver`) is found and loaded the same
 way; once loaded it is recognised by its marker symbol and the simulated NVML takes over, built
 from the GPU table the stub carries. Like the real library it needs the driver's control device
-node (``nvidiactl``): in ``/dev``, or in the driver root's ``dev/`` where a simulated driver
-lays out its nodes.
+node (``nvidiactl``): in the driver root's ``dev/`` (a driver container's, or the simulated
+driver's nodes), or in ``/dev``.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def _simulate_from_stub(root: Path, path: Path) -> str:
         raise NvmlUnavailable(
             pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
             "load",
-            f"the driver's control node nvidiactl is neither in /dev nor in {root / 'dev'}",
+            f"the driver's control node nvidiactl is neither in {root / 'dev'} nor in /dev",
         )
     table = read_table(path.resolve())
     if not table.simulate:

@@ -13,10 +13,10 @@ says SIMULATED; each library exports ``gpu_operator_stub_driver`` (:data:`DRIVER
 - :mod:`.build`: :func:`build_stubs`, compiling them once per set of sources (needs gcc)
 - :mod:`.layout`: :func:`plan_layout`, :func:`lay_out` and :func:`remove`
 
-Which GPUs a process sees (``c/stubdriver.h``): the device dir is ``/dev`` when
-``/dev/nvidiactl`` exists, else ``<driver root>/dev`` when ``<driver root>/dev/nvidiactl``
-exists, the driver root being the loaded library's directory less its library directory
-(``/run/nvidia/driver/usr/lib/x86_64-linux-gnu`` -> ``/run/nvidia/driver``); without one,
+Which GPUs a process sees (``c/stubdriver.h``): the device dir is ``<driver root>/dev`` when
+``<driver root>/dev/nvidiactl`` exists, the driver root being the loaded library's directory
+less its library directory (``/run/nvidia/driver/usr/lib/x86_64-linux-gnu`` ->
+``/run/nvidia/driver``), else ``/dev`` when ``/dev/nvidiactl`` exists; without one,
 ``nvmlInit`` fails with NVML_ERROR_DRIVER_NOT_LOADED and ``cuInit`` with CUDA_ERROR_NO_DEVICE.
 A GPU is visible when ``<device dir>/nvidia<minor>`` exists; indices follow ascending minors.
 """

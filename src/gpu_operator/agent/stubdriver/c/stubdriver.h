@@ -13,9 +13,10 @@
  *     cuda 13000
  *     gpu <minor> <uuid> <memory MiB> <pci bus id> <name, spaces allowed>
  *
- * Which GPUs are visible. The device dir is /dev when /dev/nvidiactl exists; else the driver
- * root is the library's own directory less a known library directory (STUB_LIB_DIRS), and the
- * device dir is <root>/dev when <root>/dev/nvidiactl exists; else the driver is "not loaded".
+ * Which GPUs are visible. The driver root is the library's own directory less a known library
+ * directory (STUB_LIB_DIRS); the device dir is <root>/dev when <root>/dev/nvidiactl exists (a
+ * driver container's nodes, as NVIDIA's toolkit takes its dev root to be its driver root), else
+ * /dev when /dev/nvidiactl exists; else the driver is "not loaded".
  * A row is visible when <device dir>/nvidia<minor> exists (stat). Index = ascending minor.
  */
 #ifndef GPU_OPERATOR_STUBDRIVER_H
@@ -141,24 +142,20 @@ static inline int stub_device_dir(char *out, size_t len)
     size_t i, dir_len;
     char *slash;
 
-    if (stub_exists("/dev", "nvidiactl")) {
-        stub_copy(out, len, "/dev");
-        return 0;
-    }
     if (!dladdr((const void *)stub_table_data, &info) || !info.dli_fname)
-        return -1;
+        goto host_dev;
     if (info.dli_fname[0] == '/') {
         stub_copy(dir, sizeof(dir), info.dli_fname);
     } else {
         char cwd[PATH_MAX];
         if (!getcwd(cwd, sizeof(cwd)))
-            return -1;
+            goto host_dev;
         if (snprintf(dir, sizeof(dir), "%s/%s", cwd, info.dli_fname) >= (int)sizeof(dir))
-            return -1;
+            goto host_dev;
     }
     slash = strrchr(dir, '/');
     if (!slash)
-        return -1;
+        goto host_dev;
     *slash = '\0';
     dir_len = strlen(dir);
     for (i = 0; i < sizeof(lib_dirs) / sizeof(lib_dirs[0]); i++) {
@@ -174,6 +171,11 @@ static inline int stub_device_dir(char *out, size_t len)
             stub_copy(out, len, dev);
             return 0;
         }
+    }
+host_dev:
+    if (stub_exists("/dev", "nvidiactl")) {
+        stub_copy(out, len, "/dev");
+        return 0;
     }
     return -1;
 }
