@@ -81,7 +81,8 @@ def test_exporter_serves_metrics_naming_the_pod_that_holds_a_gpu(stack: Stack) -
 
 
 def test_agents_run_as_rendered(stack: Stack) -> None:
-    """The pods are the rendered ones: the `nvidia` RuntimeClass, the project's image for the
+    """The pods are the rendered ones: no RuntimeClass for the project's image (its agents load the
+    driver themselves), the `nvidia` one for NVIDIA's images, the project's image for the
     agents, the stand-ins' names for NVIDIA's, and tokens from their own ServiceAccounts."""
     node = stack.cluster.real_nodes[1]
 
@@ -92,7 +93,8 @@ def test_agents_run_as_rendered(stack: Stack) -> None:
 
     for ds in ("gpu-feature-discovery", "nvidia-dcgm-exporter", "nvidia-operator-validator"):
         pod = wait_for(f"one {ds} pod on {node}", lambda ds=ds: one_pod(ds), timeout=300)
-        assert pod["spec"]["runtimeClassName"] == "nvidia"
+        # The project's agents load the driver by path from the root they mount: no runtime
+        assert "runtimeClassName" not in pod["spec"]
         assert pod["spec"]["containers"][0]["image"] == DEFAULT_OPERATOR_IMAGE
     plugin = wait_for("one device plugin pod", lambda: one_pod("nvidia-device-plugin-daemonset"))
     assert plugin["spec"]["containers"][0]["image"] == "nvcr.io/nvidia/k8s-device-plugin:v0.17.4"

@@ -22,7 +22,7 @@ from gpu_operator.agent.cli.common import (
 )
 from gpu_operator.agent.deviceplugin.settings import ENV_NAMES as PLUGIN_ENV
 from gpu_operator.agent.deviceplugin_config import load_device_plugin_config
-from gpu_operator.agent.nvml import Nvml
+from gpu_operator.agent.nvml import Nvml, NvmlError, simulated
 
 log = logging.getLogger(__name__)
 
@@ -117,16 +117,22 @@ def cmd_mps_control_daemon(args: argparse.Namespace) -> int:
     from gpu_operator.agent.deviceplugin.settings import plugin_settings
 
     setup(args)
-    # Simulated GPUs (GPU_OPERATOR_SIMULATE, set by the renderer or by the node's runtime) get the
-    # simulated daemon; real GPUs need NVIDIA's.
-    if not args.simulate:
+    nvml = Nvml()
+    try:
+        nvml.open()
+    except NvmlError as exc:
+        log.error("%s", exc)
+        return 1
+    # Simulated GPUs (--simulate, or the stub driver of a simulated node) get the simulated
+    # daemon; real GPUs need NVIDIA's.
+    if not simulated():
         if args.simulated:
-            log.error("--simulated needs simulated GPUs: --simulate or GPU_OPERATOR_SIMULATE")
+            log.error("--simulated needs simulated GPUs: --simulate or a simulated node's driver")
         else:
             log.error(
-                "this image has no CUDA MPS control daemon: it runs only simulated, for "
-                "simulated GPUs (GPU_OPERATOR_SIMULATE); use NVIDIA's device-plugin image "
-                "(devicePlugin.repository/image) for MPS on real GPUs"
+                "this image has no CUDA MPS control daemon: it runs only for simulated GPUs; "
+                "use NVIDIA's device-plugin image (devicePlugin.repository/image) for MPS on "
+                "real GPUs"
             )
         return 2
     node = node_name(args)
@@ -136,8 +142,6 @@ def cmd_mps_control_daemon(args: argparse.Namespace) -> int:
     except ConfigSelectionError as exc:
         log.error("%s", exc)
         return 2
-    nvml = Nvml()
-    nvml.open()
     seen = {"version": ""}
 
     def resources() -> list[str]:

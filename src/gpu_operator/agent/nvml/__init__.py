@@ -25,6 +25,7 @@ from .loader import (
     current_driver_root,
     driver_root_from_env,
     load_nvml,
+    simulated,
     use_driver_root,
 )
 from .names import mig_profile_name
@@ -50,5 +51,6 @@ __all__ = [
     "load_nvml",
     "mig_profile_name",
     "probe",
+    "simulated",
     "use_driver_root",
 ]

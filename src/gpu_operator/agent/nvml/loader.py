@@ -53,6 +53,12 @@ def use_driver_root(root: str | None) -> None:
     _configured_root = root
 
 
+def simulated() -> bool:
+    """Whether the NVML under pynvml is the simulated one (``--simulate``, or the stub driver
+    handed over to it): the agents that stand in for NVIDIA's binaries run only then."""
+    return isinstance(pynvml.nvmlLib, SimulatedNvml)
+
+
 def current_driver_root() -> str:
     """The driver root :func:`load_nvml` reads by default: ``--driver-root``, else the env."""
     return _configured_root or driver_root_from_env()
