@@ -15,7 +15,7 @@ endif
 JOBS ?= 3
 PYTEST := $(BIN)/pytest -q -p randomly --randomly-seed=$(SEED) -n $(JOBS)
 
-.PHONY: demo test lint typecheck unit e2e testenv packages bench manifests clean image standins
+.PHONY: demo test lint typecheck unit e2e testenv packages bench manifests clean image standins gpu-test
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -71,6 +71,12 @@ image:
 standins: image
 	hack/build-components.sh standins
 
+## gpu-test: prepare .gpu-carry/ for the read-only real-GPU tier (tests/gpu): the CUDA probe built
+## here with the glibc it links, and the wheels the GPU machine lacks; prints the device call that
+## runs hack/gpu-tier.sh there (tests/gpu/README.md)
+gpu-test: $(STAMP)
+	PYTHON=$(BIN)/python hack/gpu-tier.sh prepare
+
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
@@ -85,4 +91,4 @@ manifests: $(STAMP)
 	$(BIN)/gpu-operator bundle --version $$($(BIN)/python -c 'import gpu_operator; print(gpu_operator.__version__)') --output bundle/
 
 clean:
-	rm -rf $(VENV) .testenv build dist src/*.egg-info
+	rm -rf $(VENV) .testenv .gpu-carry build dist src/*.egg-info

@@ -6,6 +6,10 @@ gcc (the stub NVIDIA driver is compiled with it). A test that needs one asks her
 absent the test skips with one line saying what is missing, except with ``CI`` set, where it
 fails. The session's summary counts those skips once
 (``tests/conftest.py``).
+
+The real-GPU tier (``tests/gpu``) is the exception: no CI machine has a GPU, so its tests skip
+with :data:`NO_NVIDIA_DRIVER` everywhere, CI included. This module imports only pytest at top
+level, so that tier runs on a GPU machine without the testenv's dependencies (kubernetes).
 """
 
 from __future__ import annotations
@@ -16,18 +20,22 @@ from typing import NoReturn
 
 import pytest
 
-from gpu_operator.testenv.binaries import in_ci
 from tests.paths import REPO
 
 REFERENCE = REPO.parent / "shared" / "reference"
 NO_REFERENCE = "needs ../shared/reference (NVIDIA's reference documents), absent in this clone"
 NO_KUBECTL = "needs kubectl, not on PATH"
 NO_GCC = "needs gcc (to build the stub NVIDIA driver), not on PATH"
-REASONS = (NO_REFERENCE, NO_KUBECTL, NO_GCC)
+# tests/gpu: a skip, never a failure, CI included (CI has no GPU).
+NO_NVIDIA_DRIVER = "no NVIDIA driver on this machine (no libnvidia-ml.so.1 under /)"
+NO_NVIDIA_DEVICE = "NVIDIA driver libraries but no /dev/nvidiactl here (no driver loaded)"
+REASONS = (NO_REFERENCE, NO_KUBECTL, NO_GCC, NO_NVIDIA_DRIVER, NO_NVIDIA_DEVICE)
 
 
 def absent(reason: str) -> NoReturn:
     """Skip with ``reason``; with CI set, fail: there nothing may be silently left out."""
+    from gpu_operator.testenv.binaries import in_ci  # its package imports the testenv's deps
+
     if in_ci():
         pytest.fail(f"CI is set and this test {reason}", pytrace=False)
     pytest.skip(reason)

@@ -6,27 +6,18 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 import yaml
 
 from gpu_operator.agent.cli import add_agent_commands
-from gpu_operator.api import KIND, ClusterPolicySpec, PolicyError, parse_document
+from gpu_operator.api import KIND, PolicyError, parse_document
 from gpu_operator.api.crd import all_crds
 from gpu_operator.api.legacy import migrate
 from gpu_operator.install.cli import add_install_commands
-from gpu_operator.render import RenderedComponent, default_policy, render_components
 from gpu_operator.render.engine import SAFE_LOADER
-from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE, Facts, NodeOS
+from gpu_operator.render_cli import add_render_command, dump_yaml
 
-
-def dump_yaml(docs: Sequence[object]) -> str:
-    """Multi-document YAML, block style, keys in the order they were built."""
-    return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False, width=100)
-
-
-class CliError(Exception):
-    """A problem the user can fix; reported on stderr with exit code 1."""
+__all__ = ["build_parser", "dump_yaml", "main"]
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
@@ -40,34 +31,6 @@ def _cmd_crd(args: argparse.Namespace) -> int:
     for kind, applied in ensure_crds(connect(args.kubeconfig)).items():
         sys.stdout.write(f"applied the {kind} CRD\n" if applied else f"the {kind} CRD is current\n")
     return 0
-
-
-def load_policy(path: str) -> ClusterPolicySpec:
-    """The first YAML document of ``path`` (``-`` for stdin) as a validated ClusterPolicy."""
-    try:
-        if path == "-":
-            text = sys.stdin.read()
-        else:
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read()
-    except OSError as exc:
-        raise CliError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    return policy_from_text(text, path)
-
-
-def policy_from_text(text: str, source: str) -> ClusterPolicySpec:
-    """Parse and validate a ClusterPolicy document; ``CliError`` lines name ``source``."""
-    try:
-        doc = next((d for d in yaml.load_all(text, Loader=SAFE_LOADER) if d is not None), None)
-    except yaml.YAMLError as exc:
-        raise CliError(f"{source}: not valid YAML: {exc}") from None
-    if not isinstance(doc, dict):
-        found = "no document" if doc is None else f"a {type(doc).__name__}"
-        raise CliError(f"{source}: expected a ClusterPolicy object, found {found}")
-    try:
-        return parse_document(doc)
-    except PolicyError as exc:
-        raise CliError("\n".join(f"{source}: {problem}" for problem in exc.problems)) from None
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
@@ -112,58 +75,6 @@ def _fail(message: str) -> int:
     return 1
 
 
-def _node_os(text: str) -> NodeOS:
-    try:
-        return NodeOS.parse(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def summary_table(parts: Sequence[RenderedComponent]) -> str:
-    """One row per component: is it on, how many objects, which image(s)."""
-    rows = [("COMPONENT", "ENABLED", "OBJECTS", "IMAGE")]
-    for part in parts:
-        enabled = "yes" if part.enabled else "no"
-        rows.append((part.component.name, enabled, str(len(part.objects)), ",".join(part.images)))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    lines = []
-    for row in rows:
-        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
-        lines.append("  ".join([*cells, row[-1]]).rstrip() + "\n")
-    return "".join(lines)
-
-
-def _cmd_render(args: argparse.Namespace) -> int:
-    try:
-        policy = load_policy(args.file) if args.file else default_policy()
-    except CliError as exc:
-        return _fail(str(exc))
-    facts = Facts(
-        namespace=args.namespace,
-        runtime=args.runtime,
-        node_oses=tuple(args.node_os or Facts.node_oses),
-        openshift=args.openshift,
-        operator_image=args.operator_image,
-        mps_configs=frozenset(args.mps_config or ()),
-        simulate_gpus=args.simulate_gpus,
-    )
-    parts = render_components(policy, facts)
-    if args.summary:
-        out = summary_table(parts)
-        ignored = policy.unimplemented_enabled()
-        if ignored:
-            out += f"not implemented, ignored: {', '.join(ignored)}\n"
-        sys.stdout.write(out)
-        return 0
-    objects: list[dict[str, Any]] = [obj for part in parts for obj in part.objects]
-    if args.output == "json":
-        items = {"apiVersion": "v1", "kind": "List", "items": objects}
-        sys.stdout.write(json.dumps(items, indent=2) + "\n")
-    else:
-        sys.stdout.write(dump_yaml(objects))
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu-operator", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -187,44 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     crd.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, else KUBECONFIG)")
     crd.set_defaults(func=_cmd_crd)
     add_install_commands(sub)
-
-    render = sub.add_parser(
-        "render",
-        help="print the objects a ClusterPolicy deploys",
-        description="Render a ClusterPolicy (default: all defaults) into Kubernetes objects.",
-    )
-    render.add_argument("-f", "--file", help="ClusterPolicy YAML file, '-' for stdin")
-    render.add_argument("-n", "--namespace", default=Facts.namespace, help="operand namespace")
-    render.add_argument(
-        "--node-os",
-        action="append",
-        type=_node_os,
-        metavar="OS",
-        help="GPU node OS such as ubuntu22.04 or rhel9.4; repeat for several (default ubuntu22.04)",
-    )
-    render.add_argument(
-        "--runtime", choices=["containerd", "crio", "docker"], default=Facts.runtime
-    )
-    render.add_argument("--openshift", action="store_true", help="add OpenShift SCC access")
-    render.add_argument(
-        "--operator-image", default=DEFAULT_OPERATOR_IMAGE, help="the project's image"
-    )
-    render.add_argument(
-        "--mps-config",
-        action="append",
-        metavar="CONFIGMAP",
-        help="the device-plugin ConfigMap configures MPS sharing: render the MPS control daemon",
-    )
-    render.add_argument(
-        "--simulate-gpus",
-        metavar="PROFILE:COUNT",
-        help="the project's agents use simulated GPUs (GPU_OPERATOR_SIMULATE), e.g. a100-40gb:8",
-    )
-    render.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
-    render.add_argument(
-        "--summary", action="store_true", help="print a per-component table instead"
-    )
-    render.set_defaults(func=_cmd_render)
+    add_render_command(sub)
 
     migrate_cmd = sub.add_parser(
         "migrate",

@@ -93,16 +93,15 @@ def stack(
     # GPUCluster's kubelet plugin serves it: both ways GPUs reach pods, on one cluster.
     with real_cluster.api_client() as api:
         Kube(api).merge_patch("Node", DRA_NODE, {"metadata": {"labels": {NO_PLUGIN: "false"}}})
-    try:
-        with real_stack(real_cluster, _policy(), tmp_path_factory) as running:
-            running.kube.create(_gpucluster(CONTAINER_DRIVER))
-            try:
-                yield running
-            finally:
-                running.kube.delete("GPUCluster", "gpu-cluster")
-    finally:
-        with real_cluster.api_client() as api:
-            Kube(api).merge_patch("Node", DRA_NODE, {"metadata": {"labels": {NO_PLUGIN: None}}})
+    with real_stack(real_cluster, _policy(), tmp_path_factory) as running:
+        running.kube.create(_gpucluster(CONTAINER_DRIVER))
+        try:
+            yield running
+        finally:
+            # Before the policy goes (real_stack): the node as the module found it.
+            running.kube.delete("GPUCluster", "gpu-cluster")
+            patch = {"metadata": {"labels": {NO_PLUGIN: None}}}
+            running.kube.merge_patch("Node", DRA_NODE, patch)
 
 
 def _use_driver_root(stack: Stack, root: str) -> None:

@@ -12,6 +12,7 @@ from gpu_operator.controller.gpucluster import (
     decide_gpucluster,
 )
 from gpu_operator.controller.status import Observation, compute_status
+from gpu_operator.render.gpucluster import DEPLOY_LABELS
 from gpu_operator.views import NodeView
 
 NS = "gpu-operator"
@@ -70,6 +71,16 @@ def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_no_gpucluster_no_action() -> None:
     d = decide(clusters=())
     assert not d.applies and not d.labels and not d.statuses and not d.conflicts
+
+
+def test_a_deleted_gpucluster_takes_its_deploy_labels_off_the_nodes() -> None:
+    """Only the DRA stack's own labels go; the node's others (a user's, the device plugin's)
+    stay."""
+    dra = {label: "true" for label in DEPLOY_LABELS.values()}
+    labelled = node("gpu-a", **dra, **{"nvidia.com/gpu.deploy.device-plugin": "false"})
+    d = decide(clusters=(), nodes=(labelled, node("gpu-b")))
+    assert d.labels == {"gpu-a": {label: None for label in DEPLOY_LABELS.values()}}
+    assert not d.applies and not d.statuses
 
 
 def test_a_gpucluster_renders_the_dra_stack_owned_by_it() -> None:

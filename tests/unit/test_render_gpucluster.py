@@ -3,7 +3,9 @@
 
 Deliberate differences (also in the README):
 - images and commands: every pod runs this project's image (``gpu-operator agent dra-plugin``,
-  ``agent exporter``, ``agent validate``), as the ClusterPolicy stack's agents do;
+  ``agent exporter``, ``agent validate``), as the ClusterPolicy stack's agents do; the plugin's
+  container runs as root (the image's user is not) and reads NVIDIA's driver-ready file itself
+  (``DRIVER_READY_FILE``) instead of a shell sourcing it;
 - the kubelet plugin's ClusterRole is smaller: no ComputeDomains (not implemented), no pod
   reads, nodes only ``get``; ResourceSlices ``patch`` instead of ``update`` (server-side apply);
 - no MPS or driver-validation Roles, no ``vfio.gpu.nvidia.com`` DeviceClass (no MPS control
@@ -102,7 +104,9 @@ def test_kubelet_plugin_daemonset_field_by_field(
     (c,) = pod(mine)["containers"]
     (n,) = pod(nvidia)["containers"]
     assert c["name"] == n["name"] == "gpus"
-    assert c["securityContext"] == n["securityContext"]
+    # NVIDIA's image runs as root; the project's is nonroot, and the kubelet's plugin
+    # directories are root's
+    assert c["securityContext"] == {**n["securityContext"], "runAsUser": 0}
     for name in ("NODE_NAME", "NAMESPACE", "CDI_ROOT", "KUBELET_REGISTRAR_DIRECTORY_PATH",
                  "KUBELET_PLUGINS_DIRECTORY_PATH"):  # fmt: skip
         assert env(c)[name] == env(n)[name], name

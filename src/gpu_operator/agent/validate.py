@@ -28,6 +28,7 @@ from gpu_operator.agent.driverready import DriverLocation
 from gpu_operator.agent.inventory import Inventory
 from gpu_operator.agent.kube import NodeView
 from gpu_operator.agent.nvml import NvmlError
+from gpu_operator.labels import DEPLOY_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ RUNTIME_CONFIGS = (
 )
 RUNTIME_NAME = "nvidia"
 UVM_DEVICE = Path("/dev/nvidia-uvm")
+DEVICE_PLUGIN_DEPLOY = DEPLOY_PREFIX + "device-plugin"
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,9 @@ def gpu_resources(node: NodeView) -> dict[str, int]:
 def check_plugin(node: NodeView | None, error: str = "") -> CheckResult:
     if node is None:
         return CheckResult("plugin", False, f"cannot read the Node: {error}")
+    if node.labels.get(DEVICE_PLUGIN_DEPLOY, "").lower() == "false":
+        # No device plugin here (opted out, or the node's GPUs are DRA's): nothing to advertise
+        return CheckResult("plugin", True, f"no device plugin on node {node.name}: not checked")
     resources = gpu_resources(node)
     if not resources:
         return CheckResult(

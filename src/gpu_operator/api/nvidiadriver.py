@@ -206,7 +206,7 @@ def parse_driver_spec(spec: Mapping[str, Any] | None) -> NVIDIADriverSpec:
     try:
         return NVIDIADriverSpec.model_validate(drop_nulls(dict(spec or {})))
     except ValidationError as exc:
-        raise PolicyError(describe_validation_error(exc)) from None
+        raise PolicyError(describe_validation_error(exc, kind=KIND)) from None
 
 
 # ClusterPolicy driver fields that an NVIDIADriver spells the same way.

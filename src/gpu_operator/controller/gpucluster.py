@@ -66,7 +66,7 @@ class GpuClusterSnapshot:
 class GpuClusterDecision:
     applies: tuple[dict[str, Any], ...] = ()
     applied_hash: str | None = None  # of ``applies``; the shell skips an unchanged set
-    labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # node -> patch
+    labels: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)  # node -> patch
     statuses: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # name -> status
     events: tuple[dict[str, Any], ...] = ()
     conflicts: frozenset[str] = frozenset()  # nodes with both stacks asked for
@@ -127,7 +127,13 @@ def decide_gpucluster(
                 other, "ignored", namespace, snap.stamp, [(READY, "False", "Ignored", msg)]
             )
     if active is None:
-        return GpuClusterDecision(statuses=statuses)
+        # None (deleted, or never made): the DRA deploy labels it set go again, so no node keeps
+        # asking for a stack nobody renders any more.
+        gone = {
+            node.name: {label: None for label in DEPLOY_LABELS.values() if label in node.labels}
+            for node in snap.nodes
+        }
+        return GpuClusterDecision(statuses=statuses, labels={n: p for n, p in gone.items() if p})
     try:
         spec = parse_gpucluster_spec(active.get("spec"))
     except PolicyError as err:

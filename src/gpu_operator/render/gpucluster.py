@@ -209,7 +209,8 @@ def plugin_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:
         "imagePullPolicy": spec.dra_driver.image_pull_policy or "IfNotPresent",
         "args": ["agent", "dra-plugin"],
         "env": env,
-        "securityContext": {"privileged": True},
+        # the kubelet's plugin directories are root's (the project's image runs as 65532)
+        "securityContext": {"privileged": True, "runAsUser": 0},
         "volumeMounts": [
             {"name": "plugins-registry", "mountPath": f"{kubelet_dir}/plugins_registry"},
             {"name": "plugins", "mountPath": f"{kubelet_dir}/plugins"},

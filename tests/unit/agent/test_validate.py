@@ -70,6 +70,13 @@ def test_plugin_check(capacity: dict[str, str], ok: bool) -> None:
     assert validate.check_plugin(node(capacity)).ok is ok
 
 
+def test_plugin_check_passes_where_no_device_plugin_is_deployed() -> None:
+    """A node whose GPUs are DRA's (or opted out): it advertises nothing, and need not."""
+    node = NodeView("gpu-node-1", labels={"nvidia.com/gpu.deploy.device-plugin": "false"})
+    result = validate.check_plugin(node)
+    assert result.ok and "no device plugin" in result.message
+
+
 def test_all_checks_pass_write_every_file_and_the_marker(
     simulate: Simulate, tmp_path: Path
 ) -> None:

@@ -1,0 +1,338 @@
+"""``gpu-operator render``: the objects the operator would apply for a document, offline.
+
+Each document of the file is checked by its API module's parser (every bad field named, nothing
+printed unless all are valid) and rendered by the renderer its controller uses: ``render`` for a
+ClusterPolicy, ``render.driver`` per node pool for an NVIDIADriver (as ``driver_decide`` does),
+``render.gpucluster`` for a GPUCluster. The command-line options stand in for the cluster facts
+the controllers observe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from gpu_operator.api import gpucluster as gpc
+from gpu_operator.api import nvidiadriver as nvd
+from gpu_operator.api import policy
+from gpu_operator.api.gpucluster import GPUClusterSpec, parse_gpucluster
+from gpu_operator.api.nvidiadriver import NVIDIADriverSpec, parse_driver_spec
+from gpu_operator.api.policy import PolicyError, parse_document
+from gpu_operator.api.spec import ClusterPolicySpec
+from gpu_operator.labels import OS_ID, OS_VERSION
+from gpu_operator.render import RenderedComponent, default_policy, render_components
+from gpu_operator.render.driver import KERNEL_LABEL, ExtraConfig, Pool, driver_names, render_driver
+from gpu_operator.render.engine import SAFE_LOADER
+from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE, Facts, NodeOS
+from gpu_operator.render.gpucluster import render_gpucluster
+
+CLUSTERPOLICY, GPUCLUSTER = policy.KIND, gpc.KIND
+KINDS = {CLUSTERPOLICY: policy.API_VERSION, nvd.KIND: nvd.API_VERSION, GPUCLUSTER: gpc.API_VERSION}
+KNOWN = f"{CLUSTERPOLICY}, {nvd.KIND} or {GPUCLUSTER}"
+
+DESCRIPTION = f"""\
+Render documents into the Kubernetes objects the operator would apply for them,
+offline. -f takes one YAML document or a multi-document stream of these kinds:
+
+  {CLUSTERPOLICY} ({KINDS[CLUSTERPOLICY]}): the GPU stack, component by component,
+    the driver DaemonSet once per --node-os. Without -f: all defaults.
+  {nvd.KIND} ({KINDS[nvd.KIND]}): the driver's ServiceAccount, RBAC,
+    startup-probe ConfigMap and DaemonSet for each --node-os (and each --kernel
+    when usePrecompiled), as the operator renders each node pool. The hash in
+    the DaemonSet's name is of metadata.uid, or of the name when there is none.
+  {GPUCLUSTER} ({KINDS[GPUCLUSTER]}): the DRA stack: the kubelet plugin DaemonSet
+    and its RBAC, the DeviceClasses, the DRA validator and dcgm-exporter.
+
+--namespace and --operator-image apply to every kind; --node-os, --runtime and
+--openshift to ClusterPolicy and NVIDIADriver; --mps-config and --simulate-gpus
+to ClusterPolicy only.
+"""
+
+
+class CliError(Exception):
+    """A problem the user can fix; reported on stderr with exit code 1."""
+
+
+def dump_yaml(docs: Sequence[object]) -> str:
+    """Multi-document YAML, block style, keys in the order they were built."""
+    return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False, width=100)
+
+
+@dataclass(frozen=True)
+class Document:
+    """One valid document of the stream: its kind, name and parsed spec."""
+
+    kind: str
+    name: str
+    uid: str
+    spec: ClusterPolicySpec | NVIDIADriverSpec | GPUClusterSpec
+
+
+@dataclass(frozen=True)
+class Rendered:
+    document: Document
+    objects: list[dict[str, Any]]
+    summary: str
+
+
+def read_documents(path: str) -> list[dict[str, Any]]:
+    """The non-empty YAML documents of ``path`` (``-``: stdin), each a mapping."""
+    try:
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+    except OSError as exc:
+        raise CliError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        docs = [d for d in yaml.load_all(text, Loader=SAFE_LOADER) if d is not None]
+    except yaml.YAMLError as exc:
+        raise CliError(f"{path}: not valid YAML: {exc}") from None
+    if not docs:
+        raise CliError(f"{path}: expected a {KNOWN} object, found no document")
+    for doc in docs:
+        if not isinstance(doc, dict):
+            raise CliError(f"{path}: expected a {KNOWN} object, found a {type(doc).__name__}")
+    return docs
+
+
+def parse_nvidiadriver(doc: Mapping[str, Any]) -> NVIDIADriverSpec:
+    """A whole NVIDIADriver object, checked as its API server does (kind, name, spec, CEL)."""
+    problems = []
+    if doc.get("apiVersion") != nvd.API_VERSION:
+        problems.append(f"apiVersion: must be {nvd.API_VERSION} (got {doc.get('apiVersion')!r})")
+    if not (doc.get("metadata") or {}).get("name"):
+        problems.append("metadata.name: required (the driver's objects are named after it)")
+    if problems:
+        raise PolicyError(problems)
+    spec = doc.get("spec")
+    if spec is not None and not isinstance(spec, Mapping):
+        raise PolicyError([f"spec: must be a mapping (got {type(spec).__name__})"])
+    parsed = parse_driver_spec(spec)
+    if parsed.default and parsed.node_selector:
+        raise PolicyError([f"spec.nodeSelector: {nvd.DEFAULT_WITHOUT_SELECTOR['message']}"])
+    return parsed
+
+
+def parse(doc: Mapping[str, Any]) -> Document:
+    """``doc`` validated by its kind's parser; ``PolicyError`` names every bad field."""
+    kind = doc.get("kind")
+    meta = doc.get("metadata")
+    if meta is not None and not isinstance(meta, Mapping):
+        raise PolicyError([f"metadata: must be a mapping (got {type(meta).__name__})"])
+    name, uid = str((meta or {}).get("name") or ""), str((meta or {}).get("uid") or "")
+    spec: ClusterPolicySpec | NVIDIADriverSpec | GPUClusterSpec
+    if kind == CLUSTERPOLICY:
+        spec = parse_document(doc)
+    elif kind == nvd.KIND:
+        spec = parse_nvidiadriver(doc)
+    elif kind == GPUCLUSTER:
+        spec = parse_gpucluster(doc)
+    else:
+        raise PolicyError([f"kind: must be {KNOWN} (got {kind!r})"])
+    return Document(kind, name, uid or name, spec)
+
+
+def load(path: str) -> list[Document]:
+    """Every document of ``path``, valid; else a ``CliError`` naming each bad field."""
+    docs = read_documents(path)
+    parsed, problems = [], []
+    for number, doc in enumerate(docs, 1):
+        where = f"{path} (document {number})" if len(docs) > 1 else path
+        try:
+            parsed.append(parse(doc))
+        except PolicyError as exc:
+            problems += [f"{where}: {problem}" for problem in exc.problems]
+    if problems:
+        raise CliError("\n".join(problems))
+    return parsed
+
+
+def table(rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns; the last one is not padded."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    lines = []
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        lines.append("  ".join([*cells, row[-1]]).rstrip() + "\n")
+    return "".join(lines)
+
+
+def summary_table(parts: Sequence[RenderedComponent]) -> str:
+    """One row per component: is it on, how many objects, which image(s)."""
+    rows = [("COMPONENT", "ENABLED", "OBJECTS", "IMAGE")]
+    for part in parts:
+        enabled = "yes" if part.enabled else "no"
+        rows.append((part.component.name, enabled, str(len(part.objects)), ",".join(part.images)))
+    return table(rows)
+
+
+def object_table(objects: Sequence[Mapping[str, Any]]) -> str:
+    """One row per object: kind, name, the images of its pods."""
+    rows = [("KIND", "NAME", "IMAGE")]
+    for obj in objects:
+        pod = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
+        containers = [*pod.get("initContainers", ()), *pod.get("containers", ())]
+        images = dict.fromkeys(str(c.get("image")) for c in containers)
+        rows.append((obj["kind"], obj["metadata"]["name"], ",".join(images)))
+    return table(rows)
+
+
+def driver_pools(
+    spec: NVIDIADriverSpec, name: str, facts: Facts, kernels: Sequence[str]
+) -> list[Pool]:
+    """The pools the controller would find on nodes of ``facts.node_oses`` (and ``kernels``)."""
+    precompiled = bool(spec.use_precompiled)
+    if precompiled and not kernels:
+        raise CliError(
+            f"{nvd.KIND} {name}: spec.usePrecompiled: true needs the nodes' kernel: give --kernel"
+        )
+    pools: dict[tuple[str, str | None], Pool] = {}
+    for os in facts.node_oses:
+        for kernel in kernels if precompiled else [None]:
+            labels = {OS_ID: os.id, OS_VERSION: os.version_id}
+            if kernel:
+                labels[KERNEL_LABEL] = kernel
+            pool = Pool.of_node(labels, precompiled, name)
+            if pool is not None:
+                pools.setdefault((pool.os_tag, pool.kernel), pool)
+    return [pools[key] for key in sorted(pools, key=lambda k: (k[0], k[1] or ""))]
+
+
+def render_document(
+    doc: Document, facts: Facts, kernels: Sequence[str], taint_key: str
+) -> Rendered:
+    """What the controller of ``doc.kind`` renders for it, with a summary table."""
+    if isinstance(doc.spec, ClusterPolicySpec):
+        parts = render_components(doc.spec, facts)
+        summary = summary_table(parts)
+        ignored = doc.spec.unimplemented_enabled()
+        if ignored:
+            summary += f"not implemented, ignored: {', '.join(ignored)}\n"
+        return Rendered(doc, [obj for part in parts for obj in part.objects], summary)
+    if isinstance(doc.spec, NVIDIADriverSpec):
+        extra = ExtraConfig(
+            namespace=facts.namespace,
+            openshift=facts.openshift,
+            runtime=facts.runtime,
+            gpu_taint_key=taint_key,
+        )
+        objects = []
+        for pool in driver_pools(doc.spec, doc.name, facts, kernels):
+            names = driver_names(doc.name, doc.uid, doc.spec, pool)
+            try:
+                objects += render_driver(doc.spec, pool, names, extra)
+            except ValueError as err:
+                raise CliError(f"{nvd.KIND} {doc.name}: spec.{err}") from None
+        return Rendered(doc, objects, object_table(objects))
+    objects = render_gpucluster(doc.spec, facts)
+    summary = object_table(objects)
+    if doc.spec.compute_domains_enabled:
+        summary += "not implemented, ignored: draDriver.computeDomains\n"
+    return Rendered(doc, objects, summary)
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write("".join(f"error: {line}\n" for line in message.splitlines()))
+    return 1
+
+
+def _cmd_render(args: argparse.Namespace) -> int:
+    facts = Facts(
+        namespace=args.namespace,
+        runtime=args.runtime,
+        node_oses=tuple(args.node_os or Facts.node_oses),
+        openshift=args.openshift,
+        operator_image=args.operator_image,
+        mps_configs=frozenset(args.mps_config or ()),
+        simulate_gpus=args.simulate_gpus,
+    )
+    try:
+        docs = load(args.file) if args.file else [Document(CLUSTERPOLICY, "", "", default_policy())]
+    except CliError as exc:
+        return _fail(str(exc))
+    # NVIDIADrivers tolerate the GPU taint of the ClusterPolicy beside them, as in the cluster.
+    policies = [d.spec for d in docs if isinstance(d.spec, ClusterPolicySpec)]
+    taint_key = (policies[0] if policies else default_policy()).gpu_node_taint.key
+    try:
+        rendered = [render_document(d, facts, args.kernel or (), taint_key) for d in docs]
+    except CliError as exc:
+        return _fail(f"{args.file}: {exc}")
+    if args.summary:
+        for part in rendered:
+            if len(rendered) > 1:
+                sys.stdout.write(f"# {part.document.kind} {part.document.name}\n")
+            sys.stdout.write(part.summary)
+        return 0
+    objects = [obj for part in rendered for obj in part.objects]
+    if args.output == "json":
+        items = {"apiVersion": "v1", "kind": "List", "items": objects}
+        sys.stdout.write(json.dumps(items, indent=2) + "\n")
+    else:
+        sys.stdout.write(dump_yaml(objects))
+    return 0
+
+
+def _node_os(text: str) -> NodeOS:
+    try:
+        return NodeOS.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_render_command(sub: Any) -> None:
+    """Register ``render`` on the top-level subparsers."""
+    render = sub.add_parser(
+        "render",
+        help=f"print the objects a {CLUSTERPOLICY}, {nvd.KIND} or {GPUCLUSTER} deploys",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    render.add_argument("-f", "--file", help=f"YAML file of {KNOWN} documents, '-' for stdin")
+    render.add_argument("-n", "--namespace", default=Facts.namespace, help="operand namespace")
+    render.add_argument(
+        "--node-os",
+        action="append",
+        type=_node_os,
+        metavar="OS",
+        help="GPU node OS such as ubuntu22.04 or rhel9.4; repeat for several (default ubuntu22.04)",
+    )
+    render.add_argument(
+        "--kernel",
+        action="append",
+        metavar="VERSION",
+        help="the GPU nodes' kernel (NFD's kernel-version.full), for NVIDIADrivers with "
+        "usePrecompiled: true; repeat for several",
+    )
+    render.add_argument(
+        "--runtime", choices=["containerd", "crio", "docker"], default=Facts.runtime
+    )
+    render.add_argument("--openshift", action="store_true", help="add OpenShift SCC access")
+    render.add_argument(
+        "--operator-image", default=DEFAULT_OPERATOR_IMAGE, help="the project's image"
+    )
+    render.add_argument(
+        "--mps-config",
+        action="append",
+        metavar="CONFIGMAP",
+        help="the device-plugin ConfigMap configures MPS sharing: render the MPS control daemon",
+    )
+    render.add_argument(
+        "--simulate-gpus",
+        metavar="PROFILE:COUNT",
+        help="the project's agents use simulated GPUs (GPU_OPERATOR_SIMULATE), e.g. a100-40gb:8",
+    )
+    render.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    render.add_argument(
+        "--summary",
+        action="store_true",
+        help="print a table instead: per component for a ClusterPolicy, per object otherwise",
+    )
+    render.set_defaults(func=_cmd_render)
