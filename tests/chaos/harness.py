@@ -593,10 +593,6 @@ def leader_network_cut(env: ChaosEnv) -> tuple[Outcome, Handover]:
     holed) until b leads and a Lease period more. From the audit log: when b first wrote, and
     whether a wrote after that."""
     standby = env.start_operator("b")
-    wait_for(
-        "the standby is up",
-        lambda: (got := standby.healthz())[1].get("role") == "standby" or NotYet(got),
-    )
     cut: dict[str, datetime] = {}
 
     def fault() -> None:
@@ -611,6 +607,15 @@ def leader_network_cut(env: ChaosEnv) -> tuple[Outcome, Handover]:
         cut["end"] = datetime.now(UTC)
 
     try:
+        # Inside the try: a standby that never comes up must not outlive this scenario (its
+        # restarts would be counted as the next scenario's exits).
+        wait_for(
+            "the standby is up",
+            lambda: (
+                (got := standby.healthz())[1].get("role") == "standby"
+                or NotYet((got, f"{len(standby.exits)} exits"))
+            ),
+        )
         outcome = env.run("leader network cut, standby healthy", fault)
         writes = env.writes({env.user("a"), env.user("b")}, cut["start"], datetime.now(UTC))
     finally:

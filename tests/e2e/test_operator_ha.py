@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -16,6 +15,7 @@ import yaml
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.runner import OperatorThread, RunOptions
 from gpu_operator.kube import Kube
+from gpu_operator.testenv.processes import free_ports
 from tests import prerequisites
 from tests.e2e.support import (
     NotYet,
@@ -31,10 +31,7 @@ NS = "gpu-operator"
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return free_ports(1)[0]
 
 
 def replica(config: object, identity: str, health: int, metrics: int) -> OperatorThread:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from gpu_operator.agent.deviceplugin.agent import DevicePluginAgent, HealthOptio
 from gpu_operator.agent.deviceplugin_config import parse_device_plugin_config
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simulated_nvml
+from gpu_operator.testenv.processes import free_ports
 
 from .support import NotYet, wait_for
 
@@ -168,9 +168,7 @@ def exporter_url(real_cluster: testenv.Cluster) -> Iterator[str]:
     PodResources socket, on a free local port."""
     planned = real_cluster.real.nodes[0]  # type: ignore[union-attr]
     socket_path = real_cluster.real_node_dir(planned.name) / "kubelet" / "pod-resources"
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_ports(1)[0]
     with tempfile.TemporaryDirectory(prefix="rx", dir="/tmp") as tmp:
         os.symlink(socket_path / "kubelet.sock", f"{tmp}/pr.sock")  # short socket path
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_OPERATOR_SIMULATE")}

@@ -11,13 +11,11 @@ import pytest
 
 from gpu_operator.controller.health import HealthServer, parse_endpoint
 from gpu_operator.controller.metrics import PrometheusMetrics
+from gpu_operator.testenv.processes import free_ports
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return free_ports(1)[0]
 
 
 def test_parse_endpoint() -> None:

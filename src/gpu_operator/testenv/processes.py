@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -37,18 +38,43 @@ class ProcessRecord:
         return cls(str(data["name"]), int(data["pid"]), int(data["start_time"]), str(data["log"]))
 
 
-def free_ports(count: int) -> list[int]:
-    """Pick distinct free loopback ports (held open together so they cannot repeat)."""
-    socks = []
+def _ephemeral_range() -> tuple[int, int]:
     try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free ports from outside the kernel's ephemeral range.
+
+    A port the kernel hands out for ``bind(0)`` is also one it hands to outgoing connections, so
+    between picking it and the component binding it any client on the machine may take it (seen:
+    an operator's health port taken by a kubelet's connection, the operator failing to bind for
+    minutes). Ports below the ephemeral range are never picked for outgoing connections."""
+    low, high = _ephemeral_range()
+    first, last = (10000, low - 1) if low > 11000 else (high + 1, 65535)
+    rng = random.SystemRandom()
+    picked: list[int] = []
+    for _ in range(count * 200):
+        if len(picked) == count:
+            return picked
+        port = rng.randint(first, last)
+        if port not in picked and _bindable(port):
+            picked.append(port)
+    if len(picked) == count:
+        return picked
+    raise RuntimeError(f"no {count} free ports between {first} and {last}")
 
 
 def _stat_fields(pid: int) -> list[str] | None:

@@ -33,6 +33,7 @@ from gpu_operator.controller.runner import (
     run_operator,
 )
 from gpu_operator.controller.watch import KOPF_WATCHED
+from gpu_operator.testenv.processes import free_ports
 from tests.unit.controller.builders import CONFIG, NAMESPACE, policy
 from tests.unit.controller.fakes import FakeKube
 
@@ -53,10 +54,7 @@ def options(**kw: Any) -> RunOptions:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return free_ports(1)[0]
 
 
 @pytest.fixture(autouse=True)
