@@ -368,9 +368,12 @@ class Kube:
         namespace: str | None = None,
         *,
         grace_period_seconds: int | None = None,
+        propagation: str = "Background",
     ) -> bool:
-        """Delete in the background (dependents go by GC); False when it was already gone."""
-        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        """Delete; dependents go by GC, after the object (``Background``) or before it
+        (``Foreground``: the object stays, deleting, until they are gone). False when it was
+        already gone."""
+        body: dict[str, Any] = {"propagationPolicy": propagation}
         if grace_period_seconds is not None:
             body["gracePeriodSeconds"] = grace_period_seconds
         try:

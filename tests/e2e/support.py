@@ -20,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from gpu_operator import testenv
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.runner import OperatorThread, RunOptions
+from gpu_operator.install.manifests import namespace_object
 from gpu_operator.kube import Kube
 
 T = TypeVar("T")
@@ -103,7 +104,7 @@ def service_account_config(
     with cluster.api_client() as api:
         kube = Kube(api)
         if kube.get("Namespace", namespace) is None:
-            kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+            kube.create(namespace_object(namespace))  # labelled as an install labels it
         if kube.get("ServiceAccount", name, namespace) is None:
             kube.create(
                 {

@@ -462,7 +462,7 @@ def test_nvidia_defaults_install_upgrade_driver_and_uninstall(
 
             helm_.run("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "3m")
             uninstall = hooks.ran(helm.UNINSTALL_HOOK)
-            assert "every ClusterPolicy is gone" in uninstall.output
+            assert "every ClusterPolicy and GPUCluster is gone" in uninstall.output
         finally:
             operator.stop()
         wait_nothing_left(kube)

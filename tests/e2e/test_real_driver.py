@@ -185,7 +185,9 @@ def _workload(name: str, node: str, root: str, claim: bool) -> dict[str, Any]:
         "volumeMounts": [{"name": "probe", "mountPath": "/probe", "readOnly": True}],
     }
     spec: dict[str, Any] = {
-        "nodeName": node,
+        # Through the scheduler: a claim is allocated and reserved for the pod there (a pod
+        # bound by nodeName is refused the claim by the kubelet).
+        "nodeSelector": {"kubernetes.io/hostname": node},
         "terminationGracePeriodSeconds": 1,
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
         "containers": [container],

@@ -8,6 +8,7 @@ from typing import Any
 from gpu_operator.api.gpucluster import example_document
 from gpu_operator.controller.gpucluster import (
     CONFLICT,
+    FINALIZER,
     GpuClusterSnapshot,
     decide_gpucluster,
 )
@@ -34,7 +35,7 @@ def node(name: str, **labels: str) -> NodeView:
 
 def cluster(name: str = "gpu-cluster", compute_domains: bool = False) -> dict[str, Any]:
     doc = example_document()
-    doc["metadata"].update(name=name, uid=f"uid-{name}", generation=3)
+    doc["metadata"].update(name=name, uid=f"uid-{name}", generation=3, resourceVersion="41")
     doc["spec"]["draDriver"]["computeDomains"] = {"enabled": compute_domains}
     return doc
 
@@ -81,6 +82,67 @@ def test_a_deleted_gpucluster_takes_its_deploy_labels_off_the_nodes() -> None:
     d = decide(clusters=(), nodes=(labelled, node("gpu-b")))
     assert d.labels == {"gpu-a": {label: None for label in DEPLOY_LABELS.values()}}
     assert not d.applies and not d.statuses
+
+
+def deleting(finalizers: tuple[str, ...] = (FINALIZER,)) -> dict[str, Any]:
+    doc = cluster()
+    doc["metadata"].update(deletionTimestamp=STAMP, finalizers=list(finalizers))
+    return doc
+
+
+def ds(name: str, deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": NS}
+    if deleting:
+        meta["deletionTimestamp"] = STAMP
+    return {"metadata": meta, "status": {}}
+
+
+def test_a_gpucluster_gets_the_teardown_finalizer_once() -> None:
+    first = decide()
+    assert first.finalizers == {
+        "gpu-cluster": {"metadata": {"finalizers": [FINALIZER], "resourceVersion": "41"}}
+    }
+    held = cluster()
+    held["metadata"]["finalizers"] = ["someone.else/keep", FINALIZER]
+    assert decide(clusters=(held,)).finalizers == {}
+
+
+def test_a_deleted_gpucluster_removes_the_claim_holders_before_the_plugin() -> None:
+    """The validator and exporter pods hold ResourceClaims the kubelet releases through the
+    plugin: they go first (foreground), the plugin's deploy label and the finalizer stay."""
+    dra = {label: "true" for label in DEPLOY_LABELS.values()}
+    nodes = (node("gpu-a", **dra),)
+    stack = (ds("nvidia-dra-driver-kubelet-plugin"), ds("nvidia-dra-validator"),
+             ds("nvidia-dcgm-exporter-dra"))  # fmt: skip
+    d = decide(clusters=(deleting(),), nodes=nodes, daemonsets=stack)
+    assert d.deletes == ("nvidia-dcgm-exporter-dra", "nvidia-dra-validator")
+    assert d.labels == {
+        "gpu-a": {
+            "nvidia.com/gpu.deploy.dra-validator": None,
+            "nvidia.com/gpu.deploy.dcgm-exporter-dra": None,
+        }
+    }
+    assert not d.applies and not d.finalizers
+    ready = conditions(d.statuses["gpu-cluster"])["Ready"]
+    assert ready["reason"] == "Deleting" and "nvidia-dra-validator" in ready["message"]
+    # Already deleting (foreground: their pods still there): not deleted again, still waited on.
+    stack = (ds("nvidia-dra-driver-kubelet-plugin"), ds("nvidia-dra-validator", deleting=True))
+    d = decide(clusters=(deleting(),), nodes=nodes, daemonsets=stack)
+    assert d.deletes == () and not d.finalizers
+
+
+def test_once_the_claim_holders_are_gone_the_plugin_label_and_the_finalizer_go() -> None:
+    dra = {DRA_LABEL: "true"}
+    d = decide(
+        clusters=(deleting(("someone.else/keep", FINALIZER)),),
+        nodes=(node("gpu-a", **dra),),
+        daemonsets=(ds("nvidia-dra-driver-kubelet-plugin"),),
+    )
+    assert d.labels == {"gpu-a": {DRA_LABEL: None}}
+    assert d.finalizers == {
+        "gpu-cluster": {"metadata": {"finalizers": ["someone.else/keep"], "resourceVersion": "41"}}
+    }
+    assert d.deletes == () and not d.applies
 
 
 def test_a_gpucluster_renders_the_dra_stack_owned_by_it() -> None:

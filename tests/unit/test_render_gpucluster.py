@@ -184,6 +184,29 @@ def test_feature_gates_and_env_reach_the_plugin() -> None:
     assert env(c)["X"] == "1"
 
 
+def test_claim_holders_are_recreated_when_the_driver_root_moves() -> None:
+    """A prepared claim's CDI edits are fixed for its pod's life: pods prepared from the old
+    driver root would keep mounting it. The claim holders' templates name the root; the
+    plugin's (it mounts the root itself) changes anyway."""
+
+    def templates(root: str | None) -> dict[str, Any]:
+        doc = example_document()
+        doc["spec"]["daemonsets"] = {"annotations": {"team": "gpu"}}
+        if root:
+            doc["spec"].setdefault("hostPaths", {})["driverInstallDir"] = root
+        objs = render_gpucluster(parse_gpucluster(doc), FACTS)
+        return {
+            o["metadata"]["name"]: o["spec"]["template"] for o in objs if o["kind"] == "DaemonSet"
+        }
+
+    before, after = templates(None), templates("/home/kubernetes/bin/nvidia")
+    for name in ("nvidia-dra-validator", "nvidia-dcgm-exporter-dra"):
+        notes = before[name]["metadata"]["annotations"]
+        assert notes == {"team": "gpu", "nvidia.com/gpu-operator.driver-root": "/run/nvidia/driver"}
+        assert after[name] != before[name]
+    assert after["nvidia-dra-driver-kubelet-plugin"] != before["nvidia-dra-driver-kubelet-plugin"]
+
+
 def test_a_disabled_exporter_is_not_rendered() -> None:
     doc = example_document()
     doc["spec"]["dcgmExporter"] = {"enabled": False}

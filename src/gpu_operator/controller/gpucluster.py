@@ -11,6 +11,12 @@ Device plugin and DRA on one node would advertise each GPU twice. Such a node ke
 ClusterPolicy's device plugin (it was there first and its pods may hold GPUs): the DRA
 DaemonSets' deploy labels say ``false`` there, the GPUCluster's status and the ClusterPolicy's
 name the nodes, and each node gets a Warning Event once.
+
+A deleted GPUCluster is torn down in order, under a finalizer: the DaemonSets whose pods hold
+ResourceClaims (validator, exporter) go first, deleted in the foreground; the kubelet plugin
+(and its deploy label) only once they are gone. The kubelet must call the plugin to release a
+pod's claim, and keeps a pod Terminating for as long as it cannot (kubernetes#129402): all at
+once, those pods never finish.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from gpu_operator.api.gpucluster import (
 )
 from gpu_operator.api.status import NOT_IMPLEMENTED, READY
 from gpu_operator.controller.config import OperatorConfig
+from gpu_operator.controller.execute import api_reason
 from gpu_operator.controller.loop import Loop
 from gpu_operator.controller.metrics import PrometheusMetrics
 from gpu_operator.controller.nodes import is_gpu_node
@@ -42,7 +49,13 @@ from gpu_operator.events import event_body, now_iso
 from gpu_operator.kube import Kube
 from gpu_operator.labels import DEPLOY_PREFIX
 from gpu_operator.render.facts import Facts
-from gpu_operator.render.gpucluster import DEPLOY_LABELS, PLUGIN, render_gpucluster
+from gpu_operator.render.gpucluster import (
+    DEPLOY_LABELS,
+    EXPORTER,
+    PLUGIN,
+    VALIDATOR,
+    render_gpucluster,
+)
 from gpu_operator.views import NodeView
 
 log = logging.getLogger(__name__)
@@ -51,6 +64,8 @@ POLL_S = 5.0  # GPUClusters are read, not watched
 CONFLICT = "DevicePluginConflict"
 CONFLICT_REASON = "DevicePluginAndDRA"
 DEVICE_PLUGIN_LABEL = DEPLOY_PREFIX + "device-plugin"
+FINALIZER = "nvidia.com/gpu-operator-dra-teardown"
+CLAIM_HOLDERS = (VALIDATOR, EXPORTER)  # their pods hold ResourceClaims of the plugin's driver
 
 
 @dataclass(frozen=True)
@@ -70,6 +85,8 @@ class GpuClusterDecision:
     statuses: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # name -> status
     events: tuple[dict[str, Any], ...] = ()
     conflicts: frozenset[str] = frozenset()  # nodes with both stacks asked for
+    finalizers: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # name -> patch
+    deletes: tuple[str, ...] = ()  # DaemonSets to delete in the foreground (pods first)
 
 
 def _device_plugin_wanted(policies: Sequence[Mapping[str, Any]]) -> bool:
@@ -127,13 +144,20 @@ def decide_gpucluster(
                 other, "ignored", namespace, snap.stamp, [(READY, "False", "Ignored", msg)]
             )
     if active is None:
+        deleting = next(
+            (
+                c
+                for c in snap.clusters
+                if c["metadata"]["name"] == SINGLETON
+                and FINALIZER in (c["metadata"].get("finalizers") or ())
+            ),
+            None,
+        )
+        if deleting is not None:
+            return _teardown(snap, namespace, deleting, statuses)
         # None (deleted, or never made): the DRA deploy labels it set go again, so no node keeps
         # asking for a stack nobody renders any more.
-        gone = {
-            node.name: {label: None for label in DEPLOY_LABELS.values() if label in node.labels}
-            for node in snap.nodes
-        }
-        return GpuClusterDecision(statuses=statuses, labels={n: p for n, p in gone.items() if p})
+        return GpuClusterDecision(statuses=statuses, labels=_drop_labels(snap.nodes, DEPLOY_LABELS))
     try:
         spec = parse_gpucluster_spec(active.get("spec"))
     except PolicyError as err:
@@ -192,6 +216,9 @@ def decide_gpucluster(
     events = tuple(
         _node_event(node, snap.stamp) for node in sorted(conflicts) if node not in reported
     )
+    finalizers = {}
+    if FINALIZER not in (meta.get("finalizers") or ()):
+        finalizers[SINGLETON] = _finalizer_patch(active, add=True)
     return GpuClusterDecision(
         applies=applies,
         applied_hash=content_hash({"objects": list(applies)}),
@@ -199,7 +226,61 @@ def decide_gpucluster(
         statuses=statuses,
         events=events,
         conflicts=conflicts,
+        finalizers=finalizers,
     )
+
+
+def _teardown(
+    snap: GpuClusterSnapshot,
+    namespace: str,
+    cluster: Mapping[str, Any],
+    statuses: dict[str, dict[str, Any]],
+) -> GpuClusterDecision:
+    """The deleted GPUCluster's stack, claim holders first, then the plugin and the finalizer."""
+    left = {
+        d["metadata"]["name"]: d
+        for d in snap.daemonsets
+        if d["metadata"].get("namespace") == namespace and d["metadata"]["name"] in CLAIM_HOLDERS
+    }
+    holders = {k: v for k, v in DEPLOY_LABELS.items() if k in CLAIM_HOLDERS}
+    if left:
+        deletes = tuple(
+            sorted(n for n, d in left.items() if not d["metadata"].get("deletionTimestamp"))
+        )
+        msg = (
+            f"deleting: {', '.join(sorted(left))} first (their pods' ResourceClaims are released "
+            f"through the kubelet plugin, which stays until they are gone)"
+        )
+        statuses[SINGLETON] = _status(
+            cluster, "notReady", namespace, snap.stamp, [(READY, "False", "Deleting", msg)]
+        )
+        return GpuClusterDecision(
+            statuses=statuses, labels=_drop_labels(snap.nodes, holders), deletes=deletes
+        )
+    return GpuClusterDecision(
+        statuses=statuses,
+        labels=_drop_labels(snap.nodes, DEPLOY_LABELS),
+        finalizers={SINGLETON: _finalizer_patch(cluster, add=False)},
+    )
+
+
+def _drop_labels(
+    nodes: Sequence[NodeView], labels: Mapping[str, str]
+) -> dict[str, dict[str, str | None]]:
+    gone: dict[str, dict[str, str | None]] = {}
+    for node in nodes:
+        patch: dict[str, str | None] = {v: None for v in labels.values() if v in node.labels}
+        if patch:
+            gone[node.name] = patch
+    return gone
+
+
+def _finalizer_patch(cluster: Mapping[str, Any], *, add: bool) -> dict[str, Any]:
+    meta = cluster["metadata"]
+    current = list(meta.get("finalizers") or ())
+    finalizers = [*current, FINALIZER] if add else [f for f in current if f != FINALIZER]
+    # The resourceVersion makes a concurrent edit of the list fail instead of being lost.
+    return {"metadata": {"finalizers": finalizers, "resourceVersion": meta.get("resourceVersion")}}
 
 
 def _status(
@@ -290,11 +371,21 @@ class GPUClusterController:
                     self.kube.apply(obj)
                 except ApiException as exc:  # reported; the next pass tries again
                     failed += 1
-                    log.warning("apply %s %s: %s", obj["kind"], obj["metadata"]["name"], exc)
+                    log.warning(
+                        "apply %s %s: %s", obj["kind"], obj["metadata"]["name"], api_reason(exc)
+                    )
             if not failed:
                 self.applied_hash = decision.applied_hash
+        for name in decision.deletes:
+            self.kube.delete("DaemonSet", name, self.config.namespace, propagation="Foreground")
         for node, labels in decision.labels.items():
             self.kube.merge_patch("Node", node, {"metadata": {"labels": dict(labels)}})
+        for name, patch in decision.finalizers.items():
+            try:
+                self.kube.merge_patch(KIND, name, patch)
+            except ApiException as exc:  # 409: changed since read; the next pass reads again
+                if exc.status not in (404, 409):
+                    raise
         by_name = {c["metadata"]["name"]: c for c in snap.clusters}
         for name, status in decision.statuses.items():
             if (by_name.get(name) or {}).get("status") != status:

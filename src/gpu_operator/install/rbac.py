@@ -130,7 +130,8 @@ NAMESPACE_RULES: tuple[Rule, ...] = (
 # (each rule of CLUSTER_RULES removed in turn) runs unchanged; the operator treats a refused
 # GPUCluster list as "no GPUCluster".
 DRA_CLUSTER_RULES: tuple[Rule, ...] = (
-    Rule("nvidia.com", ("gpuclusters",), ("get", "list"), "read the GPUCluster (polled)"),
+    Rule("nvidia.com", ("gpuclusters",), ("get", "list", "patch"),
+         "read the GPUCluster (polled); its teardown finalizer"),
     Rule("nvidia.com", ("gpuclusters/status",), ("patch",), "write the GPUCluster status"),
     Rule("resource.k8s.io", ("deviceclasses",), MANAGE, "DeviceClasses gpu/mig.nvidia.com"),
     Rule("resource.k8s.io", ("resourceclaims",), ("get", "list"),
@@ -182,6 +183,12 @@ UNINSTALL_RULES: tuple[Rule, ...] = (
         ("clusterpolicies",),
         ("list", "delete"),
         "delete every ClusterPolicy and wait for the operator's finalizer",
+    ),
+    Rule(
+        "nvidia.com",
+        ("gpuclusters",),
+        ("list", "delete"),
+        "delete the GPUCluster and wait for its DRA stack's ordered teardown",
     ),
 )
 

@@ -1,9 +1,10 @@
 """``gpu-operator uninstall``: what the Helm chart's pre-delete hook runs.
 
-The operator's finalizer removes the node labels and taint it added when a ClusterPolicy is
-deleted, so the policies must go while the operator still runs. Helm deletes a release's
-objects in an order of its own and does not wait, so the chart deletes the policies in a hook
-first and waits here until the finalizer has let each one go.
+The operator's finalizers remove the node labels and taint it added when a ClusterPolicy is
+deleted, and tear a GPUCluster's DRA stack down in order (the pods holding ResourceClaims before
+the kubelet plugin that releases them), so both must go while the operator still runs. Helm
+deletes a release's objects in an order of its own and does not wait, so the chart deletes them
+in a hook first and waits here until the finalizers have let each one go.
 """
 
 from __future__ import annotations
@@ -25,27 +26,32 @@ class UninstallError(RuntimeError):
     """The policies (or the CRD) did not go in time; the message says what holds them."""
 
 
-def waiting_on(policies: Sequence[Mapping[str, Any]]) -> str:
-    """What still holds each policy, for a user whose uninstall is stuck."""
+HELD_KINDS = ("ClusterPolicy", "GPUCluster")  # what the operator's finalizers hold
+
+
+def waiting_on(held: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
+    """What still holds each object, for a user whose uninstall is stuck."""
     parts = []
-    for policy in policies:
-        meta = policy.get("metadata") or {}
+    for kind, obj in held:
+        meta = obj.get("metadata") or {}
         finalizers = ", ".join(meta.get("finalizers") or []) or "no finalizer"
-        parts.append(f"ClusterPolicy {meta.get('name')} ({finalizers})")
+        parts.append(f"{kind} {meta.get('name')} ({finalizers})")
     return (
-        "; ".join(parts) + ": the operator removes its node labels and taint before letting a "
-        "policy go, so it must still be running (kubectl get deployment -A -l "
-        "app.kubernetes.io/name=gpu-operator)"
+        "; ".join(parts) + ": the operator removes its node labels and taint, and a GPUCluster's "
+        "DRA stack in order, before letting each go, so it must still be running (kubectl get "
+        "deployment -A -l app.kubernetes.io/name=gpu-operator)"
     )
 
 
-def _policies(kube: Kube) -> list[dict[str, Any]]:
-    try:
-        return kube.list_objects("ClusterPolicy")
-    except ApiException as exc:
-        if exc.status == 404:  # no CRD, so no policy
-            return []
-        raise
+def _held(kube: Kube) -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    for kind in HELD_KINDS:
+        try:
+            found += [(kind, obj) for obj in kube.list_objects(kind)]
+        except ApiException as exc:
+            if exc.status != 404:  # 404: no such CRD, so nothing of that kind
+                raise
+    return found
 
 
 def _kinds(rules: tuple[Rule, ...]) -> list[str]:
@@ -102,27 +108,30 @@ def uninstall(
     every: float = 1.0,
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
-    """Delete every ClusterPolicy (then the CRD with ``delete_crd``), waiting when asked.
+    """Delete every ClusterPolicy and GPUCluster (then the ClusterPolicy CRD with
+    ``delete_crd``), waiting when asked.
 
     Before the CRD goes, garbage collection must have removed what the policies owned (in
     ``namespace``, the operand namespace, and cluster-wide): without the CRD it cannot resolve
     their owner references and would keep them.
     """
-    policies = _policies(kube)
-    owners = {p["metadata"]["uid"] for p in policies}
-    for policy in policies:
-        name = policy["metadata"]["name"]
-        if kube.delete("ClusterPolicy", name):
-            out.write(f"deleted ClusterPolicy {name}\n")
+    held = _held(kube)
+    owners = {obj["metadata"]["uid"] for kind, obj in held if kind == "ClusterPolicy"}
+    for kind, obj in held:
+        name = obj["metadata"]["name"]
+        if kube.delete(kind, name):
+            out.write(f"deleted {kind} {name}\n")
     if wait:
 
         def say() -> None:
-            out.write(f"waiting: {waiting_on(_policies(kube))}\n")
+            out.write(f"waiting: {waiting_on(_held(kube))}\n")
             out.flush()
 
-        if not _until(lambda: not _policies(kube), timeout, every, sleep, say):
-            raise UninstallError(f"after {timeout:.0f}s still there: {waiting_on(_policies(kube))}")
-        out.write("every ClusterPolicy is gone; the operator has cleaned the nodes\n")
+        if not _until(lambda: not _held(kube), timeout, every, sleep, say):
+            raise UninstallError(f"after {timeout:.0f}s still there: {waiting_on(_held(kube))}")
+        out.write(
+            "every ClusterPolicy and GPUCluster is gone; the operator has cleaned the nodes\n"
+        )
     if not delete_crd:
         return
     if wait and owners:

@@ -34,6 +34,7 @@ DEPLOY_LABELS = {
 }
 MANAGED = {"app.kubernetes.io/managed-by": "gpu-operator"}
 VALIDATIONS = "/run/nvidia/validations"
+DRIVER_ROOT_ANNOTATION = "nvidia.com/gpu-operator.driver-root"
 # The DRA init container's own results (its driver-ready file), apart from the ClusterPolicy
 # validator's markers in the same directory.
 DRIVER_VALIDATIONS = f"{VALIDATIONS}/dra-driver"
@@ -153,6 +154,21 @@ def _admin_claims(name: str, request: str, namespace: str, mode: str) -> dict[st
     }
 
 
+def _driver_root(spec: GPUClusterSpec) -> str:
+    return spec.host_paths.driver_install_dir or "/run/nvidia/driver"
+
+
+def _prepared_for(spec: GPUClusterSpec, daemonset: dict[str, Any]) -> dict[str, Any]:
+    """A claim holder's pods name the driver root their claims were prepared from: the CDI
+    edits of a prepared claim are fixed for the pod's life, so a new root must mean new pods."""
+    meta = daemonset["spec"]["template"]["metadata"]
+    meta["annotations"] = {
+        **(meta.get("annotations") or {}),
+        DRIVER_ROOT_ANNOTATION: _driver_root(spec),
+    }
+    return daemonset
+
+
 def _driver_validation(spec: GPUClusterSpec, facts: Facts, install_dir: str) -> dict[str, Any]:
     """NVIDIA's driver-validation init container: finds whether the node's driver is in the
     host's root or a driver container's install dir, waits for it, and writes the
@@ -185,7 +201,7 @@ def _driver_validation(spec: GPUClusterSpec, facts: Facts, install_dir: str) -> 
 def plugin_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:
     ns = facts.namespace
     kubelet_dir = spec.host_paths.kubelet_root_dir or "/var/lib/kubelet"
-    install_dir = spec.host_paths.driver_install_dir or "/run/nvidia/driver"
+    install_dir = _driver_root(spec)
     gpus = spec.dra_driver.gpus.kubelet_plugin if spec.dra_driver.gpus else None
     gates = spec.dra_driver.feature_gates or {}
     env = [
@@ -286,7 +302,7 @@ def validator_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]
     return [
         _account(VALIDATOR, ns),
         _admin_claims(VALIDATOR_CLAIMS, "validation-gpu", ns, "ExactCount"),
-        _daemonset(VALIDATOR, ns, spec.daemonsets, pod, max_surge_zero=False),
+        _prepared_for(spec, _daemonset(VALIDATOR, ns, spec.daemonsets, pod, max_surge_zero=False)),
     ]
 
 
@@ -340,7 +356,7 @@ def exporter_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]
         _account(EXPORTER, ns),
         _admin_claims(EXPORTER_CLAIMS, "admin-gpus", ns, "All"),
         service,
-        _daemonset(EXPORTER, ns, spec.daemonsets, pod, max_surge_zero=False),
+        _prepared_for(spec, _daemonset(EXPORTER, ns, spec.daemonsets, pod, max_surge_zero=False)),
     ]
 
 

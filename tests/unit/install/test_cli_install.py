@@ -123,8 +123,10 @@ def test_chart_says_when_the_readme_has_no_table(
 
 def test_a_stuck_uninstall_says_what_holds_each_policy() -> None:
     policy = {"metadata": {"name": "cluster-policy", "finalizers": [FINALIZER]}}
-    message = waiting_on([policy, {"metadata": {"name": "other"}}])
+    message = waiting_on(
+        [("ClusterPolicy", policy), ("GPUCluster", {"metadata": {"name": "gpu-cluster"}})]
+    )
     assert message.startswith(
-        f"ClusterPolicy cluster-policy ({FINALIZER}); ClusterPolicy other (no finalizer): "
+        f"ClusterPolicy cluster-policy ({FINALIZER}); GPUCluster gpu-cluster (no finalizer): "
         "the operator removes its node labels and taint"
     )
