@@ -46,6 +46,10 @@ SONAME_DIRS = {
 }
 READ_ONLY = ["ro", "nosuid", "nodev", "rbind", "rprivate"]
 IPC = ["nosuid", "nodev", "rbind", "rprivate", "noexec"]  # a socket needs write to connect
+# A default PATH (Debian's, and what runtimes set when an image names none).
+PATH_DIRS = frozenset(
+    ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+)
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,8 @@ def soname_dirs(machine: str | None = None) -> tuple[str, ...]:
 
 def driver_mounts(driver: HostDriver, machine: str | None = None) -> list[dict[str, Any]]:
     """Libraries (at their root-relative paths, and at their sonames in the standard library
-    directories), binaries, firmware (read-only) and IPC sockets (writable)."""
+    directories), binaries (also in /usr/bin when their directory is not on a default PATH),
+    firmware (read-only) and IPC sockets (writable)."""
     files = driver.files
     if files is None:
         return []
@@ -107,6 +112,12 @@ def driver_mounts(driver: HostDriver, machine: str | None = None) -> list[dict[s
                 mounts.setdefault(target, _mount(driver.host(lib.path), target, READ_ONLY))
     for path in (*files.binaries, *files.firmware):
         mounts.setdefault(path, _mount(driver.host(path), path, READ_ONLY))
+    for path in files.binaries:
+        # A driver under its own prefix (/usr/local/nvidia/bin) is on no image's default PATH:
+        # the program goes to /usr/bin too, as the libraries go to their sonames.
+        if os.path.dirname(path) not in PATH_DIRS:
+            target = f"/usr/bin/{os.path.basename(path)}"
+            mounts.setdefault(target, _mount(driver.host(path), target, READ_ONLY))
     for path in files.ipc:
         mounts.setdefault(path, _mount(driver.host(path), path, IPC))
     return list(mounts.values())

@@ -85,7 +85,13 @@ def link(root: Path, path: str, target: str) -> None:
 
 
 def executable(root: Path, path: str) -> Path:
-    return write(root, path, b"#!/bin/sh\n", 0o755)
+    """A program as the driver ships it: an ELF executable."""
+    return write(root, path, elf_bytes(None), 0o755)
+
+
+def script(root: Path, path: str) -> Path:
+    """A wrapper script of a program's name (some images put one in /usr/bin)."""
+    return write(root, path, b'#!/bin/sh\nexec /usr/local/nvidia/bin/nvidia-smi "$@"\n', 0o755)
 
 
 def ld_cache_bytes(entries: Sequence[tuple[str, str, int]], old_format: bool = False) -> bytes:

@@ -190,3 +190,26 @@ def test_an_empty_root_says_where_it_looked(tmp_path: Path, command: str) -> Non
     assert "not found under driver root" in done.stderr
     assert f"{tmp_path}/usr/lib/x86_64-linux-gnu" in done.stderr
     assert f"{tmp_path}/usr/lib64" in done.stderr
+
+
+def test_the_yaml_spec_is_plain_and_the_same_as_the_json(root: Path) -> None:
+    """Devices share edits in memory; printed, each device carries its own (no YAML anchors,
+    which some CDI consumers do not read)."""
+    done = cdi("generate", "--driver-root", str(root))
+    assert done.returncode == 0, done.stderr
+    assert "&id" not in done.stdout and "*id" not in done.stdout
+    assert yaml.safe_load(done.stdout) == generate("--driver-root", str(root), "--format", "json")
+
+
+def test_a_program_off_the_default_path_also_goes_to_usr_bin(tmp_path: Path) -> None:
+    """A driver under its own prefix (seen on a GPU machine: /usr/local/nvidia/{lib64,bin}) has
+    nvidia-smi where no image's default PATH looks: the spec mounts it there and at
+    /usr/bin/nvidia-smi, one host file."""
+    from tests.unit.agent.driver_layouts import CACHE_HOST, driver_libs, executable, ld_cache
+
+    driver_libs(tmp_path, "/usr/local/nvidia/lib64")
+    ld_cache(tmp_path, [("libcuda.so.1", "/usr/local/nvidia/lib64/libcuda.so.1", CACHE_HOST)])
+    smi = executable(tmp_path, "/usr/local/nvidia/bin/nvidia-smi")
+    mounts = mounts_by_container_path(generate("--driver-root", str(tmp_path), "--format", "json"))
+    assert mounts["/usr/local/nvidia/bin/nvidia-smi"] == str(smi)
+    assert mounts["/usr/bin/nvidia-smi"] == str(smi)

@@ -41,6 +41,7 @@ from .driver_layouts import (
     lib,
     link,
     rhel,
+    script,
     ubuntu,
     write,
 )
@@ -282,6 +283,22 @@ def test_gke_layout(tmp_path: Path) -> None:
     assert files.libraries == driver_libraries("/lib64")
     assert files.binaries == ("/bin/nvidia-smi", "/bin/nvidia-cuda-mps-control")
     assert files.host_path("/bin/nvidia-smi") == f"{root}/bin/nvidia-smi"
+
+
+def test_a_driver_under_one_prefix_beside_a_wrapper_script(tmp_path: Path) -> None:
+    """Seen on a GPU machine: the driver under /usr/local/nvidia (lib64, bin, firmware) and a
+    shell script /usr/bin/nvidia-smi that execs the real one. The spec must carry the ELF
+    program (a container has no shell and no /usr/local/nvidia), and the firmware beside it."""
+    driver_libs(tmp_path, "/usr/local/nvidia/lib64")
+    ld_cache(tmp_path, [("libcuda.so.1", "/usr/local/nvidia/lib64/libcuda.so.1", CACHE_HOST)])
+    script(tmp_path, "/usr/bin/nvidia-smi")
+    executable(tmp_path, "/usr/local/nvidia/bin/nvidia-smi")
+    gsp = write(tmp_path, f"/usr/local/nvidia/firmware/nvidia/{VERSION}/gsp_ga10x.bin")
+    files = discover_driver(tmp_path)
+    assert files.library_dir == "/usr/local/nvidia/lib64"
+    assert files.binaries == ("/usr/local/nvidia/bin/nvidia-smi",)
+    assert files.firmware == (f"/usr/local/nvidia/firmware/nvidia/{VERSION}/gsp_ga10x.bin",)
+    assert gsp.exists()
 
 
 def test_library_only_in_the_roots_ld_cache(tmp_path: Path) -> None:

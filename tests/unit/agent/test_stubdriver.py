@@ -255,6 +255,33 @@ def test_pynvml_reads_the_stub(root: Path) -> None:
     assert done.stdout.strip() == f"3|{VERSION}|NVIDIA H100 80GB HBM3|81559|1", done.stderr
 
 
+def test_the_lookups_nvidia_ctk_makes_are_answered(root: Path) -> None:
+    """``nvidia-ctk cdi generate`` (nvml mode) finds each GPU by UUID and reads its PCI id and
+    MIG mode: with these the real tool runs on a stub driver root (the README's comparison)."""
+    script = "\n".join(
+        [
+            "import pynvml as n",
+            "n.nvmlInit()",
+            "h = n.nvmlDeviceGetHandleByUUID(n.nvmlDeviceGetUUID(n.nvmlDeviceGetHandleByIndex(2)))",
+            "p = n.nvmlDeviceGetPciInfo_v3(h)",
+            "bus_id = p.busId.decode() if isinstance(p.busId, bytes) else p.busId",
+            "print(n.nvmlDeviceGetIndex(h), n.nvmlDeviceGetMigMode(h),",
+            "      n.nvmlDeviceGetMaxMigDeviceCount(h), bus_id, p.domain, p.bus, sep='|')",
+            "try:",
+            "    n.nvmlDeviceGetHandleByUUID('GPU-nope')",
+            "except n.NVMLError_NotFound:",
+            "    print('not found')",
+        ]
+    )
+    done = run(root, sys.executable, "-c", script)
+    index, mig, most, bus_id, domain, bus = done.stdout.splitlines()[0].split("|")
+    assert (index, mig, most) == ("2", "[0, 0]", "0"), done.stderr
+    gpu = next(g for g in GPUS if g.minor == 3)  # NVML's third: by ascending minor
+    assert bus_id == gpu.pci_bus_id
+    assert [int(domain), int(bus)] == [int(x, 16) for x in gpu.pci_bus_id.split(":")[:2]]
+    assert done.stdout.splitlines()[1] == "not found"
+
+
 def test_sonames_versions_and_laying_out_again(root: Path, artefacts: Path) -> None:
     readelf = shutil.which("readelf")
 

@@ -49,7 +49,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         import yaml
 
-        text = yaml.safe_dump(spec, sort_keys=False, default_flow_style=False)
+        # Through JSON: edits shared between devices would otherwise print as YAML anchors.
+        plain = json.loads(json.dumps(spec))
+        text = yaml.safe_dump(plain, sort_keys=False, default_flow_style=False)
     if not args.output or args.output == "-":
         sys.stdout.write(text)
         return 0

@@ -93,8 +93,8 @@ def discover_driver(root: str | Path) -> DriverFiles:
         version=version,
         library_dir=library_dir,
         libraries=_libraries(search, library_dir, version),
-        binaries=_binaries(search),
-        firmware=_firmware(search, version),
+        binaries=_binaries(search, library_dir),
+        firmware=_firmware(search, version, library_dir),
         ipc=_ipc(search),
         hook=_hook(search),
         searched=tuple(search.searched),
@@ -150,27 +150,39 @@ def _soname(host_file: str) -> str | None:
 
 
 def _first_executable(search: Search, names: Iterable[str], dirs: Iterable[str]) -> str | None:
-    """The first ``dir/name`` that is an executable file, by name, then by directory."""
-    dirs = tuple(dirs)
+    """The first ``dir/name`` that is an ELF executable, by name, then by directory. A script
+    of the same name (a wrapper that execs the real one from elsewhere) is passed over: it
+    needs a shell and that elsewhere, which a container given only the spec has neither of."""
+    dirs = tuple(dict.fromkeys(dirs))
     for directory in dirs:
         search.saw(directory)
     for name in names:
         for directory in dirs:
             path = os.path.join(directory, name)
-            if rootfs.is_executable(search.root, path):
+            if not rootfs.is_executable(search.root, path):
+                continue
+            target = rootfs.resolve(search.root, path)  # links followed inside the root
+            if target and elf.read_elf(rootfs.host_path(search.root, target)) is not None:
                 return rootfs.resolve_dir(search.root, path)
     return None
 
 
-def _binaries(search: Search) -> tuple[str, ...]:
-    found = (_first_executable(search, (name,), BINARY_DIRS) for name in BINARIES)
+def _beside(library_dir: str, name: str) -> str:
+    """``name`` next to the library directory: a driver installed under one prefix
+    (``/usr/local/nvidia/lib64``, GKE's ``lib64``) keeps its ``bin`` and ``firmware`` there."""
+    return os.path.join(os.path.dirname(library_dir.rstrip("/")) or "/", name)
+
+
+def _binaries(search: Search, library_dir: str) -> tuple[str, ...]:
+    dirs = (_beside(library_dir, "bin"), *BINARY_DIRS)
+    found = (_first_executable(search, (name,), dirs) for name in BINARIES)
     return tuple(path for path in found if path is not None)
 
 
-def _firmware(search: Search, version: str) -> tuple[str, ...]:
+def _firmware(search: Search, version: str, library_dir: str) -> tuple[str, ...]:
     """Every ``gsp*.bin`` for this version (the GSP firmware the kernel module loads)."""
     found: list[str] = []
-    for base in firmware_dirs():
+    for base in dict.fromkeys((*firmware_dirs(), _beside(library_dir, "firmware"))):
         directory = f"{base}/nvidia/{version}"
         search.saw(directory)
         real_dir, names = rootfs.list_dir(search.root, directory)

@@ -283,3 +283,86 @@ STUB_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *i
     *index = (unsigned int)handle_index(device);
     return NVML_SUCCESS;
 }
+
+STUB_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
+{
+    unsigned int i;
+
+    if (!initialised())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!uuid || !device)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (i = 0; i < node.count; i++) {
+        if (strcmp(devices[i].gpu.uuid, uuid) == 0) {
+            *device = &devices[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+/* The stub's GPUs are never in MIG mode (the simulated NVML holds MIG state). */
+STUB_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
+                                              unsigned int *pendingMode)
+{
+    nvmlReturn_t ret;
+    const struct stub_gpu *gpu = gpu_of(device, &ret);
+
+    if (!gpu)
+        return ret;
+    if (!currentMode || !pendingMode)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *currentMode = 0;
+    *pendingMode = 0;
+    return NVML_SUCCESS;
+}
+
+STUB_EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
+{
+    nvmlReturn_t ret;
+    const struct stub_gpu *gpu = gpu_of(device, &ret);
+
+    if (!gpu)
+        return ret;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *count = 0;
+    return NVML_SUCCESS;
+}
+
+/* nvml.h's nvmlPciInfo_t (the layout since NVML 7: the legacy 16-byte id first). */
+typedef struct nvmlPciInfo_st {
+    char busIdLegacy[16];
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+STUB_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    nvmlReturn_t ret;
+    const struct stub_gpu *gpu = gpu_of(device, &ret);
+
+    if (!gpu)
+        return ret;
+    if (!pci)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    memset(pci, 0, sizeof(*pci));
+    stub_copy(pci->busId, sizeof(pci->busId), gpu->pci_bus_id);
+    /* The legacy id: "DDDD:BB:DD.F", the domain cut to 4 digits. */
+    stub_copy(pci->busIdLegacy, sizeof(pci->busIdLegacy),
+              strlen(gpu->pci_bus_id) > 12 ? gpu->pci_bus_id + strlen(gpu->pci_bus_id) - 12
+                                           : gpu->pci_bus_id);
+    if (sscanf(gpu->pci_bus_id, "%x:%x:%x", &pci->domain, &pci->bus, &pci->device) != 3)
+        return NVML_ERROR_UNKNOWN;
+    pci->pciDeviceId = 0x10de; /* vendor in the low half, as NVML gives it; device id unknown */
+    return NVML_SUCCESS;
+}
+
+STUB_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    return nvmlDeviceGetPciInfo_v3(device, pci);
+}
