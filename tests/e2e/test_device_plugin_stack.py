@@ -87,7 +87,12 @@ def test_mps_config_brings_the_control_daemon_and_time_slicing_removes_it(
     assert container["command"] == ["gpu-operator", "agent", "mps-control-daemon", "--simulated"]
     volumes = {v["name"]: v["hostPath"]["path"] for v in template["spec"]["volumes"]
                if "hostPath" in v}  # fmt: skip
-    assert volumes == {"mps-root": "/run/nvidia/mps", "mps-shm": "/run/nvidia/mps/shm"}
+    # The project's image loads NVML from the driver root, which it mounts (no runtime hook).
+    assert volumes == {
+        "mps-root": "/run/nvidia/mps",
+        "mps-shm": "/run/nvidia/mps/shm",
+        "driver-root": "/run/nvidia/driver",
+    }
 
     plugin = wait_for("the device plugin DaemonSet", lambda: _daemonset(kube, PLUGIN_DS))
     (main,) = plugin["spec"]["template"]["spec"]["containers"]

@@ -22,6 +22,7 @@ from gpu_operator.agent.dra import agent as dra_agent
 from gpu_operator.agent.dra import devices as dra_devices
 from gpu_operator.agent.dra.prepare import spec_file_name
 from gpu_operator.agent.dra.server import DraPlugin, PluginPaths
+from gpu_operator.agent.driver_cdi import find_host_driver
 from gpu_operator.kube import Kube
 from gpu_operator.render.dra import device_classes
 
@@ -78,7 +79,10 @@ def test_a_pod_with_a_claim_sees_its_gpu_through_cdi_on_a_real_node(
         def read_claim(namespace: str, name: str) -> dict[str, Any] | None:
             return api.get("ResourceClaim", name, namespace)
 
-        plugin = DraPlugin(node, paths, lambda: refs, read_claim).start()
+        # No driver files here (simulated NVML in this process): the spec carries the GPU's
+        # env only; test_real_driver.py has the plugin in its DaemonSet give the driver too.
+        no_driver, _ = find_host_driver(str(Path(tmp) / "no-driver"), "/")
+        plugin = DraPlugin(node, paths, lambda: refs, read_claim, lambda: no_driver).start()
         kubelet_sock = node_dir / "kubelet" / "plugins" / DRIVER / "dra.sock"
         registration = node_dir / "kubelet" / "plugins_registry" / f"{DRIVER}-reg.sock"
         try:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -73,6 +74,13 @@ class LeaderElector:
         self.renewed: datetime | None = None  # the renew time last written and confirmed
         # The Lease as this process last wrote it (resourceVersion, acquireTime, transitions).
         self._written: dict[str, Any] | None = None
+        # Its own thread: behind the reconcilers' blocking calls in the loop's shared executor,
+        # a renewal can wait out its deadline in the queue (seen with 2 s per request: every
+        # worker thread busy, the Lease lost with the API server answering).
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease")
+
+    async def _call_try(self) -> datetime | None:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, self._try)
 
     def _renew_blind(self, now: datetime) -> datetime | None:
         """Renew in one request, from the Lease as last written; None when it changed since."""
@@ -149,7 +157,7 @@ class LeaderElector:
         logged = False
         while True:
             try:
-                self.renewed = await asyncio.to_thread(self._try)
+                self.renewed = await self._call_try()
             except RuntimeError:
                 raise  # a missing namespace: nothing to wait for
             except Exception as exc:  # API trouble: a candidate just keeps asking
@@ -181,7 +189,7 @@ class LeaderElector:
             if left <= 0:
                 break
             try:
-                renewed = await asyncio.wait_for(asyncio.to_thread(self._try), timeout=left)
+                renewed = await asyncio.wait_for(self._call_try(), timeout=left)
             except TimeoutError:
                 log.warning("lease renewal unanswered within the renew deadline")
                 break

@@ -110,7 +110,9 @@ async def _run(
     elector = None
     if options.leader_election:
         elector = LeaderElector(
-            kube,
+            # Its own connection pool: a renewal never waits for, or opens, a connection the
+            # reconcilers' calls hold (a new TLS handshake on a slow link costs round trips).
+            Kube(k8s.ApiClient(api_config)),
             config.namespace,
             options.identity,
             lease_seconds=options.lease_seconds,
