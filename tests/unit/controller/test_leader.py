@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -161,6 +162,30 @@ def test_hold_keeps_leading_through_refused_renewals_within_the_lease() -> None:
 
     assert asyncio.run(asyncio.wait_for(scenario(), timeout=30)) is False
     assert not kube.refusals  # both refusals were met and outlived
+
+
+def test_renewals_do_not_queue_behind_the_reconcilers_blocking_calls() -> None:
+    """Every worker of the loop's shared executor busy with a slow API call (a slow link, seen
+    in a chaos run: the Lease lost while the API server answered): renewals still go out."""
+    kube = FakeKube()
+    leader = elector(kube, lease_seconds=3, renew_seconds=0.1)  # deadline 2 s
+    assert leader._try()
+    release = threading.Event()
+
+    async def scenario() -> int:
+        loop = asyncio.get_running_loop()
+        busy = [loop.run_in_executor(None, release.wait, 30) for _ in range(64)]
+        holding = asyncio.create_task(leader.hold())
+        before = sum(1 for w in kube.writes if w[0] == "patch")
+        await asyncio.sleep(3)  # past the deadline: only renewals keep it
+        lost = holding.done()
+        holding.cancel()
+        release.set()
+        await asyncio.gather(*busy)
+        assert not lost, "leadership lost with the executor busy"
+        return sum(1 for w in kube.writes if w[0] == "patch") - before
+
+    assert asyncio.run(asyncio.wait_for(scenario(), timeout=30)) >= 10
 
 
 def test_release_hands_the_lease_over() -> None:
