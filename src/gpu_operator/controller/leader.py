@@ -106,6 +106,11 @@ class LeaderElector:
         if self._written is not None and self._renew_blind(now) is not None:
             return now
         lease = self.kube.get("Lease", self.name, self.namespace)
+        # The time written is the time of the write, not of the read before it: on a slow link
+        # the read alone is a round trip, and the renew deadline counts from the time written
+        # (taken before the read, a Lease acquired over 2 s round trips had 4 of its 6 s gone
+        # and was lost at its first renewal).
+        now = _now()
         if lease is None:
             body = {
                 "apiVersion": "coordination.k8s.io/v1",

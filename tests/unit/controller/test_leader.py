@@ -188,6 +188,28 @@ def test_renewals_do_not_queue_behind_the_reconcilers_blocking_calls() -> None:
     assert asyncio.run(asyncio.wait_for(scenario(), timeout=30)) >= 10
 
 
+def test_the_renew_time_written_is_taken_after_the_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A take-over reads the Lease, then writes it: on a slow link the read is a round trip,
+    which must not come off the renew deadline (a chaos run lost a Lease just acquired)."""
+    clock = {"now": T0 + timedelta(days=1)}
+    monkeypatch.setattr("gpu_operator.controller.leader._now", lambda: clock["now"])
+    kube = FakeKube()
+    kube.create(lease("other", T0))  # expired long ago
+    reading = kube.get
+
+    def slow_get(*args: Any, **kw: Any) -> Any:
+        clock["now"] += timedelta(seconds=2)  # the read's round trip
+        return reading(*args, **kw)
+
+    kube.get = slow_get  # type: ignore[method-assign]
+    leader = elector(kube, lease_seconds=9)
+    start = clock["now"]
+    leader.renewed = leader._try()
+    assert leader.renewed == start + timedelta(seconds=2)
+    assert _parse(spec_of(kube)["renewTime"]) == start + timedelta(seconds=2)
+    assert leader.remaining(clock["now"]) == pytest.approx(6.0)  # the whole deadline left
+
+
 def test_release_hands_the_lease_over() -> None:
     kube = FakeKube()
     leader = elector(kube)
