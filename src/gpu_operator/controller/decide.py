@@ -28,7 +28,7 @@ from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.facts import gather_facts, nfd_present, node_policy
 from gpu_operator.controller.memory import MONITOR_CRD_KEY, Memory
 from gpu_operator.controller.nodes import NodePolicy, is_gpu_node, plan_node
-from gpu_operator.controller.plan import Owner, plan_changes, stamp
+from gpu_operator.controller.plan import Owner, finalizer_body, plan_changes, stamp
 from gpu_operator.controller.pools import handover_pending
 from gpu_operator.controller.readiness import by_owner, component_readiness
 from gpu_operator.controller.snapshot import Snapshot
@@ -249,12 +249,8 @@ def _nonempty(stages: Iterable[Stage]) -> tuple[Stage, ...]:
 
 
 def _finalizer_patch(policy: Mapping[str, Any], *, add: bool) -> Patch:
-    meta = policy["metadata"]
-    current = list(meta.get("finalizers") or ())
-    finalizers = [*current, FINALIZER] if add else [f for f in current if f != FINALIZER]
-    # The resourceVersion makes a concurrent edit of the list fail instead of being lost.
-    body = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
-    return Patch(KIND, meta["name"], body, "finalizer")
+    body = finalizer_body(policy, FINALIZER, add=add)
+    return Patch(KIND, policy["metadata"]["name"], body, "finalizer")
 
 
 def _unwatched_changes(

@@ -43,7 +43,7 @@ from gpu_operator.controller.execute import api_reason
 from gpu_operator.controller.loop import Loop
 from gpu_operator.controller.metrics import PrometheusMetrics
 from gpu_operator.controller.nodes import is_gpu_node
-from gpu_operator.controller.plan import Owner, content_hash, stamp
+from gpu_operator.controller.plan import Owner, content_hash, finalizer_body, stamp
 from gpu_operator.controller.status import active_policy, condition
 from gpu_operator.events import event_body, now_iso
 from gpu_operator.kube import Kube
@@ -129,14 +129,9 @@ def decide_gpucluster(
 ) -> GpuClusterDecision:
     """``reported``: nodes already given a conflict Event (by this process)."""
     statuses: dict[str, dict[str, Any]] = {}
-    active = next(
-        (
-            c
-            for c in snap.clusters
-            if c["metadata"]["name"] == SINGLETON and not c["metadata"].get("deletionTimestamp")
-        ),
-        None,
-    )
+    singleton = next((c for c in snap.clusters if c["metadata"]["name"] == SINGLETON), None)
+    deleted = singleton is not None and bool(singleton["metadata"].get("deletionTimestamp"))
+    active = None if deleted else singleton
     for other in snap.clusters:
         if other is not active:  # the CRD's CEL rule forbids these; an older CRD may not
             msg = f"only the GPUCluster named {SINGLETON} is acted on"
@@ -144,17 +139,8 @@ def decide_gpucluster(
                 other, "ignored", namespace, snap.stamp, [(READY, "False", "Ignored", msg)]
             )
     if active is None:
-        deleting = next(
-            (
-                c
-                for c in snap.clusters
-                if c["metadata"]["name"] == SINGLETON
-                and FINALIZER in (c["metadata"].get("finalizers") or ())
-            ),
-            None,
-        )
-        if deleting is not None:
-            return _teardown(snap, namespace, deleting, statuses)
+        if singleton is not None and FINALIZER in (singleton["metadata"].get("finalizers") or ()):
+            return _teardown(snap, namespace, singleton, statuses)
         # None (deleted, or never made): the DRA deploy labels it set go again, so no node keeps
         # asking for a stack nobody renders any more.
         return GpuClusterDecision(statuses=statuses, labels=_drop_labels(snap.nodes, DEPLOY_LABELS))
@@ -218,7 +204,7 @@ def decide_gpucluster(
     )
     finalizers = {}
     if FINALIZER not in (meta.get("finalizers") or ()):
-        finalizers[SINGLETON] = _finalizer_patch(active, add=True)
+        finalizers[SINGLETON] = finalizer_body(active, FINALIZER, add=True)
     return GpuClusterDecision(
         applies=applies,
         applied_hash=content_hash({"objects": list(applies)}),
@@ -260,7 +246,7 @@ def _teardown(
     return GpuClusterDecision(
         statuses=statuses,
         labels=_drop_labels(snap.nodes, DEPLOY_LABELS),
-        finalizers={SINGLETON: _finalizer_patch(cluster, add=False)},
+        finalizers={SINGLETON: finalizer_body(cluster, FINALIZER, add=False)},
     )
 
 
@@ -273,14 +259,6 @@ def _drop_labels(
         if patch:
             gone[node.name] = patch
     return gone
-
-
-def _finalizer_patch(cluster: Mapping[str, Any], *, add: bool) -> dict[str, Any]:
-    meta = cluster["metadata"]
-    current = list(meta.get("finalizers") or ())
-    finalizers = [*current, FINALIZER] if add else [f for f in current if f != FINALIZER]
-    # The resourceVersion makes a concurrent edit of the list fail instead of being lost.
-    return {"metadata": {"finalizers": finalizers, "resourceVersion": meta.get("resourceVersion")}}
 
 
 def _status(

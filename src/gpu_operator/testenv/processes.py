@@ -68,13 +68,13 @@ def free_ports(count: int) -> list[int]:
     picked: list[int] = []
     for _ in range(count * 200):
         if len(picked) == count:
-            return picked
+            break
         port = rng.randint(first, last)
         if port not in picked and _bindable(port):
             picked.append(port)
-    if len(picked) == count:
-        return picked
-    raise RuntimeError(f"no {count} free ports between {first} and {last}")
+    if len(picked) < count:
+        raise RuntimeError(f"no {count} free ports between {first} and {last}")
+    return picked
 
 
 def _stat_fields(pid: int) -> list[str] | None:
