@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import yaml
 
@@ -150,39 +150,76 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--policy", default=None, help="ClusterPolicy name (default: the only one)")
     status.add_argument("-w", "--watch", action="store_true", help="refresh every 2 s until ^C")
     status.set_defaults(func=_cmd_upgrade_status)
+
+    health = sub.add_parser("health", help="GPU health remediation across the fleet")
+    health_sub = health.add_subparsers(dest="health_command", required=True)
+    hstatus = health_sub.add_parser(
+        "status",
+        help="unhealthy and quarantined GPU nodes: since when, why, what is being done",
+    )
+    hstatus.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG/in-cluster)")
+    hstatus.add_argument("--all", action="store_true", help="list healthy GPU nodes too")
+    hstatus.add_argument("-w", "--watch", action="store_true", help="refresh every 2 s until ^C")
+    hstatus.set_defaults(func=_cmd_health_status)
     return parser
 
 
-def _cmd_upgrade_status(args: argparse.Namespace) -> int:
-    import time
-
+def _cmd_health_status(args: argparse.Namespace) -> int:
     from gpu_operator.kube import connect
-    from gpu_operator.upgrade.report import pool_report, status_report
+    from gpu_operator.remediation.report import health_report
 
     kube = connect(args.kubeconfig)
-    while True:
+
+    def report() -> str:
         policies = kube.list_objects("ClusterPolicy")
-        chosen = [p for p in policies if args.policy in (None, p["metadata"]["name"])]
-        if not chosen:
-            sys.stderr.write("no ClusterPolicy found\n")
-            return 1
-        active = [p for p in chosen if (p.get("status") or {}).get("state") != "ignored"]
-        policy = (active or chosen)[0]
-        pooled = ((policy.get("spec") or {}).get("driver") or {}).get("useNvidiaDriverCRD")
-        if pooled:  # each NVIDIADriver upgrades its own pool
-            report = pool_report(kube.list_objects("Node"), kube.list_objects("NVIDIADriver"))
-        else:
-            report = status_report(kube.list_objects("Node"), policy.get("status") or {})
-        if args.watch:
-            sys.stdout.write("\x1b[H\x1b[2J")  # clear the screen, like watch(1)
-        sys.stdout.write(report)
+        active = [p for p in policies if (p.get("status") or {}).get("state") != "ignored"]
+        status = ((active or policies or [{}])[0]).get("status") or {}
+        return health_report(kube.list_objects("Node"), status, all_nodes=args.all)
+
+    return _show(report, watch=args.watch)
+
+
+def _show(report: Callable[[], str], *, watch: bool) -> int:
+    """Print ``report()`` once, or every 2 s like watch(1) until ^C."""
+    import time
+
+    while True:
+        text = report()
+        if watch:
+            sys.stdout.write("\x1b[H\x1b[2J")
+        sys.stdout.write(text)
         sys.stdout.flush()
-        if not args.watch:
+        if not watch:
             return 0
         try:
             time.sleep(2)
         except KeyboardInterrupt:
             return 0
+
+
+def _cmd_upgrade_status(args: argparse.Namespace) -> int:
+    from gpu_operator.kube import connect
+    from gpu_operator.upgrade.report import pool_report, status_report
+
+    kube = connect(args.kubeconfig)
+    policies = kube.list_objects("ClusterPolicy")
+    if not [p for p in policies if args.policy in (None, p["metadata"]["name"])]:
+        sys.stderr.write("no ClusterPolicy found\n")
+        return 1
+
+    def report() -> str:
+        policies = kube.list_objects("ClusterPolicy")
+        chosen = [p for p in policies if args.policy in (None, p["metadata"]["name"])]
+        if not chosen:
+            return "no ClusterPolicy found\n"
+        active = [p for p in chosen if (p.get("status") or {}).get("state") != "ignored"]
+        policy = (active or chosen)[0]
+        pooled = ((policy.get("spec") or {}).get("driver") or {}).get("useNvidiaDriverCRD")
+        if pooled:  # each NVIDIADriver upgrades its own pool
+            return pool_report(kube.list_objects("Node"), kube.list_objects("NVIDIADriver"))
+        return status_report(kube.list_objects("Node"), policy.get("status") or {})
+
+    return _show(report, watch=args.watch)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

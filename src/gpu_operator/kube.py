@@ -405,6 +405,30 @@ class Kube:
         )
         return result
 
+    def strategic_patch(
+        self,
+        kind: str,
+        name: str,
+        patch: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
+        """A strategic merge patch (built-in kinds only): lists such as a Node's
+        ``status.conditions`` merge by their key (``type``) instead of being replaced, so one
+        writer's entry leaves the others' alone."""
+        path = KINDS[kind].item(name, namespace)
+        if subresource:
+            path += f"/{subresource}"
+        result: dict[str, Any] = self.request(
+            "PATCH",
+            path,
+            query={"fieldManager": FIELD_MANAGER},
+            body=dict(patch),
+            content_type="application/strategic-merge-patch+json",
+        )
+        return result
+
     def json_patch(
         self, kind: str, name: str, operations: Any, namespace: str | None = None
     ) -> dict[str, Any]:

@@ -55,6 +55,30 @@ UPGRADE_SINCE = "nvidia.com/gpu-driver-upgrade-state.since"
 UPGRADE_WAS_CORDONED = "nvidia.com/gpu-driver-upgrade.was-cordoned"
 VALIDATOR_APP = "nvidia-operator-validator"
 
+# -- GPU health (this project's): the node condition the device-plugin agent publishes (anyone
+# may), the quarantine taint, and the remediation's bookkeeping on the node
+GPU_HEALTHY_CONDITION = "GPUHealthy"
+UNHEALTHY_TAINT = "nvidia.com/gpu.unhealthy"
+HEALTH_STATE = "nvidia.com/gpu-health.state"  # label: where the node is in its remediation
+HEALTH_SINCE = "nvidia.com/gpu-health.state.since"  # epoch seconds the state was entered
+HEALTH_WAS_CORDONED = "nvidia.com/gpu-health.was-cordoned"  # before the quarantine
+HEALTH_TAINTED = "nvidia.com/gpu-health.tainted"  # "true": the quarantine taint is ours
+HEALTH_ACTION = "nvidia.com/gpu-health.action"  # index of the remediation action under way
+HEALTH_REASON = "nvidia.com/gpu-health.reason"  # why the node was quarantined
+# The operator asks the node's device-plugin agent to reset its unhealthy GPUs (value: the
+# request's epoch seconds); the agent answers with "<that value>:<outcome>".
+HEALTH_RESET_REQUESTED = "nvidia.com/gpu-health.reset-requested"
+HEALTH_RESET_DONE = "nvidia.com/gpu-health.reset-done"
+HEALTH_EXTERNAL_LABEL = "nvidia.com/gpu-health.remediation"  # default; value "requested"
+# Device-plugin agent settings rendered from spec.healthRemediation
+HEALTH_ENV_CONDITION = "GPU_HEALTH_CONDITION"  # "true": publish GPUHealthy
+HEALTH_ENV_XIDS = "GPU_HEALTH_XIDS"  # comma-separated XIDs counted beyond NVIDIA's
+HEALTH_ENV_IGNORED_XIDS = "GPU_HEALTH_IGNORED_XIDS"
+HEALTH_ENV_THERMAL = "GPU_HEALTH_THERMAL"  # "true"/"false"
+HEALTH_ENV_POWER = "GPU_HEALTH_POWER"
+HEALTH_ENV_DEBOUNCE = "GPU_HEALTH_DEBOUNCE"  # a duration, "30s"
+HEALTH_ENV_QUIET_PERIOD = "GPU_HEALTH_QUIET_PERIOD"  # a duration, "2m"
+
 # -- the MIG manager's bookkeeping on the node
 MIG_PAUSED_LABELS = "nvidia.com/mig-manager.paused-labels"
 MIG_FAILED_CONFIG = "nvidia.com/mig-manager.failed-config"
@@ -62,7 +86,14 @@ MIG_STATE_REASON = "nvidia.com/mig.config.state.reason"
 
 # Annotations other parts of the GPU stack write on nodes: meaningless once it is uninstalled.
 STACK_ANNOTATIONS = frozenset(
-    {UPGRADE_SINCE, UPGRADE_WAS_CORDONED, MIG_PAUSED_LABELS, MIG_FAILED_CONFIG, MIG_STATE_REASON}
+    {
+        UPGRADE_SINCE,
+        UPGRADE_WAS_CORDONED,
+        MIG_PAUSED_LABELS,
+        MIG_FAILED_CONFIG,
+        MIG_STATE_REASON,
+        HEALTH_RESET_DONE,
+    }
 )
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from gpu_operator.labels import REVISION_HASH
+from gpu_operator.labels import GPU_HEALTHY_CONDITION, REVISION_HASH
 
 
 def string_map(value: Any) -> dict[str, str]:
@@ -40,6 +40,36 @@ def shared_map(value: Any, *, values: bool = True) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
+class GpuHealth:
+    """The Node's ``GPUHealthy`` condition, whoever wrote it (our agent, a problem detector)."""
+
+    status: str  # "True", "False" or "Unknown"
+    reason: str = ""
+    message: str = ""
+    since: float = 0.0  # lastTransitionTime, unix seconds; 0.0 when absent
+
+    @property
+    def healthy(self) -> bool:
+        return self.status == "True"
+
+    @property
+    def unhealthy(self) -> bool:
+        return self.status == "False"
+
+    @classmethod
+    def from_conditions(cls, conditions: Iterable[Mapping[str, Any]]) -> GpuHealth | None:
+        for c in conditions:
+            if c.get("type") == GPU_HEALTHY_CONDITION:
+                return cls(
+                    str(c.get("status") or "Unknown"),
+                    str(c.get("reason") or ""),
+                    str(c.get("message") or ""),
+                    parse_time(c.get("lastTransitionTime")),
+                )
+        return None
+
+
+@dataclass(frozen=True)
 class NodeView:
     """What the project reads of a Node."""
 
@@ -54,6 +84,7 @@ class NodeView:
     container_runtime: str = ""  # status.nodeInfo.containerRuntimeVersion, e.g. containerd://1.7
     ready: bool = True
     unschedulable: bool = False
+    gpu_health: GpuHealth | None = None
 
     @classmethod
     def from_k8s(cls, node: Mapping[str, Any]) -> NodeView:
@@ -74,6 +105,7 @@ class NodeView:
                 for c in status.get("conditions") or ()
             ),
             unschedulable=bool(spec.get("unschedulable")),
+            gpu_health=GpuHealth.from_conditions(status.get("conditions") or ()),
         )
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -253,3 +255,27 @@ def hack_testenv(state_dir: Path, bin_dir: Path, *args: str) -> subprocess.Compl
         timeout=180,
         check=False,
     )
+
+
+class OperatorProcess:
+    """The operator as its own process (out of cluster, as a ServiceAccount through
+    ``kubeconfig``), so a test can really kill it."""
+
+    def __init__(self, kubeconfig: Path, log: Path, namespace: str) -> None:
+        self.kubeconfig, self.log, self.namespace = kubeconfig, log, namespace
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gpu_operator", "run", "--kubeconfig", str(self.kubeconfig),
+                 "--namespace", self.namespace, "--health-port", "0", "--metrics-port", "0",
+                 "--lease-duration", "6"],
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    def kill(self) -> None:
+        """SIGKILL, no goodbye: a successor waits for the Lease to expire."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)

@@ -75,6 +75,7 @@ def example_policy(version: str = "580.95.05") -> dict[str, Any]:
     doc["spec"]["driver"]["version"] = version
     doc["spec"]["driver"]["upgradePolicy"]["podDeletion"] = {"timeoutSeconds": 0}
     doc["spec"]["dcgmExporter"]["serviceMonitor"] = {"enabled": True}
+    doc["spec"]["healthRemediation"] = {"enabled": True}  # its agent writes node conditions
     return doc
 
 
@@ -110,8 +111,11 @@ def grant(kube: Kube, cluster_rules: tuple[Rule, ...], namespace_rules: tuple[Ru
 
 
 def allows(rule: Rule, event: Mapping[str, Any]) -> bool:
-    """Whether ``rule`` grants the request an audit event records."""
+    """Whether ``rule`` grants the request an audit event records (for a rule the operator
+    holds to grant it to an operand: whether the request writes that operand's ClusterRole)."""
     ref = event.get("objectRef") or {}
+    if rule.delegated_to and ref.get("resource") == "clusterroles":
+        return ref.get("name") in rule.delegated_to and event.get("verb") in ("create", "patch")
     resource = ref.get("resource", "")
     if ref.get("subresource"):
         resource += "/" + ref["subresource"]

@@ -7,7 +7,6 @@ node."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from gpu_operator import testenv
 from gpu_operator.kube import Kube
 from tests.e2e.support import (
     NotYet,
+    OperatorProcess,
     node_events,
     policy_api_served,
     policy_status,
@@ -76,28 +76,6 @@ def gpu_pod(node: str, app: str) -> dict[str, Any]:
             ],
         },
     }
-
-
-class Operator:
-    """The operator as its own process, so it can really be killed."""
-
-    def __init__(self, kubeconfig: Path, log: Path) -> None:
-        self.kubeconfig, self.log = kubeconfig, log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gpu_operator", "run", "--kubeconfig", str(self.kubeconfig),
-                 "--namespace", NS, "--health-port", "0", "--metrics-port", "0",
-                 "--lease-duration", "6"],
-                stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
 
 
 class CordonSampler:
@@ -159,8 +137,8 @@ def test_driver_upgrade_rolls_safely(cluster: testenv.Cluster, tmp_path: Path) -
     with cluster.api_client() as api:
         kube = Kube(api)
         identity = service_account_config(cluster, NS, "gpu-operator")
-        operator = Operator(
-            token_kubeconfig(cluster, identity, tmp_path / "kc"), tmp_path / "op.log"
+        operator = OperatorProcess(
+            token_kubeconfig(cluster, identity, tmp_path / "kc"), tmp_path / "op.log", NS
         )
         operator.start()
         try:

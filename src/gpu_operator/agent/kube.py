@@ -24,9 +24,11 @@ __all__ = [
     "NodeView",
     "PodView",
     "connect",
+    "patch_node_condition",
     "patch_node_metadata",
     "pods_on_node",
     "read_node",
+    "read_node_conditions",
     "record_node_event",
     "wait_for_node_change",
 ]
@@ -52,6 +54,24 @@ def read_node(api: Kube, name: str) -> NodeView:
     if node is None:
         raise LookupError(f"node {name} not found (is NODE_NAME right?)")
     return NodeView.from_k8s(node)
+
+
+def read_node_conditions(api: Kube, name: str) -> tuple[NodeView, dict[str, dict[str, Any]]]:
+    """The Node and its ``status.conditions`` by type, from one read."""
+    node = api.get("Node", name)
+    if node is None:
+        raise LookupError(f"node {name} not found (is NODE_NAME right?)")
+    conditions = (node.get("status") or {}).get("conditions") or ()
+    by_type = {str(c.get("type")): dict(c) for c in conditions if isinstance(c, dict)}
+    return NodeView.from_k8s(node), by_type
+
+
+def patch_node_condition(api: Kube, name: str, entry: Mapping[str, Any]) -> None:
+    """Write one ``status.conditions`` entry: a strategic merge patch merges it by type, so
+    the kubelet's (or kwok's) conditions and other writers' stay as they are."""
+    api.strategic_patch(
+        "Node", name, {"status": {"conditions": [dict(entry)]}}, subresource="status"
+    )
 
 
 def patch_node_metadata(

@@ -103,6 +103,28 @@ IntOrPercent = Annotated[
 ]
 
 
+DURATION = r"^([0-9]+h)?([0-9]+m)?([0-9]+s)?$"
+_DURATION_PARTS = re.compile(r"([0-9]+)([hms])")
+_UNIT_S = {"h": 3600, "m": 60, "s": 1}
+
+
+def _duration(value: str) -> str:
+    if not value or not re.fullmatch(DURATION, value):
+        raise ValueError('must be a duration such as "30s", "5m" or "1h30m"')
+    return value
+
+
+# A Go-style duration of hours, minutes and seconds ("90s", "5m", "1h30m"), kept as written.
+Duration = Annotated[
+    str, AfterValidator(_duration), WithJsonSchema({"type": "string", "pattern": DURATION})
+]
+
+
+def duration_s(value: str) -> float:
+    """Seconds in a :data:`Duration` (validated before it gets here)."""
+    return float(sum(int(n) * _UNIT_S[unit] for n, unit in _DURATION_PARTS.findall(value)))
+
+
 class EnvVar(ApiModel):
     name: Annotated[str, StringConstraints(min_length=1)]
     value: str | None = None

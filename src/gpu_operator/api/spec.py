@@ -17,6 +17,7 @@ from gpu_operator.api.base import (
     ApiModel,
     Component,
     ConfigRef,
+    Duration,
     EnvOnly,
     EnvVar,
     ImageRef,
@@ -346,6 +347,91 @@ class GpuNodeTaint(ApiModel):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
 
 
+RemediationAction = Literal["restartDriver", "resetGPU", "external"]
+
+
+class HealthSignals(ApiModel):
+    """What the device-plugin agent counts against a GPU, beyond NVIDIA's fatal XIDs."""
+
+    xids: list[NonNegativeInt] | None = Field(
+        default=None, description="More XIDs that make a GPU unhealthy (e.g. application XIDs)."
+    )
+    ignored_xids: list[NonNegativeInt] | None = Field(
+        default=None, description="XIDs never counted, even where NVIDIA's plugin counts them."
+    )
+    thermal: bool | None = Field(
+        default=None,
+        description="Count a thermal slowdown lasting the debounce as unhealthy.",
+        json_schema_extra=crd_default(False),
+    )
+    power: bool | None = Field(
+        default=None,
+        description="Count a power-brake slowdown lasting the debounce as unhealthy.",
+        json_schema_extra=crd_default(False),
+    )
+    debounce: Duration | None = Field(
+        default=None,
+        description="How long a thermal or power slowdown must last before it counts.",
+        json_schema_extra=crd_default("30s"),
+    )
+    quiet_period: Duration | None = Field(
+        default=None,
+        description="GPUHealthy turns True again only after this long with no fault seen.",
+        json_schema_extra=crd_default("2m"),
+    )
+
+
+class RemediationSpec(ApiModel):
+    actions: list[RemediationAction] | None = Field(
+        default=None,
+        description="Tried in order on a drained node until GPUHealthy is True again: "
+        "restartDriver, resetGPU (only GPUs no process holds), external (label the node for "
+        "another controller). None: quarantine and drain only.",
+    )
+    timeout: Duration | None = Field(
+        default=None,
+        description="How long each action may take to bring GPUHealthy back.",
+        json_schema_extra=crd_default("10m"),
+    )
+    external_label: str | None = Field(
+        default=None,
+        description='The label set to "requested" for the external action.',
+        json_schema_extra=crd_default("nvidia.com/gpu-health.remediation"),
+    )
+
+
+class HealthRemediationSpec(ApiModel):
+    """This project's addition: act on the GPUHealthy node condition, whoever writes it."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Quarantine, drain and remediate nodes whose GPUHealthy condition is False, "
+        "and have the device-plugin agent publish that condition.",
+    )
+    max_unavailable: IntOrPercent | None = Field(
+        default=None,
+        description='GPU nodes quarantined at once at most, a count or a percent such as "10%".',
+        json_schema_extra=crd_default("10%"),
+    )
+    recovery_delay: Duration | None = Field(
+        default=None,
+        description="How long GPUHealthy must be True before the quarantine is lifted.",
+        json_schema_extra=crd_default("5m"),
+    )
+    taint_effect: Literal["NoSchedule", "NoExecute"] | None = Field(
+        default=None,
+        description="Effect of the nvidia.com/gpu.unhealthy taint.",
+        json_schema_extra=crd_default("NoSchedule"),
+    )
+    drain: DrainSpec | None = Field(
+        default=None,
+        description="GPU pods are always evicted; enable drains the pods podSelector picks "
+        "too. Timeouts, force and deleteEmptyDir work as in upgradePolicy.drain.",
+    )
+    remediation: RemediationSpec | None = None
+    signals: HealthSignals | None = None
+
+
 class ClusterPolicySpec(ApiModel):
     operator: OperatorSpec = Field(default_factory=OperatorSpec)
     daemonsets: DaemonsetsSpec = Field(default_factory=DaemonsetsSpec)
@@ -367,6 +453,11 @@ class ClusterPolicySpec(ApiModel):
         default_factory=GpuNodeTaint,
         description="Taint put on GPU nodes so only pods that tolerate it land there "
         "(gpu-operator addition; NVIDIA's operator sets none).",
+    )
+    health_remediation: HealthRemediationSpec = Field(
+        default_factory=HealthRemediationSpec,
+        description="Quarantine, drain and remediate GPU nodes whose GPUHealthy condition is "
+        "False (gpu-operator addition; off by default).",
     )
     # Accepted and preserved, not acted on.
     psp: OpenSection = Field(default_factory=OpenSection)

@@ -49,6 +49,17 @@ class UpgradeSummary(ApiModel):
     message: str | None = None
 
 
+class HealthRemediationSummary(ApiModel):
+    """GPU health remediation across the GPU nodes (gpu-operator addition)."""
+
+    enabled: bool = False
+    unhealthy: int = 0
+    quarantined: int = 0
+    limit: int = 0
+    held: list[str] | None = None
+    message: str | None = None
+
+
 class ClusterPolicyStatus(ApiModel):
     state: State | None = None
     namespace: str | None = None
@@ -57,3 +68,4 @@ class ClusterPolicyStatus(ApiModel):
     conditions: list[Condition] | None = None
     components: list[ComponentStatus] | None = None
     upgrade: UpgradeSummary | None = None
+    health_remediation: HealthRemediationSummary | None = None

@@ -15,7 +15,9 @@ Key = tuple[str, str, str]  # kind, namespace ("" when cluster-scoped), name
 
 # Why a patch is made; the executor reports outcomes by purpose so the loop can react
 # (a node whose labels could not be written is looked at again).
-Purpose = Literal["labels", "upgrade", "finalizer", "status"]
+Purpose = Literal["labels", "upgrade", "health", "finalizer", "status"]
+# What a successful write counts in gpu_operator_remediations_total: (action, outcome).
+Tally = tuple[str, str]
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class Patch:
     purpose: Purpose
     subresource: str | None = None
     patch_type: Literal["merge", "json"] = "merge"
+    tally: Tally | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class Create:
     """Create an object (Events)."""
 
     obj: Mapping[str, Any]
+    tally: Tally | None = None
 
 
 @dataclass(frozen=True)

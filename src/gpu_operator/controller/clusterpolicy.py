@@ -29,6 +29,7 @@ from gpu_operator.events import now_iso
 from gpu_operator.kinds import KINDS
 from gpu_operator.kube import Kube
 from gpu_operator.labels import APPLIED_HASH
+from gpu_operator.remediation import draining_nodes
 from gpu_operator.upgrade import emptying_nodes
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,10 @@ class ClusterPolicyController:
         after = remember(decision.memory, outcomes, reconciled=decision.reconciled)
         self.memory = after.memory
         self._set_gauges(decision.gauges)
+        for outcome in outcomes:
+            tally = getattr(outcome.action, "tally", None)
+            if tally is not None and outcome.ok:
+                self.metrics.remediations.labels(*tally).inc()
         if after.look_again:
             self.loop.wake.set()
         if any(o.ok and isinstance(o.action, (Apply, Prune)) for o in outcomes):
@@ -138,7 +143,7 @@ class ClusterPolicyController:
     async def observe(self) -> Snapshot:
         nodes = tuple(self._values("nodes"))
         changed = self.inbox.take()
-        emptying = emptying_nodes(nodes)
+        emptying = sorted({*emptying_nodes(nodes), *draining_nodes(nodes)})
         listed = await asyncio.gather(
             *(
                 self.executor.call(
@@ -225,6 +230,11 @@ class ClusterPolicyController:
                 ("pending", s.pending),
             ):
                 m.upgrade_nodes.labels(state).set(count)
+        if gauges.health is not None:
+            h = gauges.health
+            m.unhealthy_nodes.set(h.unhealthy)
+            m.quarantined_nodes.set(h.quarantined)
+            m.held_nodes.set(len(h.held))
 
 
 def _log_pass(decision: Decision, outcomes: list[Outcome]) -> None:

@@ -34,13 +34,26 @@ from gpu_operator.controller.readiness import by_owner, component_readiness
 from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.controller.status import Observation, active_policy, compute_status
 from gpu_operator.events import event_body
-from gpu_operator.labels import APPLIED_HASH
+from gpu_operator.labels import APPLIED_HASH, UPGRADE_STATE
+from gpu_operator.remediation import (
+    HealthNode,
+    HealthPlan,
+    HealthPolicy,
+    HealthSummary,
+    Quarantine,
+    Release,
+    SetPhase,
+    plan_health,
+)
 from gpu_operator.render import render_components
 from gpu_operator.upgrade import (
+    IN_PROGRESS,
     Cordon,
     Fail,
+    Fleet,
     Policy,
     SetState,
+    State,
     Summary,
     Uncordon,
     UpgradePlan,
@@ -80,6 +93,7 @@ class Gauges:
     components_ready: Mapping[str, bool] = field(default_factory=dict)
     policy_ready: bool | None = None  # None: no active policy decided this pass
     upgrade: Summary | None = None
+    health: HealthSummary | None = None
 
 
 @dataclass(frozen=True)
@@ -193,10 +207,17 @@ def _decide_active(
         Stage(tuple(Prune(k) for k in changes.prune)),
     ]
     labels, memory = _node_stage(snap, memory, node_policy(spec), uninstall=False)
+    fleet = fleet_from_objects(
+        snap.nodes, snap.daemonsets, snap.pods, snap.revisions, snap.workload_pods
+    )
     # With useNvidiaDriverCRD each NVIDIADriver upgrades its own pool (driver_decide).
     own_driver = spec.driver.enabled and not spec.driver.use_nvidia_driver_crd
-    upgrade = _upgrade(spec, snap) if own_driver else None
+    upgrade = (
+        plan(fleet, Policy.from_spec(spec.driver.upgrade_policy), snap.now) if own_driver else None
+    )
     upgrade_stage = _upgrade_stage(upgrade, snap, config) if upgrade else Stage(())
+    health = _health(spec, snap, fleet, memory, gpu_nodes)
+    health_stage, memory = _health_stage(health, snap, memory, config)
 
     pods_by_owner = by_owner(snap.pods)
     revisions_by_owner = by_owner(snap.revisions)
@@ -223,22 +244,32 @@ def _decide_active(
         apply_error=memory.apply_error,
         unimplemented=tuple(spec.unimplemented_enabled()),
         upgrade=_upgrade_status(upgrade) if upgrade else None,
+        health=_health_status(health.summary),
         dra_conflicts=tuple(sorted(snap.dra_conflicts)) if spec.device_plugin.enabled else (),
     )
     status_actions, status = _status_actions(policy, observation, snap.stamp, config)
     # Nodes first: the DaemonSets only schedule on labelled nodes, and the API server is quiet
     # before their thousands of pods start coming.
-    stages = [labels, *object_stages, upgrade_stage, Stage(tuple(status_actions)), *tail]
+    stages = [
+        labels,
+        *object_stages,
+        upgrade_stage,
+        health_stage,
+        Stage(tuple(status_actions)),
+        *tail,
+    ]
     gauges = Gauges(
         gpu_nodes=gpu_nodes,
         components_ready={name: all(s.ready for s in sets) for name, sets in components.items()},
         policy_ready=status["state"] == "ready",
         upgrade=upgrade.summary if upgrade else None,
+        health=health.summary,
     )
+    deadlines = [d for d in (upgrade and upgrade.next_deadline, health.next_deadline) if d]
     return Decision(
         memory,
         _nonempty(stages),
-        requeue_at=upgrade.next_deadline if upgrade else None,
+        requeue_at=min(deadlines, default=None),
         gauges=gauges,
         reconciled=True,
     )
@@ -350,13 +381,6 @@ def _label_changes(patch: Patch) -> Mapping[str, str | None]:
     return changes
 
 
-def _upgrade(spec: ClusterPolicySpec, snap: Snapshot) -> UpgradePlan:
-    fleet = fleet_from_objects(
-        snap.nodes, snap.daemonsets, snap.pods, snap.revisions, snap.workload_pods
-    )
-    return plan(fleet, Policy.from_spec(spec.driver.upgrade_policy), snap.now)
-
-
 def _upgrade_stage(upgrade: UpgradePlan, snap: Snapshot, config: OperatorConfig) -> Stage:
     """The planner's steps as API actions, in order; a node's later steps are skipped once
     one of its patches fails (a refused eviction skips nothing: the pod is simply still
@@ -382,6 +406,80 @@ def _upgrade_stage(upgrade: UpgradePlan, snap: Snapshot, config: OperatorConfig)
         actions += requests
         groups += [step.node] * len(requests)
     return Stage(tuple(actions), concurrent=False, groups=tuple(groups))
+
+
+def _health(
+    spec: ClusterPolicySpec, snap: Snapshot, fleet: Fleet, memory: Memory, gpu_nodes: int
+) -> HealthPlan:
+    """The health remediation's next steps; nodes whose last write the watch has not shown
+    yet wait a pass (one write per change, never two planned from the same read)."""
+    drivers: dict[str, list[Any]] = {}
+    for pod in fleet.driver_pods:
+        drivers.setdefault(pod.node, []).append(pod)
+    pods: dict[str, list[Any]] = {}
+    for pod in fleet.workload_pods:
+        pods.setdefault(pod.node, []).append(pod)
+    holding_cordon = {s.value for s in (*IN_PROGRESS, State.FAILED)}
+    nodes = [
+        HealthNode(
+            n,
+            pods=tuple(pods.get(n.name, ())),
+            drivers=tuple(drivers.get(n.name, ())),
+            upgrading=n.labels.get(UPGRADE_STATE, "") in holding_cordon,
+            pending=memory.patched_nodes.get(n.name) == n.resource_version,
+        )
+        for n in snap.nodes
+        if is_gpu_node(n) or n.gpu_health is not None or HealthNode(n).phase is not None
+    ]
+    return plan_health(
+        nodes, HealthPolicy.from_spec(spec.health_remediation), snap.now, gpu_nodes=gpu_nodes
+    )
+
+
+def _health_stage(
+    health: HealthPlan, snap: Snapshot, memory: Memory, config: OperatorConfig
+) -> tuple[Stage, Memory]:
+    """The planner's steps as API actions, each node's in order (its later steps are skipped
+    once one of its writes fails); nodes written are remembered until the watch shows them."""
+    actions: list[Action] = []
+    groups: list[str] = []
+    written: dict[str, str] = {}
+    for index, step in enumerate(health.actions):
+        tally = health.tallies.get(index)
+        count = (tally.action, tally.outcome) if tally else None
+        request: Action
+        if isinstance(step, (Quarantine, SetPhase, Release)):
+            name = step.node.name
+            request = Patch("Node", name, step.patch(), "health", patch_type="json", tally=count)
+            written[name] = step.node.resource_version
+        elif isinstance(step, UpgradeEvict):
+            name, request = step.node, Evict(step.pod, step.namespace)
+        elif isinstance(step, UpgradeDeletePod):
+            name, request = step.node, DeletePod(step.pod, step.namespace, step.force)
+        else:
+            name = step.node
+            request = replace(
+                _node_event(step.node, step.type, step.reason, step.message, snap, config),
+                tally=count,
+            )
+        actions.append(request)
+        groups.append(name)
+    remembered = replace(memory, patched_nodes={**memory.patched_nodes, **written})
+    return Stage(tuple(actions), concurrent=False, groups=tuple(groups)), remembered
+
+
+def _health_status(summary: HealthSummary) -> dict[str, Any] | None:
+    """Shown once remediation is on or holds a node (NVIDIA's documents: no new field)."""
+    if not summary.enabled and not summary.quarantined:
+        return None
+    return {
+        "enabled": summary.enabled,
+        "unhealthy": summary.unhealthy,
+        "quarantined": summary.quarantined,
+        "limit": summary.limit,
+        "held": list(summary.held),
+        "message": summary.line,
+    }
 
 
 def _node_event(

@@ -122,6 +122,7 @@ def decide_drivers(snap: DriverSnapshot, config: OperatorConfig) -> DriverDecisi
         configmap_keys=snap.configmap_keys,
         image_env=config.image_env,
         gpu_taint_key=policy.gpu_node_taint.key,
+        quarantine_taint=policy.health_remediation.enabled,
     )
     nodes = {n.name: n for n in gpu_nodes}
     for name, spec in sorted(specs.items()):

@@ -94,7 +94,9 @@ def remember(memory: Memory, outcomes: Iterable[Outcome], *, reconciled: bool) -
                     unwatched[action.key] = None
             elif not outcome.skipped:
                 errors.append((describe(action), outcome.reason))
-        elif isinstance(action, Patch) and action.purpose == "labels" and not outcome.ok:
+        elif (
+            isinstance(action, Patch) and action.purpose in ("labels", "health") and not outcome.ok
+        ):
             retry.add(action.name)
     apply_error = summarize_errors(errors) if reconciled else memory.apply_error
     new = replace(

@@ -45,6 +45,27 @@ class PrometheusMetrics:
             ["state"],
             registry=r,
         )
+        self.unhealthy_nodes = Gauge(
+            "gpu_operator_unhealthy_nodes",
+            "GPU nodes whose GPUHealthy condition is False.",
+            registry=r,
+        )
+        self.quarantined_nodes = Gauge(
+            "gpu_operator_quarantined_nodes",
+            "GPU nodes the health remediation holds (tainted, cordoned).",
+            registry=r,
+        )
+        self.held_nodes = Gauge(
+            "gpu_operator_health_held_nodes",
+            "Unhealthy GPU nodes left in service because maxUnavailable is reached.",
+            registry=r,
+        )
+        self.remediations = Counter(
+            "gpu_operator_remediations",
+            "Health remediation steps taken, by action and outcome.",
+            ["action", "outcome"],
+            registry=r,
+        )
         self.leader = Gauge(
             "gpu_operator_leader",
             "1 while this replica holds the leader Lease and acts; 0 on a standby.",

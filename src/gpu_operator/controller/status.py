@@ -28,6 +28,7 @@ class Observation:
     unimplemented: Sequence[str] = ()
     ignored_because: str | None = None  # name of the active policy when this one is not
     upgrade: Mapping[str, Any] | None = None  # the driver upgrade summary
+    health: Mapping[str, Any] | None = None  # the GPU health remediation summary
     dra_conflicts: Sequence[str] = ()  # nodes a GPUCluster's DRA stack also targets
 
 
@@ -144,6 +145,8 @@ def compute_status(obs: Observation, previous: Mapping[str, Any], now: str) -> d
     }
     if obs.upgrade is not None:
         status["upgrade"] = dict(obs.upgrade)
+    if obs.health is not None:
+        status["healthRemediation"] = dict(obs.health)
     return status
 
 

@@ -22,6 +22,9 @@ class Rule:
     verbs: tuple[str, ...]
     why: str
     resource_names: tuple[str, ...] = ()
+    # Operand ClusterRoles the operator writes that grant this rule (it holds the rule so that
+    # Kubernetes lets it grant it): without it, writing those is what is refused.
+    delegated_to: tuple[str, ...] = ()
 
     def to_k8s(self) -> dict[str, Any]:
         rule: dict[str, Any] = {
@@ -75,7 +78,16 @@ CLUSTER_RULES: tuple[Rule, ...] = (
         "",
         ("nodes",),
         ("get", "list", "watch", "patch"),
-        "find GPU nodes; labels, taint, cordon for upgrades (operands get a subset)",
+        "find GPU nodes; labels, taint, cordon for upgrades and GPU health quarantines "
+        "(operands get a subset)",
+    ),
+    Rule(
+        "",
+        ("nodes/status",),
+        ("patch",),
+        "granted to the device-plugin agent, which publishes the GPUHealthy condition "
+        "(RBAC lets the operator grant only what it holds)",
+        delegated_to=("nvidia-device-plugin",),
     ),
     Rule(
         "",

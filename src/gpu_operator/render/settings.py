@@ -15,7 +15,7 @@ from typing import Any
 
 from gpu_operator.api.base import Component
 from gpu_operator.api.spec import ClusterPolicySpec
-from gpu_operator.labels import CONFIG_HASH
+from gpu_operator.labels import CONFIG_HASH, UNHEALTHY_TAINT
 from gpu_operator.render.components import (
     ComponentDef,
     command,
@@ -127,8 +127,12 @@ def _update_strategy(policy: ClusterPolicySpec, comp: ComponentDef) -> dict[str,
 
 
 def _tolerations(policy: ClusterPolicySpec) -> tuple[dict[str, Any], ...]:
-    """The operator's GPU taint, then the user's tolerations without duplicates."""
+    """The operator's GPU taint (and, with health remediation on, its quarantine taint: a
+    quarantined node's operands must stay and restart there), then the user's tolerations
+    without duplicates."""
     tolerations: list[dict[str, Any]] = [{"key": policy.gpu_node_taint.key, "operator": "Exists"}]
+    if policy.health_remediation.enabled:
+        tolerations.append({"key": UNHEALTHY_TAINT, "operator": "Exists"})
     for toleration in policy.daemonsets.tolerations or []:
         wire = toleration.to_wire()
         if wire not in tolerations:

@@ -15,6 +15,15 @@ from typing import Any
 
 from gpu_operator.api.nvidiadriver import NVIDIADriverSpec, spec_from_clusterpolicy
 from gpu_operator.api.spec import ClusterPolicySpec
+from gpu_operator.labels import (
+    HEALTH_ENV_CONDITION,
+    HEALTH_ENV_DEBOUNCE,
+    HEALTH_ENV_IGNORED_XIDS,
+    HEALTH_ENV_POWER,
+    HEALTH_ENV_QUIET_PERIOD,
+    HEALTH_ENV_THERMAL,
+    HEALTH_ENV_XIDS,
+)
 from gpu_operator.render import driver as nvd
 from gpu_operator.render.components import ComponentDef, component_image, runs_agent, section
 from gpu_operator.render.facts import Facts, NodeOS, Runtime
@@ -116,6 +125,10 @@ class DevicePluginValues:
     simulate: str | None  # GPU_OPERATOR_SIMULATE for the agents, only when explicitly set
     mps: bool  # the config shares GPUs with MPS: render the MPS control daemon
     mps_command: tuple[str, ...]  # the MPS control daemon's command in this image
+    # healthRemediation on: the plugin publishes GPUHealthy (the env below; the project's agent
+    # reads it) and may patch its Node (the condition, the reset answer). Off: nothing rendered.
+    health: bool = False
+    health_env: tuple[Mapping[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -262,6 +275,7 @@ def driver_values(policy: ClusterPolicySpec, facts: Facts, comp: ComponentDef) -
         configmap_keys=dict(facts.configmap_keys),
         image_env=facts.image_env,
         gpu_taint_key=policy.gpu_node_taint.key,
+        quarantine_taint=policy.health_remediation.enabled,
     )
     root = host_paths(policy).root
     pods = []
@@ -342,7 +356,37 @@ def device_plugin_values(
         simulate=simulate,
         mps=config is not None and config.name in facts.mps_configs,
         mps_command=mps_command,
+        health=policy.health_remediation.enabled,
+        health_env=health_env(policy),
     )
+
+
+def health_env(policy: ClusterPolicySpec) -> tuple[dict[str, str], ...]:
+    """The device-plugin agent's GPU_HEALTH_* env from ``spec.healthRemediation``: only the
+    signals set, as strings, durations as written; empty when remediation is off."""
+    remediation = policy.health_remediation
+    if not remediation.enabled:
+        return ()
+    signals = remediation.signals
+    values: list[tuple[str, object]] = [(HEALTH_ENV_CONDITION, True)]
+    if signals is not None:
+        values += [
+            (HEALTH_ENV_XIDS, signals.xids),
+            (HEALTH_ENV_IGNORED_XIDS, signals.ignored_xids),
+            (HEALTH_ENV_THERMAL, signals.thermal),
+            (HEALTH_ENV_POWER, signals.power),
+            (HEALTH_ENV_DEBOUNCE, signals.debounce),
+            (HEALTH_ENV_QUIET_PERIOD, signals.quiet_period),
+        ]
+    return tuple({"name": name, "value": _env_text(v)} for name, v in values if v is not None)
+
+
+def _env_text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
 
 
 def dcgm_values(policy: ClusterPolicySpec, facts: Facts, comp: ComponentDef) -> DcgmValues:

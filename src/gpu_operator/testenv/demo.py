@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from gpu_operator.kube import Kube
-from gpu_operator.testenv import binaries, nodes, realnodes
+from gpu_operator.testenv import binaries, gpufaults, nodes, realnodes
 from gpu_operator.testenv.cluster import Cluster, default_state_dir, start
 from gpu_operator.testenv.processes import spawn
 
@@ -214,7 +214,7 @@ def _run_stack(cluster: Cluster, t0: float) -> None:
             _run_in_background(
                 cluster, f"discover-{name}",
                 [python, "-m", "gpu_operator", "agent", "discover",
-                 "--simulate-state", str(cluster.state_dir / f"{name}.nvml.json")],
+                 "--simulate-state", str(gpufaults.kwok_state_file(cluster, name))],
                 {"KUBECONFIG": kubeconfig, "NODE_NAME": name, "GPU_OPERATOR_SIMULATE": gpus,
                  "GFD_SLEEP_INTERVAL": "30s", "MIG_STRATEGY": "single"},
             )  # fmt: skip
@@ -223,7 +223,7 @@ def _run_stack(cluster: Cluster, t0: float) -> None:
             _run_in_background(
                 cluster, f"device-plugin-{name}",
                 [python, "-m", "gpu_operator", "agent", "device-plugin", "--kwok-capacity",
-                 "--simulate-state", str(cluster.state_dir / f"{name}.nvml.json")],
+                 "--simulate-state", str(gpufaults.kwok_state_file(cluster, name))],
                 {"KUBECONFIG": kubeconfig, "NODE_NAME": name, "GPU_OPERATOR_SIMULATE": gpus,
                  "MIG_STRATEGY": "single"},
             )  # fmt: skip
@@ -238,7 +238,7 @@ def _run_stack(cluster: Cluster, t0: float) -> None:
                 _run_in_background(
                     cluster, f"mig-manager-{name}",
                     [python, "-m", "gpu_operator", "agent", "mig-manager",
-                     "--simulate-state", str(cluster.state_dir / f"{name}.nvml.json")],
+                     "--simulate-state", str(gpufaults.kwok_state_file(cluster, name))],
                     {"KUBECONFIG": kubeconfig, "NODE_NAME": name, "GPU_OPERATOR_SIMULATE": gpus,
                      "CONFIG_FILE": str(layouts)},
                 )  # fmt: skip
@@ -282,7 +282,7 @@ def _run_stack(cluster: Cluster, t0: float) -> None:
                 cluster, f"dra-plugin-{name}",
                 [python, "-m", "gpu_operator", "agent", "dra-plugin", "--publish-only",
                  "--interval", "5",
-                 "--simulate-state", str(cluster.state_dir / f"{name}.nvml.json")],
+                 "--simulate-state", str(gpufaults.kwok_state_file(cluster, name))],
                 {"KUBECONFIG": kubeconfig, "NODE_NAME": name, "GPU_OPERATOR_SIMULATE": gpus},
             )  # fmt: skip
         _wait(

@@ -21,6 +21,8 @@ from gpu_operator.api.spec import (
 )
 from gpu_operator.labels import (
     GPU_RESOURCE,
+    HEALTH_STATE,
+    HEALTH_WAS_CORDONED,
     MIG_RESOURCE_PREFIX,
     REVISION_HASH,
     UPGRADE_REQUESTED,
@@ -95,6 +97,11 @@ class Node:
     @property
     def state_label(self) -> str:
         return self.labels.get(UPGRADE_STATE, "")
+
+    @property
+    def quarantined(self) -> bool:
+        """Held by a GPU health quarantine, which owns the cordon while it lasts."""
+        return bool(self.labels.get(HEALTH_STATE))
 
     @property
     def skipped(self) -> bool:
@@ -354,11 +361,16 @@ class Cordon:
 
 @dataclass(frozen=True)
 class Uncordon:
-    """Only for nodes the upgrade itself cordoned (NVIDIA issue 2820)."""
+    """Only for nodes the upgrade itself cordoned (NVIDIA issue 2820). A node a GPU health
+    quarantine holds stays cordoned: the quarantine is told instead that it may uncordon
+    when it lets the node go."""
 
     node: str
+    quarantined: bool = False
 
     def patch(self) -> dict[str, Any]:
+        if self.quarantined:
+            return {"metadata": {"annotations": {HEALTH_WAS_CORDONED: "false"}}}
         return {"spec": {"unschedulable": None}}
 
 

@@ -22,14 +22,11 @@ Budget rules (reference/gpu-facts.md section 6, with NVIDIA's two known flaws av
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gpu_operator.labels import (
-    UPGRADE_DRAIN_SKIP,
-    VALIDATOR_APP,
-    is_true,
-)
+from gpu_operator.labels import VALIDATOR_APP
+from gpu_operator.upgrade.drain import drain_pods, gpu_pods, names, remove
 from gpu_operator.upgrade.model import (
     EMPTYING,
     EMPTYING_RECHECK_S,
@@ -57,7 +54,6 @@ _KNOWN_STATES = {s.value: s for s in State}
 _TIMED = frozenset(
     {State.WAIT_FOR_JOBS, State.POD_DELETION, State.DRAIN, State.POD_RESTART, State.VALIDATION}
 )
-_NAMES_SHOWN = 5
 
 
 @dataclass(slots=True)
@@ -177,7 +173,7 @@ def plan(fleet: Fleet, policy: Policy, now: float) -> UpgradePlan:
             )
 
     if not_ready:
-        notes.append(f"{len(not_ready)} nodes wait to be Ready to start: {_names(not_ready)}")
+        notes.append(f"{len(not_ready)} nodes wait to be Ready to start: {names(not_ready)}")
     if blocked_parallel:
         notes.append(
             f"{blocked_parallel} nodes wait for a slot under maxParallelUpgrades "
@@ -190,7 +186,7 @@ def plan(fleet: Fleet, policy: Policy, now: float) -> UpgradePlan:
         )
     failed = [v.name for v in views if v.state is State.FAILED]
     if failed:
-        notes.append(f"{len(failed)} nodes failed (see their Events): {_names(failed)}")
+        notes.append(f"{len(failed)} nodes failed (see their Events): {names(failed)}")
     if any(v.state in EMPTYING for v in views) or any(
         isinstance(a, (Evict, DeletePod)) for a in actions
     ):
@@ -258,11 +254,11 @@ def _views(fleet: Fleet) -> tuple[list[_NodeView], list[str]]:
             )
         )
     if unknown:
-        notes.append(f"unknown upgrade state labels, treated as unset: {_names(unknown)}")
+        notes.append(f"unknown upgrade state labels, treated as unset: {names(unknown)}")
     if skipped_mid_upgrade:
         notes.append(
             f"nodes labelled skip in the middle of an upgrade are left as they are: "
-            f"{_names(skipped_mid_upgrade)}"
+            f"{names(skipped_mid_upgrade)}"
         )
     return views, notes
 
@@ -280,12 +276,6 @@ def _summary(views: Sequence[_NodeView], reserved: int, slots: int, max_u: int) 
         budget_slots=slots,
         max_unavailable=max_u,
     )
-
-
-def _names(names: Iterable[str]) -> str:
-    names = list(names)
-    shown = ", ".join(names[:_NAMES_SHOWN])
-    return shown + (f" and {len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN else "")
 
 
 def _elapsed(view: _NodeView, ctx: _Ctx) -> float:
@@ -360,7 +350,7 @@ def _wait_for_jobs(view: _NodeView, ctx: _Ctx) -> list[Action]:
     if _timed_out(ctx.policy.wait_timeout_s, view, ctx):
         message = (
             f"{len(running)} jobs still running after {ctx.policy.wait_timeout_s}s: "
-            f"{_names(p.name for p in running)}; deleting pods"
+            f"{names(p.name for p in running)}; deleting pods"
         )
         return [
             SetState(view.name, nxt, ctx.stamp, "wait for jobs timed out"),
@@ -370,12 +360,11 @@ def _wait_for_jobs(view: _NodeView, ctx: _Ctx) -> list[Action]:
 
 
 def _pod_deletion(view: _NodeView, ctx: _Ctx) -> list[Action]:
-    pods = [p for p in view.workloads if p.uses_gpu and not p.is_daemonset_pod and p.running]
     p = ctx.policy
     return _remove(
         view,
         ctx,
-        pods,
+        gpu_pods(view.workloads),
         stage="GPU pod deletion",
         force=p.pod_deletion_force,
         timeout_s=p.pod_deletion_timeout_s,
@@ -389,19 +378,10 @@ def _drain(view: _NodeView, ctx: _Ctx) -> list[Action]:
     nxt = _next(State.DRAIN, p)
     if not p.drain_enable:
         return [SetState(view.name, nxt, ctx.stamp, "drain disabled")]
-    selector = p.drain_selector
-    pods = [
-        pod
-        for pod in view.workloads
-        if pod.running
-        and not pod.is_daemonset_pod
-        and not is_true(pod.labels.get(UPGRADE_DRAIN_SKIP))
-        and (selector is None or selector.matches(pod.labels))
-    ]
     return _remove(
         view,
         ctx,
-        pods,
+        drain_pods(view.workloads, p.drain_selector),
         stage="drain",
         force=p.drain_force,
         timeout_s=p.drain_timeout_s,
@@ -421,42 +401,21 @@ def _remove(
     empty_dir: bool,
     nxt: State,
 ) -> list[Action]:
-    """Evict ``pods`` until none remain; at the timeout force-delete them or fail.
-
-    Eviction is asked again every pass while a pod is still there and not terminating: a
-    PodDisruptionBudget refusal is simply retried. Pods with emptyDir volumes are never
-    removed unless ``deleteEmptyDir`` allows it (force does not override it: their data would
-    be lost); they may still finish on their own before the timeout.
-    """
-    if not pods:
+    """:func:`drain.remove` as upgrade steps: done moves on, a failure fails the node."""
+    removal = remove(
+        pods,
+        node=view.name,
+        stage=stage,
+        force=force,
+        timeout_s=timeout_s,
+        empty_dir=empty_dir,
+        timed_out=bool(pods) and _timed_out(timeout_s, view, ctx),
+    )
+    if removal.done:
         return [SetState(view.name, nxt, ctx.stamp, f"{stage} complete")]
-    allowed = [p for p in pods if empty_dir or not p.uses_empty_dir]
-    kept = [p for p in pods if not (empty_dir or not p.uses_empty_dir)]
-    if not _timed_out(timeout_s, view, ctx):
-        return [Evict(p.name, p.namespace, view.name) for p in allowed if not p.deleting]
-    if kept:
-        return [
-            Fail(
-                view.name,
-                f"{stage} timed out after {timeout_s}s: pods with emptyDir volumes stay "
-                f"(deleteEmptyDir is false): {_names(p.name for p in kept)}",
-                ctx.stamp,
-            )
-        ]
-    if force:
-        message = f"{stage} timed out after {timeout_s}s; force-deleting {len(allowed)} pods"
-        return [
-            Event(view.name, "Warning", "PodsForceDeleted", message),
-            *(DeletePod(p.name, p.namespace, True, view.name) for p in allowed),
-        ]
-    return [
-        Fail(
-            view.name,
-            f"{stage} timed out after {timeout_s}s with pods still on the node (force is "
-            f"false): {_names(p.name for p in allowed)}",
-            ctx.stamp,
-        )
-    ]
+    if removal.failure is not None:
+        return [Fail(view.name, removal.failure, ctx.stamp)]
+    return list(removal.requests)
 
 
 def _pod_restart(view: _NodeView, ctx: _Ctx) -> list[Action]:
@@ -544,7 +503,7 @@ def _uncordon(view: _NodeView, ctx: _Ctx) -> list[Action]:
     actions: list[Action] = []
     was = node.was_cordoned
     if was is False and node.unschedulable:
-        actions.append(Uncordon(node.name))
+        actions.append(Uncordon(node.name, quarantined=node.quarantined))
     elif was is None and node.unschedulable:
         actions.append(
             Event(

@@ -28,7 +28,8 @@ def progress_bar(done: int, total: int, failed: int = 0) -> str:
     return f"[{bar}] {done}/{total} done ({100 * done // total}%)"
 
 
-def _age(since: str | None, now: float) -> str:
+def age(since: str | None, now: float) -> str:
+    """How long ago ``since`` (unix seconds as text) was, in a few characters."""
     try:
         seconds = int(now - float(since or ""))
     except ValueError:
@@ -88,7 +89,7 @@ def status_report(
             state += " (skipped)"
         since = (meta.get("annotations") or {}).get(UPGRADE_SINCE)
         schedulable = "no" if (node.get("spec") or {}).get("unschedulable") else "yes"
-        rows.append((meta["name"], state, _age(since, now), schedulable))
+        rows.append((meta["name"], state, age(since, now), schedulable))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     summary = policy_status.get("upgrade") or {}

@@ -240,6 +240,7 @@ def test_each_module_registers_its_commands_and_imports_only_what_is_light() -> 
         "dra-plugin",
         "simulate-driver",
         "simulate-toolkit",
+        "simulate-fault",
         "cdi",
     }
     assert all(callable(module.register) for module in MODULES)

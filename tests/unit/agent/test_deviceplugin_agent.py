@@ -401,7 +401,7 @@ def test_the_node_label_switches_the_config_without_a_restart(node: Callable[...
     api = _Nodes("gpu-node-0")
     before = len(n.kubelet.registrations)
     watch = threading.Thread(
-        target=n.agent.watch_config_label,
+        target=n.agent.watch_node,
         args=(api, "gpu-node-0", configs),
         kwargs={"resync_s": 1, "retry_s": 0.1},
         daemon=True,

@@ -118,9 +118,10 @@ def test_exposition_parses_with_dcgm_names_types_and_labels(
     simulate: Simulate, nvidia_counters: list[exporter.CounterSpec]
 ) -> None:
     sim = simulate("a100-40gb:8")
-    sim.inject_xid(3, 79)
     with Nvml() as nvml:
         ex = Exporter(nvml, nvidia_counters, hostname="gpu-node-1", pod_resources_socket=None)
+        ex.collect_once()  # registers for XIDs: as on NVML, only later ones reach it
+        sim.inject_xid(3, 79)
         text = (ex.collect_once(), ex.render())[1]
         families = {f.name: f for f in text_string_to_metric_families(text)}
     assert set(families) == NVML_FIELDS_IN_DEFAULT_CSV

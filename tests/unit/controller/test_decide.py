@@ -473,3 +473,64 @@ def test_every_kind_the_renderer_produces_is_one_the_operator_applies() -> None:
     assert rendered <= APPLIED_KINDS | UNWATCHED_KINDS
     # and everything applied is watched (so it can be diffed and pruned)
     assert {w.kind.kind for w in WATCHED} >= APPLIED_KINDS
+
+
+# -- GPU health remediation -------------------------------------------------------------------
+
+HEALTH_ON = {"healthRemediation": {"enabled": True, "maxUnavailable": 1}}
+
+
+def _unhealthy(node: NodeView) -> NodeView:
+    from gpu_operator.views import GpuHealth
+
+    health = GpuHealth("False", "GPUXid", "GPU 0 GPU-a: XID 79", NOW - 5)
+    return replace(node, gpu_health=health, resource_version="7")  # as the agent's write left it
+
+
+def test_an_unhealthy_gpu_node_is_quarantined_in_one_json_patch_counted_and_reported() -> None:
+    snap, memory = converge(policy(spec=HEALTH_ON), [gpu_node("gpu-1"), gpu_node("gpu-2")])
+    sick = _unhealthy(snap.nodes[0])
+    snap = replace(snap, nodes=(sick, snap.nodes[1]), changed_nodes=frozenset({sick.name}))
+    decision = decide(snap, memory, CONFIG)
+    (patch,) = patches(decision, "health")
+    assert (
+        patch.name == "gpu-1"
+        and patch.patch_type == "json"
+        and patch.tally
+        == (
+            "quarantine",
+            "started",
+        )
+    )
+    assert ("Warning", "GPUQuarantined") in events(decision)
+    status = status_of(decision)["healthRemediation"]
+    assert status["unhealthy"] == 1 and status["limit"] == 1 and status["enabled"] is True
+    # The watch has not shown the write yet: the next pass writes nothing to that node.
+    again = decide(snap, decision.memory, CONFIG)
+    assert not patches(again, "health")
+
+
+def test_without_health_remediation_the_status_has_no_new_field_and_nothing_is_written() -> None:
+    snap, memory = converge(policy(), [gpu_node("gpu-1")])
+    sick = _unhealthy(snap.nodes[0])
+    snap = replace(snap, nodes=(sick,), changed_nodes=frozenset({sick.name}))
+    decision = decide(snap, memory, CONFIG)
+    assert not patches(decision, "health")
+    for p in patches(decision, "status"):
+        assert "healthRemediation" not in p.body["status"]
+
+
+def test_health_remediation_makes_every_operand_tolerate_the_quarantine_taint() -> None:
+    snap, _ = converge(policy(spec=HEALTH_ON), [gpu_node("gpu-1")])
+    spec = parse_spec(policy(spec=HEALTH_ON)["spec"])
+    facts = gather_facts(snap.nodes, spec, namespace="gpu-operator", configmap_hashes={})
+    daemonsets = [
+        o
+        for part in render_components(spec, facts)
+        for o in part.objects
+        if o["kind"] == "DaemonSet"
+    ]
+    assert daemonsets
+    for ds in daemonsets:
+        keys = {t.get("key") for t in ds["spec"]["template"]["spec"].get("tolerations") or ()}
+        assert "nvidia.com/gpu.unhealthy" in keys, ds["metadata"]["name"]

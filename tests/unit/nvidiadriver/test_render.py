@@ -437,3 +437,15 @@ def test_clusterpolicy_config_mounts_one_file_per_known_key() -> None:
     main = ds["spec"]["template"]["spec"]["containers"][0]
     assert mounts(main)["/drivers/nvidia.conf"]["subPath"] == "nvidia.conf"
     assert "/drivers" not in mounts(main)
+
+
+def test_with_health_remediation_a_pools_driver_tolerates_the_quarantine_taint() -> None:
+    parsed = parse_driver_spec({})
+    names = driver_names("pool-a", "3f1c0a4e-uid", parsed, UBUNTU)
+
+    def keys(extra: ExtraConfig) -> set[str]:
+        tolerations = pod(render_driver(parsed, UBUNTU, names, extra)).get("tolerations") or []
+        return {t["key"] for t in tolerations}
+
+    assert "nvidia.com/gpu.unhealthy" not in keys(ExtraConfig())
+    assert "nvidia.com/gpu.unhealthy" in keys(ExtraConfig(quarantine_taint=True))

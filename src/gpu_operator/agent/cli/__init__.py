@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 from typing import Any, cast
 
-from gpu_operator.agent.cli import cdi, discover, mig, monitor, plugins, standins
+from gpu_operator.agent.cli import cdi, discover, faults, mig, monitor, plugins, standins
 
-MODULES = (discover, mig, monitor, plugins, standins, cdi)
+MODULES = (discover, mig, monitor, plugins, standins, cdi, faults)
 
 
 def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:

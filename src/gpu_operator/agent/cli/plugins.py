@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_operator.agent import kube
 from gpu_operator.agent.cli.common import (
@@ -24,6 +24,12 @@ from gpu_operator.agent.deviceplugin.settings import ENV_NAMES as PLUGIN_ENV
 from gpu_operator.agent.deviceplugin_config import load_device_plugin_config
 from gpu_operator.agent.nvml import Nvml, NvmlError, simulated
 
+if TYPE_CHECKING:
+    from gpu_operator.agent.gpuhealth import HealthSettings
+    from gpu_operator.agent.gpuhealth.monitor import HealthMonitor
+    from gpu_operator.agent.inventory import Inventory, XidEvent
+    from gpu_operator.kube import Kube
+
 log = logging.getLogger(__name__)
 
 
@@ -32,17 +38,19 @@ def cmd_device_plugin(args: argparse.Namespace) -> int:
     from gpu_operator.agent.deviceplugin import agent as plugin
     from gpu_operator.agent.deviceplugin.configs import ConfigSelectionError
     from gpu_operator.agent.deviceplugin.health import xid_policy
+    from gpu_operator.agent.gpuhealth import health_settings
 
     setup(args)
     node = node_name(args)
     try:
         configs = config_dir(args)
-    except ConfigSelectionError as exc:
+        gpu_health = health_settings(os.environ)
+    except (ConfigSelectionError, ValueError) as exc:
         log.error("%s", exc)
         return 2
     stop = stop_on_signals()
     if args.kwok_capacity:
-        return _kwok_capacity(args, node, configs, stop)
+        return _kwok_capacity(args, node, configs, stop, gpu_health)
     return plugin.run_device_plugin(
         stop=stop,
         paths=plugin.Paths(
@@ -65,16 +73,22 @@ def cmd_device_plugin(args: argparse.Namespace) -> int:
         config_file=args.config_file,
         configs=configs,
         node=node,
-        api=kube.connect() if configs is not None and node else None,
+        api=kube.connect() if (configs is not None or gpu_health is not None) and node else None,
+        gpu_health=gpu_health,
     )
 
 
 def _kwok_capacity(
-    args: argparse.Namespace, node: str | None, configs: Any, stop: threading.Event
+    args: argparse.Namespace,
+    node: str | None,
+    configs: Any,
+    stop: threading.Event,
+    gpu_health: HealthSettings | None,
 ) -> int:
-    """``device-plugin --kwok-capacity``: the simulated node's capacity instead of a kubelet."""
-    from gpu_operator.agent.deviceplugin import advertised_resources
-    from gpu_operator.agent.deviceplugin.capacity import follow
+    """``device-plugin --kwok-capacity``: the simulated node's capacity instead of a kubelet;
+    with ``gpu_health``, the GPUHealthy condition too, and unhealthy GPUs off allocatable."""
+    from gpu_operator.agent.deviceplugin import device_map
+    from gpu_operator.agent.deviceplugin.capacity import counts, follow, set_capacity
     from gpu_operator.agent.deviceplugin.settings import plugin_settings
 
     if not args.simulate or not node:
@@ -86,27 +100,65 @@ def _kwok_capacity(
     overrides = {env: getattr(args, env.lower()) for env in PLUGIN_ENV}
     nvml = Nvml()
     nvml.open()
+    api = kube.connect()
+    inventory = [nvml.inventory()]  # the latest read that succeeded
+    monitor = _kwok_monitor(nvml, api, node, gpu_health, inventory[0])
 
-    def advertised(view: kube.NodeView) -> dict[str, int]:
+    def advertised(view: kube.NodeView) -> tuple[dict[str, int], dict[str, int]]:
         if configs is not None:
             _, config = configs.choose(view.labels.get(configs.label_key) or None)
         else:
             config = load_device_plugin_config(args.config_file)
         settings = plugin_settings(config, overrides)
-        return advertised_resources(nvml.inventory(), config, settings.mig_strategy)
+        try:
+            inventory[0] = nvml.inventory()
+        except NvmlError as exc:  # a GPU fell off the bus: its devices stay in the capacity
+            log.warning("reading the GPUs failed, counting the last ones read: %s", exc)
+        devices = device_map(inventory[0], config, settings.mig_strategy)
+        unhealthy = monitor.unhealthy() if monitor is not None else frozenset[str]()
+        return counts(devices), counts(devices, unhealthy)
 
-    api = kube.connect()
     code: list[int] = []
 
     def run() -> None:
-        code.append(follow(api, node, advertised, stop))
+        on_node = monitor.on_node if monitor is not None else None
+        code.append(follow(api, node, advertised, stop, on_node=on_node))
         stop.set()
+
+    def refresh(_: frozenset[str]) -> None:  # the unhealthy GPUs changed: allocatable too
+        view = kube.read_node(api, node)
+        set_capacity(api, view, *advertised(view))
 
     # The watch may block for its whole timeout: a daemon thread, so a signal ends it at once.
     threading.Thread(target=run, name="kwok capacity", daemon=True).start()
+    if monitor is not None:
+        from gpu_operator.agent.gpuhealth.monitor import follow_health
+
+        def xids(found: Inventory) -> list[XidEvent]:
+            return nvml.xid_events([g.index for g in found.gpus]) if found.gpus else []
+
+        poll_s = args.health_poll_ms / 1000.0
+        health = (monitor, lambda: inventory[0], xids, refresh, stop, poll_s)
+        threading.Thread(target=follow_health, args=health, name="gpu health", daemon=True).start()
     stop.wait()
     nvml.close()
     return code[0] if code else 0
+
+
+def _kwok_monitor(
+    nvml: Nvml, api: Kube, node: str, settings: HealthSettings | None, inventory: Inventory
+) -> HealthMonitor | None:
+    if settings is None:
+        return None
+    from gpu_operator.agent.deviceplugin.agent import EVENT_COMPONENT
+    from gpu_operator.agent.gpuhealth.monitor import HealthMonitor, KubeNode
+    from gpu_operator.kube import NO_RETRY
+
+    monitor = HealthMonitor(
+        nvml, KubeNode(api.with_retry(NO_RETRY), node, EVENT_COMPONENT), settings
+    )
+    monitor.prime(inventory)
+    return monitor
 
 
 # -- mps-control-daemon -------------------------------------------------------------------------
@@ -246,7 +298,8 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser(
         "device-plugin",
-        help="kubelet device plugin: advertise and allocate GPUs, MIG devices and replicas",
+        help="kubelet device plugin: advertise and allocate GPUs, MIG devices and replicas "
+        "(env GPU_HEALTH_CONDITION=true: also publish the node's GPUHealthy condition)",
     )
     add_common(p)
     add_config_args(p)
@@ -289,7 +342,8 @@ def register(sub: Any) -> None:
         "--kwok-capacity",
         action="store_true",
         help="simulated kwok nodes only: write the node's nvidia.com/* capacity and allocatable "
-        "(what a kubelet would report from this plugin) instead of serving a kubelet",
+        "(what a kubelet would report from this plugin; with GPU_HEALTH_CONDITION=true, "
+        "devices on unhealthy GPUs leave allocatable) instead of serving a kubelet",
     )
     p.set_defaults(func=cmd_device_plugin)
 

@@ -7,8 +7,12 @@ It keeps one :class:`PluginServer` per advertised resource and three loops runni
   restarted and registered again. Polled (1 s), as the standard library has no inotify.
 - the health watch: XID events from NVML become faults (see :mod:`health` for the rule) and
   ListAndWatch streams send the new health; quiet faults on GPUs that answer NVML clear.
-- the config watch (with a config directory and a Node to watch): the node label
-  ``nvidia.com/device-plugin.config`` picks the config; a change switches without a restart.
+- the Node watch (with a config directory or the health monitor, and a Node to watch): the
+  node label ``nvidia.com/device-plugin.config`` picks the config, a change switches without
+  a restart; the health monitor gets the Node's reset request and ``GPUHealthy`` condition.
+- with a :class:`~gpu_operator.agent.gpuhealth.monitor.HealthMonitor` (GPU_HEALTH_CONDITION):
+  the health watch also polls it with the same XIDs, GPUs it finds unhealthy are Unhealthy in
+  ListAndWatch too, and a publish loop keeps the Node's ``GPUHealthy`` condition current.
 
 :meth:`DevicePluginAgent.apply` is the one way the advertised set changes: it computes the
 whole desired set first (any error leaves everything as it was), then stops the servers whose
@@ -40,6 +44,8 @@ from gpu_operator.agent.deviceplugin_config import (
     load_device_plugin_config,
 )
 from gpu_operator.agent.driver_cdi import HostDriver, find_host_driver
+from gpu_operator.agent.gpuhealth.monitor import HealthMonitor, KubeNode
+from gpu_operator.agent.gpuhealth.settings import HealthSettings
 from gpu_operator.agent.inventory import Inventory
 from gpu_operator.agent.nvml import Nvml, NvmlError, current_driver_root
 from gpu_operator.agent.podresources import attributions_from_kubelet
@@ -117,8 +123,10 @@ class DevicePluginAgent:
         clock: Callable[[], float] = time.monotonic,
         find_driver: Callable[[PluginSettings], HostDriver] = find_driver,
         report: Callable[[str, str, str], None] | None = None,
+        monitor: HealthMonitor | None = None,
     ) -> None:
         self.nvml = nvml
+        self.monitor = monitor  # the GPUHealthy condition's, sharing the health watch's XIDs
         self.report = report  # (type, reason, message): a Node Event where there is an API
         self.paths = paths
         self.overrides = dict(overrides or {})
@@ -131,6 +139,7 @@ class DevicePluginAgent:
         self._lock = threading.RLock()
         self._servers: dict[str, PluginServer] = {}
         self._faults: dict[health.FaultKey, health.Fault] = {}
+        self._node_unhealthy: frozenset[str] = frozenset()  # GPUs the monitor finds unhealthy
         self._mps_waiting: set[str] = set()
         self._inventory = Inventory(driver_version="", cuda_driver_version=0)
         self._devices: list[Device] = []
@@ -232,10 +241,17 @@ class DevicePluginAgent:
         """One pass: wait briefly for XIDs, record those that count, clear recovered faults."""
         options = self.health_options
         with self._lock:
-            gpus = {g.index: g.uuid for g in self._inventory.gpus}
+            inventory = self._inventory
+        gpus = {g.index: g.uuid for g in inventory.gpus}
         events = []
-        if options.policy.watches and gpus:
+        if (options.policy.watches or self.monitor is not None) and gpus:
             events = self.nvml.xid_events(sorted(gpus), int(options.poll_s * 1000))
+        node_unhealthy = self._node_unhealthy
+        if self.monitor is not None:
+            try:  # the XIDs just read still count for the devices below
+                node_unhealthy = self.monitor.poll(inventory, events)
+            except Exception:
+                log.exception("GPU health check failed")
         now = self.clock()
         marked: list[tuple[str, int, int]] = []
         with self._lock:
@@ -260,6 +276,7 @@ class DevicePluginAgent:
                     )
                     del faults[key]
             self._faults = faults
+            self._node_unhealthy = node_unhealthy
             for server in self._servers.values():  # a no-op unless something changed
                 server.state.set_unhealthy(self._unhealthy(server.state.advertised, faults))
         for gpu_uuid, index, xid in marked:
@@ -297,8 +314,11 @@ class DevicePluginAgent:
     def _unhealthy(
         self, advertised: Advertised, faults: Mapping[health.FaultKey, health.Fault]
     ) -> frozenset[str]:
-        """The ids faults cover, or every id while the resource's MPS daemon is not ready."""
-        ids = health.unhealthy_ids(advertised.devices, faults)
+        """The ids faults cover (and every id on a GPU the health monitor finds unhealthy), or
+        every id while the resource's MPS daemon is not ready."""
+        ids = health.unhealthy_ids(advertised.devices, faults) | {
+            d.id for d in advertised.devices if d.gpu_uuid in self._node_unhealthy
+        }
         if self.paths.mps_dir is None or advertised.sharing.strategy != "mps":
             return ids
         if not any(d.replica is not None for d in advertised.devices):
@@ -349,28 +369,32 @@ class DevicePluginAgent:
         report("Normal", "DevicePluginConfigApplied", f"config {name or '(empty)'}: {summary}")
         return True
 
-    def watch_config_label(
+    def watch_node(
         self,
         api: Kube,
         node: str,
-        configs: ConfigDir,
+        configs: ConfigDir | None,
         *,
         resync_s: int = 300,
         retry_s: float = 5.0,
     ) -> None:
-        """Follow the node's config label until :meth:`stop` (runs in its own thread)."""
+        """Follow the Node until :meth:`stop` (runs in its own thread): its config label (with
+        ``configs``), and for the health monitor its reset request and condition."""
 
         def report(etype: str, reason: str, message: str) -> None:
             kube.record_node_event(api, node, etype, reason, message, component=EVENT_COMPONENT)
 
         while not self._stop.is_set():
             try:
-                view = kube.read_node(api, node)
+                view, conditions = kube.read_node_conditions(api, node)
             except Exception as exc:  # API hiccups: log, back off, retry
                 log.warning("reading node %s failed: %s", node, exc)
                 self._stop.wait(retry_s)
                 continue
-            self.switch(view.labels.get(configs.label_key) or None, configs, report=report)
+            if configs is not None:
+                self.switch(view.labels.get(configs.label_key) or None, configs, report=report)
+            if self.monitor is not None:
+                self.monitor.on_node(view, conditions)
             if not kube.wait_for_node_change(api, node, view.resource_version, resync_s):
                 self._stop.wait(retry_s)
 
@@ -389,7 +413,8 @@ class DevicePluginAgent:
             self._stop.wait(max(0.0, interval_s - (self.clock() - started)))
 
     def start(self, *, watch: Callable[[], None] | None = None) -> DevicePluginAgent:
-        """Run the kubelet and health loops (and ``watch``, e.g. the config label) in threads."""
+        """Run the kubelet and health loops (the monitor's publish loop, and ``watch``, e.g. the
+        Node watch) in threads."""
         loops: list[tuple[str, Callable[[], None]]] = [
             (
                 "kubelet watch",
@@ -400,8 +425,16 @@ class DevicePluginAgent:
                 lambda: self._loop(self.check_health, self.health_options.poll_s, "health check"),
             ),
         ]
+        if self.monitor is not None:
+            monitor = self.monitor
+            loops.append(
+                (
+                    "health publish",
+                    lambda: self._loop(monitor.publish, self.health_options.poll_s, "publish"),
+                )
+            )
         if watch is not None:
-            loops.append(("config watch", watch))
+            loops.append(("node watch", watch))
         for name, target in loops:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
@@ -411,7 +444,7 @@ class DevicePluginAgent:
     def stop(self) -> None:
         self._stop.set()
         for thread in self._threads:
-            if thread.name != "config watch":  # may sit in a watch until its timeout; daemon
+            if thread.name != "node watch":  # may sit in a watch until its timeout; daemon
                 thread.join(timeout=10)
         with self._lock:
             for server in self._servers.values():
@@ -433,9 +466,11 @@ def run_device_plugin(
     configs: ConfigDir | None = None,
     node: str | None = None,
     api: Kube | None = None,
+    gpu_health: HealthSettings | None = None,
 ) -> int:
     """The agent's life: pick the config, open NVML, advertise, follow the kubelet, health and
-    the config label until ``stop`` is set. Returns the process exit code."""
+    the Node (config label; with ``gpu_health`` the GPUHealthy condition and reset requests)
+    until ``stop`` is set. Returns the process exit code."""
     if not paths.socket_dir.is_dir():
         log.error(
             "%s does not exist: mount the kubelet's device-plugin directory there "
@@ -479,8 +514,14 @@ def run_device_plugin(
                 event_api, event_node, etype, reason, message, component=EVENT_COMPONENT
             )
 
+    monitor = _monitor(nvml, gpu_health, api, node)
     agent = DevicePluginAgent(
-        nvml, paths=paths, overrides=overrides, health_options=health_options, report=report
+        nvml,
+        paths=paths,
+        overrides=overrides,
+        health_options=health_options,
+        report=report,
+        monitor=monitor,
     )
     try:
         try:
@@ -489,12 +530,14 @@ def run_device_plugin(
             log.error("%s", exc)
             return 1
         agent.adopt_label(label)
+        if monitor is not None:
+            monitor.prime(nvml.inventory())
         watch = None
-        if configs is not None and api is not None and node:
+        if (configs is not None or monitor is not None) and api is not None and node:
             watch_api, watch_node, watch_configs = api, node, configs
 
             def watch() -> None:
-                agent.watch_config_label(watch_api, watch_node, watch_configs)
+                agent.watch_node(watch_api, watch_node, watch_configs)
 
         agent.start(watch=watch)
         stop.wait()
@@ -502,3 +545,18 @@ def run_device_plugin(
     finally:
         agent.stop()
         nvml.close()
+
+
+def _monitor(
+    nvml: Nvml, settings: HealthSettings | None, api: Kube | None, node: str | None
+) -> HealthMonitor | None:
+    """The GPUHealthy monitor, where asked for and possible. Its writes are not asked again
+    by the client: the monitor retries on a later pass, and NVML's loop never waits on them."""
+    if settings is None:
+        return None
+    if api is None or not node:
+        log.error("GPU_HEALTH_CONDITION needs the node's name (NODE_NAME) and the API server")
+        return None
+    from gpu_operator.kube import NO_RETRY
+
+    return HealthMonitor(nvml, KubeNode(api.with_retry(NO_RETRY), node, EVENT_COMPONENT), settings)

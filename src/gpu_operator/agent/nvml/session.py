@@ -37,6 +37,7 @@ from .errors import (
     call,
     optional,
 )
+from .health import HealthReading, read_health, running_pids
 from .loader import load_nvml
 from .names import ARCHITECTURES, BRANDS, CI_PROFILE_SLICES, FULL_CI_PROFILE, mig_profile_name, text
 
@@ -315,6 +316,25 @@ class Nvml:
                 log.warning("MIG device %s has no matching GPU instance", found[-1].uuid)
         return tuple(sorted(found, key=lambda m: (m.gi_id, m.ci_id)))
 
+    # -- health ------------------------------------------------------------------------------
+    def health_readings(self, inventory: Inventory) -> tuple[HealthReading, ...]:
+        """One health reading of every GPU in ``inventory`` (see :mod:`.health`)."""
+        with self._session():
+            found = tuple(read_health(self._device, g.index, g.uuid) for g in inventory.gpus)
+            for reading in found:
+                if reading.error is not None:  # look the GPU up afresh next time
+                    self._handles.pop(reading.index, None)
+            return found
+
+    def gpu_processes(self, index: int) -> tuple[int, ...] | None:
+        """The pids of the compute and graphics processes on a GPU; None: unknown."""
+        with self._session():
+            try:
+                dev = self._device(index)
+            except NvmlError:
+                return None
+            return running_pids(dev)
+
     # -- MIG changes -------------------------------------------------------------------------
     def set_mig_mode(self, index: int, enabled: bool) -> tuple[bool, bool]:
         """Request MIG on or off; returns (current, pending) after the request."""
@@ -329,7 +349,8 @@ class Nvml:
             )
 
     def reset_gpu(self, index: int) -> None:
-        """Reset one GPU so a pending MIG mode takes effect (A100 needs this; H100 does not)."""
+        """Reset one GPU: a pending MIG mode takes effect (A100 needs this; H100 does not), and
+        an unhealthy GPU may recover."""
         with self._session():
             self._reset_command(index)
             self._handles.pop(index, None)
@@ -469,7 +490,7 @@ class Nvml:
             wait = 0
             if not data.eventType & pynvml.nvmlEventTypeXidCriticalError:
                 continue
-            index = optional(pynvml.nvmlDeviceGetIndex, data.device)
+            index = self._event_gpu(data.device)
             if index is None:
                 continue
             gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
@@ -481,6 +502,18 @@ class Nvml:
                     ci_id=None if ci == _WHOLE_GPU else ci,
                 )
             )
+
+    def _event_gpu(self, device: Any) -> int | None:
+        """The index of the GPU an event is about. A GPU that fell off the bus (XID 79) no
+        longer answers nvmlDeviceGetIndex: its handle is matched against the ones handed out."""
+        try:
+            return int(call(pynvml.nvmlDeviceGetIndex, device))
+        except NvmlError:
+            address = ctypes.cast(device, ctypes.c_void_p).value
+            for index, handle in self._handles.items():
+                if ctypes.cast(handle, ctypes.c_void_p).value == address:
+                    return index
+            return None
 
     def _event_set(self, gpu_indexes: Sequence[int]) -> bool:
         """Create the XID event set on first use; False when no GPU can report events."""

@@ -18,23 +18,32 @@ Several processes can share one simulated node's MIG state through a JSON state 
 (``state_file=`` or ``GPU_OPERATOR_SIMULATE_STATE``), e.g. the MIG manager and discovery.
 Metric readings vary smoothly with time; energy is their integral, so it only grows.
 
+Hardware faults (XIDs, uncorrected ECC errors, row remapping pending or failed, a GPU fallen off
+the bus, thermal or power-brake slowdown) are injected per GPU into that shared state, by
+:meth:`SimulatedNvml.inject_fault` in-process or :func:`inject_fault` on the file, so every
+process of the node sees them; every event set receives every XID logged after it registered.
+
 Modules, by concern:
 
 - :mod:`.profiles`: GPU models from ``agent/profiles/*.yaml`` and the ``PROFILE:COUNT`` spec
 - :mod:`.devices`: the node's plain state (GPUs, GPU and compute instances)
 - :mod:`.mig`: MIG rules (placement, instances, mode changes, reset) as plain functions
 - :mod:`.telemetry`: metric curves over time
-- :mod:`.faults`: injected failures and XID events
+- :mod:`.hwfaults`: a GPU's injected hardware faults, as values, and their rules
+- :mod:`.faults`: injected return codes, and the event sets reading XIDs
+- :mod:`.injection`: injecting hardware faults through a node's state file
 - :mod:`.persistence`: the state file shared between processes, under a lock
 - :mod:`.cabi`: reading and writing ctypes arguments, packed handles
 - :mod:`.node`: what the entry points act on; handle resolution
-- :mod:`.system_calls`, :mod:`.device_calls`, :mod:`.metric_calls`, :mod:`.event_calls`,
-  :mod:`.mig_calls`: the C entry points, named as in ``nvml.h``
+- :mod:`.system_calls`, :mod:`.device_calls`, :mod:`.metric_calls`, :mod:`.health_calls`,
+  :mod:`.event_calls`, :mod:`.mig_calls`: the C entry points, named as in ``nvml.h``
 - :mod:`.library`: the object under pynvml, dispatching to the entry points
 - :mod:`.install`: :func:`build_simulated_nvml`, the one way to make one, and installing it
 """
 
 from .devices import CI_SLICES, DGX_BUSES, SimCi, SimGi, SimGpu
+from .hwfaults import FAULT_KINDS, GpuFaults
+from .injection import clear_faults, inject_fault, read_faults
 from .install import (
     DEFAULT_CUDA,
     DEFAULT_DRIVER,
@@ -66,7 +75,9 @@ __all__ = [
     "ENV_SEED",
     "ENV_SIMULATE",
     "ENV_STATE",
+    "FAULT_KINDS",
     "GiProfileSpec",
+    "GpuFaults",
     "GpuModel",
     "SimCi",
     "SimGi",
@@ -75,9 +86,12 @@ __all__ = [
     "SimulationError",
     "available_profiles",
     "build_simulated_nvml",
+    "clear_faults",
+    "inject_fault",
     "install_from_environment",
     "install_simulated_nvml",
     "load_model",
     "parse_spec",
+    "read_faults",
     "uninstall_simulated_nvml",
 ]

@@ -1,4 +1,5 @@
-"""What a simulated node holds: its GPUs, their GPU and compute instances, and MIG mode.
+"""What a simulated node holds: its GPUs, their GPU and compute instances, MIG mode, and the
+hardware faults injected into them (:mod:`.hwfaults`).
 
 Plain mutable data, shared by the MIG rules (:mod:`.mig`), the state file (:mod:`.persistence`)
 and the C entry points; a rule that refuses raises :class:`NvmlFault` with NVML's return code.
@@ -10,6 +11,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from .hwfaults import HEALTHY, GpuFaults
 from .profiles import GiProfileSpec, GpuModel
 
 # compute-instance profile index -> compute slices
@@ -57,6 +59,7 @@ class SimGpu:
     mig_current: bool = False
     mig_pending: bool = False
     gis: list[SimGi] = field(default_factory=list)
+    faults: GpuFaults = HEALTHY
 
     @property
     def pci_bus_id(self) -> str:

@@ -1,4 +1,8 @@
-"""C entry points for NVML events: XID critical errors, read from an event set."""
+"""C entry points for NVML events: XID critical errors, read from an event set.
+
+Each set delivers every XID its GPUs log after they were registered in it (by any process of
+the node: the log is in the shared state), once; see :class:`~.faults.EventSets`.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from typing import Any
 
 import pynvml
 
+from . import hwfaults
 from .cabi import EntryPoints, Kind, as_int, dest, pack_handle, store_handle, unpack_handle
 from .devices import NvmlFault
 from .node import SimNode
@@ -29,19 +34,24 @@ def nvmlDeviceRegisterEvents(node: SimNode, handle: Any, types: Any, events: Any
     gpu = node.full_gpu(handle)
     if not as_int(types) & pynvml.nvmlEventTypeXidCriticalError:
         raise NvmlFault(pynvml.NVML_ERROR_NOT_SUPPORTED)
-    node.events.register(_event_set(events), gpu.index)
+    node.events.register(_event_set(events), gpu.index, gpu.faults.xid_seq)
 
 
 @ENTRY_POINTS.add
 def nvmlEventSetWait_v2(node: SimNode, events: Any, out: Any, timeout: Any) -> None:
-    """The next pending XID, or a timeout at once: nothing else could add one while we wait."""
-    index = node.events.first_with_xid(_event_set(events))
-    if index is None:
+    """The next pending XID, or a timeout at once (waiting would hold the library's lock)."""
+    set_id = _event_set(events)
+    node.sync()
+    found = node.events.next_xid(
+        set_id, lambda gpu, seq: hwfaults.xids_after(node.gpus[gpu].faults, seq)
+    )
+    if found is None:
         raise NvmlFault(pynvml.NVML_ERROR_TIMEOUT)
+    index, xid = found
     data = dest(out)
     store_handle(data, pack_handle(Kind.DEVICE, index))
     data.eventType = pynvml.nvmlEventTypeXidCriticalError
-    data.eventData = node.events.take_xid(index)
+    data.eventData = xid
     data.gpuInstanceId = 0xFFFFFFFF
     data.computeInstanceId = 0xFFFFFFFF
 

@@ -15,7 +15,16 @@ from typing import Any
 
 import pynvml
 
-from . import device_calls, event_calls, metric_calls, mig, mig_calls, system_calls
+from . import (
+    device_calls,
+    event_calls,
+    health_calls,
+    hwfaults,
+    metric_calls,
+    mig,
+    mig_calls,
+    system_calls,
+)
 from .cabi import EntryPoint
 from .devices import NvmlFault, SimGpu
 from .faults import InjectedFailures
@@ -35,6 +44,7 @@ ENTRY_POINTS = _merge(
     system_calls.ENTRY_POINTS,
     device_calls.ENTRY_POINTS,
     metric_calls.ENTRY_POINTS,
+    health_calls.ENTRY_POINTS,
     event_calls.ENTRY_POINTS,
     mig_calls.ENTRY_POINTS,
 )
@@ -58,7 +68,9 @@ class SimulatedNvml:
     """The fake ``libnvidia-ml``: made by :func:`~.install.build_simulated_nvml`.
 
     Tests use :meth:`fail` to make a named C function return an NVML error code, ``calls`` to
-    count C calls (e.g. no GPU-instance create/destroy on a re-apply), :meth:`inject_xid`.
+    count C calls (e.g. no GPU-instance create/destroy on a re-apply), :meth:`inject_xid` and
+    :meth:`inject_fault` for hardware faults, which the node's other processes see too (through
+    the state file; :func:`~.injection.inject_fault` does the same from outside).
     """
 
     def __init__(self, node: SimNode) -> None:
@@ -114,14 +126,28 @@ class SimulatedNvml:
         self._failures.clear()
 
     def inject_xid(self, index: int, xid: int) -> None:
-        with self._lock:
+        self.inject_fault(index, hwfaults.XID, xid)
+
+    def inject_fault(self, index: int, kind: str, value: int | None = None) -> None:
+        """Inject a hardware fault (:data:`~.hwfaults.FAULT_KINDS`) into GPU ``index``."""
+        with self._lock, self.node.mutate():
             gpu = self.node.gpus[index]  # IndexError: the node has no such GPU
-            self.node.events.inject_xid(gpu.index, xid)
+            hwfaults.check(gpu.model, kind, value)
+            gpu.faults = hwfaults.inject(gpu.faults, kind, value)
+
+    def clear_faults(self, index: int, kind: str | None = None) -> None:
+        """Take fault ``kind`` (None: all) off GPU ``index``."""
+        with self._lock, self.node.mutate():
+            gpu = self.node.gpus[index]
+            gpu.faults = hwfaults.clear(gpu.faults, kind)
 
     def simulated_gpu_reset(self, index: int) -> None:
-        """What ``nvidia-smi --gpu-reset`` does: pending MIG mode applies, instances go."""
+        """What ``nvidia-smi --gpu-reset`` does: pending MIG mode applies, instances go, the GPU
+        is back on the bus, volatile ECC counts and a pending row remapping are done with."""
         self.reset_gpu(index)
 
     def reset_gpu(self, index: int) -> None:
         with self._lock, self.node.mutate():
-            mig.reset(self.node.gpus[index])
+            gpu = self.node.gpus[index]
+            mig.reset(gpu)
+            gpu.faults = hwfaults.reset(gpu.faults)

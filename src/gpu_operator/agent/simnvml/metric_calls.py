@@ -92,14 +92,3 @@ def _codec(node: SimNode, handle: Any, util: Any, period: Any, share: float) -> 
     gpu = node.full_gpu(handle)
     dest(util).value = telemetry.codec_utilization_pct(gpu.model, node.load(gpu.index), share)
     dest(period).value = 167000
-
-
-@ENTRY_POINTS.add
-def nvmlDeviceGetRemappedRows(
-    node: SimNode, handle: Any, corr: Any, unc: Any, pending: Any, failure: Any
-) -> None:
-    gpu = node.full_gpu(handle)
-    if not gpu.model.row_remapping:
-        raise NvmlFault(pynvml.NVML_ERROR_NOT_SUPPORTED)
-    for ref in (corr, unc, pending, failure):
-        dest(ref).value = 0

@@ -1,7 +1,9 @@
 """The simulated node the C entry points act on: GPUs, versions, state file, clock, events.
 
 Entry points resolve their handle arguments here, which also re-reads a shared state file that
-another process may have changed; changes to MIG state go through :meth:`SimNode.mutate`.
+another process may have changed; changes to MIG state and faults go through
+:meth:`SimNode.mutate`. A GPU that has fallen off the bus (an injected ``lost``) answers every
+call on its handles, and a new handle, with ``NVML_ERROR_GPU_IS_LOST``; it is still counted.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ class SimNode:
 
     @contextmanager
     def mutate(self) -> Iterator[None]:
-        """Change MIG state: from the latest shared state, written back unless it raises."""
+        """Change MIG state or faults: from the latest shared state, written back unless it
+        raises."""
         if self.state is None:
             yield
             return
@@ -69,21 +72,25 @@ class SimNode:
             yield
 
     # -- handles -----------------------------------------------------------------------------
+    def gpu_at(self, index: int) -> SimGpu:
+        """GPU ``index``, to make a handle for: it must be there and on the bus."""
+        if not 0 <= index < len(self.gpus):
+            raise NvmlFault(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._present(index)
+
     def gpu(self, handle: Any) -> SimGpu:
         """A full GPU's handle."""
         kind, index, _, _ = unpack_handle(handle)
         if kind != Kind.DEVICE or index >= len(self.gpus):
             raise NvmlFault(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        self.sync()
-        return self.gpus[index]
+        return self._present(index)
 
     def device(self, handle: Any) -> tuple[SimGpu, SimGi | None, SimCi | None]:
         """A full GPU's or a MIG device's handle: (GPU, None, None) or (GPU, its GI, its CI)."""
         kind, index, gi_id, ci_id = unpack_handle(handle)
         if kind not in (Kind.DEVICE, Kind.MIG_DEVICE) or index >= len(self.gpus):
             raise NvmlFault(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        self.sync()
-        gpu = self.gpus[index]
+        gpu = self._present(index)
         if kind == Kind.DEVICE:
             return gpu, None, None
         gi, ci = self._instances(gpu, gi_id, ci_id)
@@ -100,8 +107,7 @@ class SimNode:
         kind, index, gi_id, _ = unpack_handle(handle)
         if kind != Kind.GPU_INSTANCE or index >= len(self.gpus):
             raise NvmlFault(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        self.sync()
-        gpu = self.gpus[index]
+        gpu = self._present(index)
         gi = gpu.gi(gi_id)
         if gi is None:
             raise NvmlFault(pynvml.NVML_ERROR_INVALID_ARGUMENT)
@@ -111,10 +117,17 @@ class SimNode:
         kind, index, gi_id, ci_id = unpack_handle(handle)
         if kind != Kind.COMPUTE_INSTANCE or index >= len(self.gpus):
             raise NvmlFault(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        self.sync()
-        gpu = self.gpus[index]
+        gpu = self._present(index)
         gi, ci = self._instances(gpu, gi_id, ci_id)
         return gpu, gi, ci
+
+    def _present(self, index: int) -> SimGpu:
+        """GPU ``index`` as the shared state has it now, unless it has fallen off the bus."""
+        self.sync()
+        gpu = self.gpus[index]
+        if gpu.faults.lost:
+            raise NvmlFault(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return gpu
 
     @staticmethod
     def _instances(gpu: SimGpu, gi_id: int, ci_id: int) -> tuple[SimGi, SimCi]:

@@ -48,6 +48,9 @@ class GpuModel:
     memory_temperature: bool
     row_remapping: bool
     encoder: bool
+    # ECC memory, on and reported by NVML: every data-centre part (A100, H100, H200, L4, L40S,
+    # T4...); a GeForce part has none (its profile says ``ecc: false``).
+    ecc: bool
     mig_mode_change: str | None = None  # None: not MIG capable
     compute_slices: int = 0
     memory_slices: int = 0
@@ -96,6 +99,7 @@ def load_model(key: str) -> GpuModel:
         memory_temperature=bool(doc["memory_temperature"]),
         row_remapping=bool(doc["row_remapping"]),
         encoder=bool(doc["encoder"]),
+        ecc=bool(doc.get("ecc", True)),
         mig_mode_change=mig.get("mode_change"),
         compute_slices=int(mig.get("compute_slices", 0)),
         memory_slices=int(mig.get("memory_slices", 0)),

@@ -60,15 +60,14 @@ def nvmlSystemGetCudaDriverVersion_v2(node: SimNode, out: Any) -> None:
 
 @ENTRY_POINTS.add
 def nvmlDeviceGetCount_v2(node: SimNode, out: Any) -> None:
+    """Every GPU, a lost one too: NVML counts what the driver probed at load."""
     dest(out).value = len(node.gpus)
 
 
 @ENTRY_POINTS.add
 def nvmlDeviceGetHandleByIndex_v2(node: SimNode, index: Any, out: Any) -> None:
-    i = as_int(index)
-    if i >= len(node.gpus):
-        raise NvmlFault(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-    store_handle(dest(out), pack_handle(Kind.DEVICE, i))
+    gpu = node.gpu_at(as_int(index))
+    store_handle(dest(out), pack_handle(Kind.DEVICE, gpu.index))
 
 
 @ENTRY_POINTS.add
@@ -77,6 +76,7 @@ def nvmlDeviceGetHandleByUUID(node: SimNode, text: Any, out: Any) -> None:
     wanted = raw.decode()
     for gpu in node.gpus:
         if gpu.uuid == wanted:
+            node.gpu_at(gpu.index)  # fallen off the bus: NVML_ERROR_GPU_IS_LOST
             store_handle(dest(out), pack_handle(Kind.DEVICE, gpu.index))
             return
     raise NvmlFault(pynvml.NVML_ERROR_NOT_FOUND)

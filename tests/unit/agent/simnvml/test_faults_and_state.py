@@ -1,4 +1,4 @@
-"""Injected failures, XID event sets, and the MIG state file shared between processes."""
+"""Injected failures, XID event sets, and the state file shared between processes."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from gpu_operator.agent.simnvml import mig, persistence
+from gpu_operator.agent.simnvml import hwfaults, mig, persistence
 from gpu_operator.agent.simnvml.devices import NvmlFault, SimGpu, new_gpus
 from gpu_operator.agent.simnvml.faults import EventSets, InjectedFailures
+from gpu_operator.agent.simnvml.hwfaults import GpuFaults
 from gpu_operator.agent.simnvml.persistence import StateFile
 from gpu_operator.agent.simnvml.profiles import load_model
 
@@ -51,28 +52,55 @@ def test_a_failure_covers_the_versioned_variants(injected: str, called: str) -> 
 
 
 # -- event sets ------------------------------------------------------------------------------
+def xid_logs(*xids: tuple[int, int], gpus: int = 4) -> list[GpuFaults]:
+    """Each GPU's faults after logging ``(gpu, xid)`` in order."""
+    faults = [GpuFaults()] * gpus
+    for gpu, xid in xids:
+        faults[gpu] = hwfaults.inject(faults[gpu], "xid", xid)
+    return faults
+
+
+def read_all(events: EventSets, set_id: int, faults: list[GpuFaults]) -> list[tuple[int, int]]:
+    def log(gpu: int, seq: int) -> list[tuple[int, int]]:
+        return hwfaults.xids_after(faults[gpu], seq)
+
+    read = []
+    while (found := events.next_xid(set_id, log)) is not None:
+        read.append(found)
+    return read
+
+
 def test_xids_reach_the_sets_their_gpu_is_registered_in_oldest_first() -> None:
     events = EventSets()
     one, other = events.create(), events.create()
-    events.register(one, 3)
-    events.register(one, 1)
-    events.register(other, 0)
-    assert events.first_with_xid(one) is None
-    events.inject_xid(3, 79)
-    events.inject_xid(1, 48)
-    events.inject_xid(1, 13)
-    assert events.first_with_xid(other) is None  # GPU 0 had none
-    read = []
-    while (gpu := events.first_with_xid(one)) is not None:
-        read.append((gpu, events.take_xid(gpu)))
-    assert read == [(1, 48), (1, 13), (3, 79)]
+    events.register(one, 3, 0)
+    events.register(one, 1, 0)
+    events.register(other, 0, 0)
+    assert read_all(events, one, xid_logs()) == []
+    faults = xid_logs((3, 79), (1, 48), (1, 13))
+    assert read_all(events, other, faults) == []  # GPU 0 had none
+    assert read_all(events, one, faults) == [(1, 48), (1, 13), (3, 79)]
+    assert read_all(events, one, faults) == []  # each XID once
+
+
+def test_every_set_gets_every_xid_after_it_registered() -> None:
+    events = EventSets()
+    early, late = events.create(), events.create()
+    faults = xid_logs((2, 31))
+    events.register(early, 2, 0)
+    events.register(late, 2, faults[2].xid_seq)  # registered after XID 31
+    faults = xid_logs((2, 31), (2, 79))
+    assert read_all(events, early, faults) == [(2, 31), (2, 79)]
+    assert read_all(events, late, faults) == [(2, 79)]
+    events.register(late, 2, faults[2].xid_seq)  # registered again: keeps its place
+    assert read_all(events, late, xid_logs((2, 31), (2, 79), (2, 48))) == [(2, 48)]
 
 
 def test_unknown_event_sets_are_invalid_arguments() -> None:
     events = EventSets()
     set_id = events.create()
     events.free(set_id)
-    for call in (lambda: events.free(set_id), lambda: events.register(set_id, 0)):
+    for call in (lambda: events.free(set_id), lambda: events.register(set_id, 0, 0)):
         with pytest.raises(NvmlFault) as caught:
             call()
         assert caught.value.code == pynvml.NVML_ERROR_INVALID_ARGUMENT
@@ -143,10 +171,10 @@ def test_a_change_that_raises_is_not_written(tmp_path: Path) -> None:
 def test_a_freed_set_id_is_not_given_to_a_set_still_in_use() -> None:
     events = EventSets()
     first, second = events.create(), events.create()
-    events.register(second, 2)
+    events.register(second, 2, 0)
     events.free(first)
     third = events.create()
     assert third not in (first, second)
-    events.inject_xid(2, 31)
-    assert events.first_with_xid(second) == 2  # the second set still has its GPU
-    assert events.first_with_xid(third) is None
+    faults = xid_logs((2, 31))
+    assert read_all(events, second, faults) == [(2, 31)]  # the second set still has its GPU
+    assert read_all(events, third, faults) == []

@@ -1,0 +1,56 @@
+"""JSON-patch operations on lists and maps the API shares with others (a Node's labels,
+annotations and taints): each removal checked in place with a ``test``, so a write planned from
+an older read fails rather than removing what someone else put there."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def taint_ops(
+    read: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Remove the taints no longer wanted (highest index first, each checked in place) and
+    append the new ones."""
+    ops: list[dict[str, Any]] = []
+    for index in reversed([i for i, t in enumerate(read) if t not in new]):
+        path = f"/spec/taints/{index}"
+        ops += [{"op": "test", "path": path, "value": read[index]}, {"op": "remove", "path": path}]
+    added = [dict(t) for t in new if t not in read]
+    if added and not read:  # no list yet: create it, unless someone did meanwhile
+        ops += [
+            {"op": "test", "path": "/spec/taints", "value": None},
+            {"op": "add", "path": "/spec/taints", "value": added},
+        ]
+    else:
+        ops += [{"op": "add", "path": "/spec/taints/-", "value": t} for t in added]
+    return ops
+
+
+def map_ops(
+    path: str, changes: Mapping[str, str | None], read: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """JSON-patch operations setting (value) or removing (None) keys of a string map."""
+    if not changes:
+        return []
+    if not read:  # the map may be absent: create it, unless someone did meanwhile
+        value = {k: v for k, v in changes.items() if v is not None}
+        if not value:
+            return []
+        return [
+            {"op": "test", "path": path, "value": None},
+            {"op": "add", "path": path, "value": value},
+        ]
+    return [
+        {"op": "remove", "path": f"{path}/{pointer(k)}"}
+        if v is None
+        else {"op": "add", "path": f"{path}/{pointer(k)}", "value": v}
+        for k, v in changes.items()
+        if v is not None or k in read
+    ]
+
+
+def pointer(key: str) -> str:
+    """A label key as a JSON-pointer segment (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
