@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -261,18 +262,35 @@ class OperatorProcess:
     """The operator as its own process (out of cluster, as a ServiceAccount through
     ``kubeconfig``), so a test can really kill it."""
 
-    def __init__(self, kubeconfig: Path, log: Path, namespace: str) -> None:
+    def __init__(self, kubeconfig: Path, log: Path, namespace: str, metrics_port: int = 0) -> None:
         self.kubeconfig, self.log, self.namespace = kubeconfig, log, namespace
+        self.metrics_port = metrics_port  # 0: none
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "gpu_operator", "run", "--kubeconfig", str(self.kubeconfig),
-                 "--namespace", self.namespace, "--health-port", "0", "--metrics-port", "0",
-                 "--lease-duration", "6"],
+                 "--namespace", self.namespace, "--health-port", "0",
+                 "--metrics-port", str(self.metrics_port), "--lease-duration", "6"],
                 stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip
+
+    def metrics(self) -> dict[str, float]:
+        """Its Prometheus samples, ``name{labels}`` -> value; empty while it cannot answer."""
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
+            ) as r:
+                text = r.read().decode()
+        except OSError:
+            return {}
+        samples = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
 
     def kill(self) -> None:
         """SIGKILL, no goodbye: a successor waits for the Lease to expire."""

@@ -24,6 +24,7 @@ import pytest
 from gpu_operator import testenv
 from gpu_operator.kube import Kube
 from gpu_operator.testenv import gpufaults
+from gpu_operator.testenv.processes import free_ports
 from tests.e2e.support import (
     NotYet,
     OperatorProcess,
@@ -183,9 +184,9 @@ def test_a_lost_gpu_is_quarantined_drained_remediated_and_released_within_the_li
     with cluster.api_client() as api:
         kube = Kube(api)
         identity = service_account_config(cluster, NS, "gpu-operator")
-        operator = OperatorProcess(
-            token_kubeconfig(cluster, identity, tmp_path / "op.kc"), tmp_path / "op.log", NS
-        )
+        (port,) = free_ports(1)
+        kubeconfig = token_kubeconfig(cluster, identity, tmp_path / "op.kc")
+        operator = OperatorProcess(kubeconfig, tmp_path / "op.log", NS, metrics_port=port)
         started = datetime.now().astimezone()
         operator.start()
         agents = None
@@ -269,6 +270,7 @@ def test_a_lost_gpu_is_quarantined_drained_remediated_and_released_within_the_li
             )
             for name in STORM:
                 assert not quarantined(kube, name), name
+            wait_for("the metrics say so", lambda: _metrics_say(operator, held=2, quarantined=1))
 
             # The first node's GPU is back: released after the quiet period and recovery delay,
             # then one storm node takes its place, never two.
@@ -312,6 +314,19 @@ def test_a_lost_gpu_is_quarantined_drained_remediated_and_released_within_the_li
         ]
         assert deletions == drivers, deletions
         assert audit_writes(cluster, OPERATOR, killed, resource=("nodes", SICK))  # the successor
+
+
+def _metrics_say(operator: OperatorProcess, *, held: int, quarantined: int) -> bool | NotYet:
+    """The successor's metrics: what it holds, what waits, and its own remediation steps."""
+    samples = operator.metrics()
+    want = {
+        "gpu_operator_unhealthy_nodes": 3.0,
+        "gpu_operator_quarantined_nodes": float(quarantined),
+        "gpu_operator_health_held_nodes": float(held),
+        'gpu_operator_remediations_total{action="restartDriver",outcome="failed"}': 1.0,
+    }
+    got = {k: samples.get(k) for k in want}
+    return got == want or NotYet(got)
 
 
 def _quarantine_seen(kube: Kube, name: str) -> bool | NotYet:

@@ -19,6 +19,7 @@ import yaml
 
 from gpu_operator import testenv
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
+from gpu_operator.testenv import gpufaults
 from gpu_operator.testenv.standins import UPGRADE_DRIVER_VERSION
 from tests.e2e.stack_support import (
     NS,
@@ -48,7 +49,15 @@ UPGRADE_STATE = "nvidia.com/gpu-driver-upgrade-state"
 
 
 def _example_policy() -> dict[str, Any]:
+    """The example, with GPU health remediation on (short delays): every test here also shows
+    that MIG changes, MPS and a driver upgrade raise no false quarantine."""
     doc: dict[str, Any] = yaml.safe_load((REPO / "examples" / "clusterpolicy.yaml").read_text())
+    doc["spec"]["healthRemediation"] = {
+        "enabled": True,
+        "maxUnavailable": 1,
+        "recoveryDelay": "5s",
+        "signals": {"quietPeriod": "3s"},
+    }
     return doc
 
 
@@ -308,3 +317,79 @@ def test_a_driver_upgrade_rolls_across_the_real_nodes(stack: Stack) -> None:
         lambda: policy_ready(stack.kube, POLICY),
         timeout=300,
     )
+
+
+def test_a_lost_gpu_on_a_real_node_is_reported_from_its_container_and_its_pod_really_stops(
+    stack: Stack,
+) -> None:
+    """The device plugin in its container sees the simulated GPU fall off the bus and writes
+    GPUHealthy False with its own ServiceAccount; the operator quarantines the node and evicts
+    the GPU pod, whose container the real kubelet stops; the fault cleared, the node returns."""
+    node = stack.cluster.real_nodes[-1]
+    kube = stack.kube
+    wait_for(f"{node} advertising nvidia.com/gpu", lambda: allocatable(stack, node), timeout=300)
+    wait_for(
+        f"{node} GPUHealthy True",
+        lambda: _gpu_healthy(stack, node) == "True" or NotYet(_gpu_healthy(stack, node)),
+        timeout=120,
+    )
+    kube.create(gpu_pod("gpu-victim", node, 1))
+    wait_for(
+        "gpu-victim Running",
+        lambda: (
+            ready(kube.get("Pod", "gpu-victim", NS) or {})
+            or NotYet(phases(pods_on(stack, "", node)))
+        ),
+    )
+    since = datetime.now(UTC)
+    gpufaults.inject(stack.cluster, node, 0, "lost")
+    try:
+        wait_for(
+            f"{node} GPUHealthy False",
+            lambda: _gpu_healthy(stack, node) == "False" or NotYet(_gpu_healthy(stack, node)),
+            timeout=60,
+        )
+        plugin = f"system:serviceaccount:{NS}:nvidia-device-plugin"
+        writes = audit_writes(stack.cluster, plugin, since, resource=("nodes", node))
+        assert any((w.get("objectRef") or {}).get("subresource") == "status" for w in writes), (
+            writes
+        )
+        wait_for(
+            "gpu-victim evicted and stopped",
+            lambda: (
+                (p := kube.get("Pod", "gpu-victim", NS)) is None
+                or NotYet((p.get("status") or {}).get("phase"))
+            ),
+            timeout=90,
+        )
+        evicted = [
+            e
+            for e in audit_writes(
+                stack.cluster, OPERATOR_USER, since, resource=("pods", "gpu-victim")
+            )
+            if (e.get("objectRef") or {}).get("subresource") == "eviction"
+        ]
+        assert evicted, "the GPU pod went without an eviction by the operator"
+        spec = (kube.get("Node", node) or {})["spec"]
+        assert spec.get("unschedulable") is True
+        assert any(t.get("key") == "nvidia.com/gpu.unhealthy" for t in spec.get("taints") or ())
+    finally:
+        gpufaults.clear(stack.cluster, node, 0)
+    wait_for(f"{node} released", lambda: _released(stack, node), timeout=120)
+
+
+def _gpu_healthy(stack: Stack, node: str) -> str | None:
+    for c in ((stack.kube.get("Node", node) or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") == "GPUHealthy":
+            return str(c.get("status"))
+    return None
+
+
+def _released(stack: Stack, node: str) -> bool | NotYet:
+    obj = stack.kube.get("Node", node) or {}
+    spec = obj.get("spec") or {}
+    taints = [t for t in spec.get("taints") or () if t.get("key") == "nvidia.com/gpu.unhealthy"]
+    state = node_labels(stack.kube, node).get("nvidia.com/gpu-health.state")
+    if taints or spec.get("unschedulable") or state:
+        return NotYet({"taints": taints, "cordoned": spec.get("unschedulable"), "state": state})
+    return True

@@ -173,8 +173,10 @@ def test_injected_hardware_faults_when_the_simulated_library_has_them(
 def test_an_xid_79_from_a_gpu_that_fell_off_the_bus_is_still_attributed_to_it(
     sim: SimulatedNvml, nvml: Nvml
 ) -> None:
+    inventory = nvml.inventory()
     assert nvml.xid_events([0, 1]) == []  # the event set registers both GPUs
     sim.inject_fault(0, "lost")
+    nvml.health_readings(inventory)  # finds GPU 0 lost and lets go of its handle
     sim.inject_xid(0, 79)
     (event,) = nvml.xid_events([0, 1])
     assert (event.gpu_index, event.xid) == (0, 79)

@@ -119,8 +119,15 @@ def test_the_rest_of_the_daemonset_is_untouched(device_plugin: dict[str, Any]) -
         o for o in plugin_objects(device_plugin, {"enabled": True}) if o["kind"] == "DaemonSet"
     ]
     (ds_off,) = [o for o in plugin_objects(device_plugin, None) if o["kind"] == "DaemonSet"]
-    container = main_container(ds_on)
-    container["env"] = [e for e in container["env"] if not e["name"].startswith("GPU_HEALTH")]
+    # The agent names its Node (NVIDIA's image has no NODE_NAME otherwise).
+    assert "NODE_NAME" in {e["name"] for e in main_container(ds_on)["env"]}
+    for ds in (ds_on, ds_off):
+        container = main_container(ds)
+        container["env"] = [
+            e
+            for e in container["env"]
+            if not e["name"].startswith("GPU_HEALTH") and e["name"] != "NODE_NAME"
+        ]
     assert ds_on == ds_off
 
 

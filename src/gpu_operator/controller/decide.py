@@ -419,13 +419,15 @@ def _health(
     pods: dict[str, list[Any]] = {}
     for pod in fleet.workload_pods:
         pods.setdefault(pod.node, []).append(pod)
-    holding_cordon = {s.value for s in (*IN_PROGRESS, State.FAILED)}
+    mid_upgrade = {s.value for s in IN_PROGRESS}
+    holding_cordon = mid_upgrade | {State.FAILED.value}
     nodes = [
         HealthNode(
             n,
             pods=tuple(pods.get(n.name, ())),
             drivers=tuple(drivers.get(n.name, ())),
             upgrading=n.labels.get(UPGRADE_STATE, "") in holding_cordon,
+            mid_upgrade=n.labels.get(UPGRADE_STATE, "") in mid_upgrade,
             pending=memory.patched_nodes.get(n.name) == n.resource_version,
         )
         for n in snap.nodes

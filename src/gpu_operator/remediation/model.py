@@ -95,6 +95,9 @@ class HealthNode:
     pods: tuple[Pod, ...] = ()  # every pod on it (the same)
     drivers: tuple[Pod, ...] = ()  # its driver pods
     upgrading: bool = False  # a driver upgrade holds the node cordoned right now
+    # Its driver is being replaced: GPUs vanish and return with the driver, and the upgrade's
+    # own validation judges the new one, so the node is not quarantined until that is over.
+    mid_upgrade: bool = False
     # Written by the operator, and the watch has not shown the write yet: the node is left as
     # it is, and no new node is quarantined until it shows (the count could be stale).
     pending: bool = False

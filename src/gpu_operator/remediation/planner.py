@@ -16,7 +16,9 @@ Per node, in this order each pass:
 - a node whose ``GPUHealthy`` is False and that is not held yet is quarantined, oldest fault
   first, while fewer than ``maxUnavailable`` GPU nodes are held (counted from a view that
   shows every earlier write: while one is not seen yet, no node is quarantined). The rest are
-  reported (status, metric) and wait: a storm of false positives cannot empty the fleet.
+  reported (status, metric) and wait: a storm of false positives cannot empty the fleet. A
+  node in the middle of a driver upgrade waits for it to end (its GPUs vanish and return with
+  the driver, and the upgrade validates the new one).
 """
 
 from __future__ import annotations
@@ -81,7 +83,11 @@ def plan_health(
     if policy.enabled and not any(n.pending for n in nodes):
         room = max(0, limit - len(holding))
         candidates = sorted(
-            (n for n in nodes if n.phase is None and n.health and n.health.unhealthy),
+            (
+                n
+                for n in nodes
+                if n.phase is None and n.health and n.health.unhealthy and not n.mid_upgrade
+            ),
             key=lambda n: (n.health.since if n.health else 0.0, n.name),
         )
         for node in candidates:

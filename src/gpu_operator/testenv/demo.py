@@ -32,6 +32,13 @@ REPO = Path(__file__).resolve().parents[3]
 NAMESPACE = "gpu-operator"
 WORKLOADS = "default"  # where the demo's GPU pods run
 GPU_POD = "gpu-pod-{node}"
+# GPU health remediation on, with delays short enough to watch a fault come and go.
+QUIET_PERIOD = "10s"
+HEALTH: dict[str, Any] = {
+    "enabled": True,
+    "recoveryDelay": "30s",
+    "signals": {"quietPeriod": QUIET_PERIOD},
+}
 REAL_NODES = 2  # beside the kwok ones, where this machine can run them
 # name -> (simulated GPUs, OS id, OS version)
 GPU_NODES = {
@@ -209,7 +216,9 @@ def _run_stack(cluster: Cluster, t0: float) -> None:
         # The operator installs the CRD; a policy created before the CRD is Established gets a
         # 404, so wait for the condition, not for the object.
         _wait("the ClusterPolicy CRD Established", lambda: _established(kube))
-        kube.create(yaml.safe_load((REPO / "examples" / "clusterpolicy.yaml").read_text()))
+        policy = yaml.safe_load((REPO / "examples" / "clusterpolicy.yaml").read_text())
+        policy["spec"]["healthRemediation"] = HEALTH  # so a fault you inject is acted on
+        kube.create(policy)
         for name, (gpus, _, _) in GPU_NODES.items():
             _run_in_background(
                 cluster, f"discover-{name}",
@@ -225,7 +234,8 @@ def _run_stack(cluster: Cluster, t0: float) -> None:
                 [python, "-m", "gpu_operator", "agent", "device-plugin", "--kwok-capacity",
                  "--simulate-state", str(gpufaults.kwok_state_file(cluster, name))],
                 {"KUBECONFIG": kubeconfig, "NODE_NAME": name, "GPU_OPERATOR_SIMULATE": gpus,
-                 "MIG_STRATEGY": "single"},
+                 "MIG_STRATEGY": "single", "GPU_HEALTH_CONDITION": "true",
+                 "GPU_HEALTH_QUIET_PERIOD": QUIET_PERIOD},
             )  # fmt: skip
 
         # MIG managers on the MIG-capable models, reading the layouts the operator deployed.
@@ -345,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
         f"\nThe cluster stays up. Reach it with:\n  export KUBECONFIG={kubeconfig}\n"
         "  kubectl get clusterpolicy,nodes; kubectl -n gpu-operator get daemonsets\n"
         "  kubectl get resourceslices -o yaml   # the GPUs as DRA devices\n"
+        "Make a GPU fall off the bus and watch the node quarantined, drained and released:\n"
+        f"  gpu-operator agent simulate-fault --simulate-state "
+        f"{gpufaults.kwok_state_file(cluster, 'gpu-h100')} --gpu 0 lost\n"
+        "  gpu-operator health status --watch     # then: ... --gpu 0 clear\n"
         f"Logs: {cluster.state_dir / 'logs'}\nStop everything with:\n  hack/testenv down"
     )
     return 0

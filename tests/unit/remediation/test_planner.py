@@ -232,3 +232,12 @@ def test_a_node_whose_state_was_written_by_hand_gets_its_clock_started() -> None
     assert [(a.phase, a.since) for a in plan.actions if isinstance(a, SetPhase)] == [
         (Phase.REMEDIATING, int(T0 + 3))
     ]
+
+
+def test_a_node_mid_driver_upgrade_is_not_quarantined_until_the_upgrade_is_over() -> None:
+    objs = {"a": node("a", healthy=False, since=T0)}
+    view = NodeView.from_k8s(objs["a"])
+    plan = plan_health([HealthNode(view, mid_upgrade=True)], ON, T0 + 1, gpu_nodes=1)
+    assert plan.actions == () and plan.summary.unhealthy == 1
+    plan = plan_health([HealthNode(view)], ON, T0 + 1, gpu_nodes=1)
+    assert any(isinstance(a, Quarantine) for a in plan.actions)

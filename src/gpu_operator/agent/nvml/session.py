@@ -60,6 +60,8 @@ class Nvml:
         self._profile_cache: dict[int, tuple[MigProfile, ...]] = {}
         self._events: Any = None
         self._last_xid: dict[int, int] = {}
+        # Every handle ever handed out -> its GPU (kept when a lost GPU's handle is dropped).
+        self._handle_index: dict[int | None, int] = {}
         self._reset_command = reset_command or _nvidia_smi_reset
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -70,6 +72,7 @@ class Nvml:
                 call(pynvml.nvmlInit)
                 self._open = True
                 self._handles.clear()
+                self._handle_index.clear()
                 self._profile_cache.clear()
         return self
 
@@ -105,6 +108,7 @@ class Nvml:
         if handle is None:
             handle = call(pynvml.nvmlDeviceGetHandleByIndex, index)
             self._handles[index] = handle
+            self._handle_index[_address(handle)] = index
         return handle
 
     # -- inventory ---------------------------------------------------------------------------
@@ -509,11 +513,7 @@ class Nvml:
         try:
             return int(call(pynvml.nvmlDeviceGetIndex, device))
         except NvmlError:
-            address = ctypes.cast(device, ctypes.c_void_p).value
-            for index, handle in self._handles.items():
-                if ctypes.cast(handle, ctypes.c_void_p).value == address:
-                    return index
-            return None
+            return self._handle_index.get(_address(device))
 
     def _event_set(self, gpu_indexes: Sequence[int]) -> bool:
         """Create the XID event set on first use; False when no GPU can report events."""
@@ -542,6 +542,10 @@ class Nvml:
 
 
 _WHOLE_GPU = 0xFFFFFFFF  # NVML's GPU/compute instance id of an event about the whole GPU
+
+
+def _address(handle: Any) -> int | None:
+    return ctypes.cast(handle, ctypes.c_void_p).value
 
 
 def _f(value: float | None) -> float | None:
