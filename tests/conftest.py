@@ -12,24 +12,40 @@ import pytest
 from tests.prerequisites import REASONS
 
 REAL_NODES = "real-nodes"
+REAL_NODES_OWN = "real-nodes-own-clusters"
 REAL_NODE_MODULES = "test_real_"  # every test on real kubelet nodes lives in a module named so
+# Real-node modules that start real-node clusters of their own rather than share the session's
+# (`real_cluster`): they run as a second group, beside the first, so the two halves of the
+# real-node tests (the suite's longest path) overlap. Each cluster takes its own bridge subnet.
+OWN_REAL_CLUSTERS = frozenset(
+    {"test_real_demo.py", "test_real_operator.py", "test_real_nodes_lifecycle.py"}
+)
 # The longest groups (minutes each), handed out first so that none waits behind another.
-LONGEST_FIRST = (REAL_NODES, "tests/chaos/test_chaos.py", "tests/chaos/test_chaos_outage.py")
+LONGEST_FIRST = (
+    REAL_NODES,
+    "tests/chaos/test_chaos.py",
+    "tests/chaos/test_chaos_outage.py",
+    REAL_NODES_OWN,
+)
 
 
 def xdist_group(nodeid: str) -> str:
     """Which worker-sized unit a test belongs to: its module (a module-scoped cluster starts
-    once), except that every real-node test shares one: they use one real-node cluster, and two
-    such clusters at once would compete for the same host."""
+    once), except that the real-node tests sharing the session's real-node cluster are one unit
+    (that cluster starts once, on one worker), and those that start their own are another."""
     module = nodeid.split("::", 1)[0]
-    return REAL_NODES if Path(module).name.startswith(REAL_NODE_MODULES) else module
+    name = Path(module).name
+    if not name.startswith(REAL_NODE_MODULES):
+        return module
+    return REAL_NODES_OWN if name in OWN_REAL_CLUSTERS else REAL_NODES
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     misplaced = [
         i.nodeid
         for i in items
-        if i.get_closest_marker("real_nodes") and xdist_group(i.nodeid) != REAL_NODES
+        if i.get_closest_marker("real_nodes")
+        and xdist_group(i.nodeid) not in (REAL_NODES, REAL_NODES_OWN)
     ]
     if misplaced:
         raise pytest.UsageError(

@@ -17,7 +17,12 @@ MAX_MESSAGE = 1024
 
 def now_iso() -> str:
     """Now as the API server writes times (RFC 3339, seconds, UTC)."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return iso_time(datetime.now(UTC).timestamp())
+
+
+def iso_time(seconds: float) -> str:
+    """Unix seconds as the API server writes times."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def event_body(

@@ -53,6 +53,10 @@ UPGRADE_DRAIN_SKIP = "nvidia.com/gpu-driver-upgrade-drain.skip"
 UPGRADE_REQUESTED = "nvidia.com/gpu-driver-upgrade-requested"
 UPGRADE_SINCE = "nvidia.com/gpu-driver-upgrade-state.since"
 UPGRADE_WAS_CORDONED = "nvidia.com/gpu-driver-upgrade.was-cordoned"
+# On a ClusterPolicy or NVIDIADriver: try a rollout held after a failed canary again.
+UPGRADE_RETRY = "nvidia.com/gpu-driver-upgrade.retry"
+# On a failed node: the driver template it failed to reach (a newer one is a new try).
+UPGRADE_FAILED_TEMPLATE = "nvidia.com/gpu-driver-upgrade.failed-template"
 VALIDATOR_APP = "nvidia-operator-validator"
 
 # -- GPU health (this project's): the node condition the device-plugin agent publishes (anyone
@@ -93,6 +97,7 @@ STACK_ANNOTATIONS = frozenset(
         MIG_FAILED_CONFIG,
         MIG_STATE_REASON,
         HEALTH_RESET_DONE,
+        UPGRADE_FAILED_TEMPLATE,
     }
 )
 

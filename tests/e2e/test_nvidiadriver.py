@@ -29,6 +29,7 @@ from gpu_operator.kube import Kube
 from gpu_operator.views import pod_ready
 from tests.e2e.support import (
     NotYet,
+    OperatorProcess,
     audit_writes,
     now,
     private_cluster,
@@ -37,7 +38,7 @@ from tests.e2e.support import (
     token_kubeconfig,
     wait_for,
 )
-from tests.e2e.test_upgrade import CordonSampler, Operator
+from tests.e2e.test_upgrade import CordonSampler
 from tests.prerequisites import nvidia
 
 NS = "gpu-operator"
@@ -170,8 +171,8 @@ def test_pools_conflicts_and_a_pool_upgrade(cluster: testenv.Cluster, tmp_path: 
     with cluster.api_client() as api:
         kube = Kube(api)
         identity = service_account_config(cluster, NS, "gpu-operator")
-        operator = Operator(
-            token_kubeconfig(cluster, identity, tmp_path / "kc"), tmp_path / "op.log"
+        operator = OperatorProcess(
+            token_kubeconfig(cluster, identity, tmp_path / "kc"), tmp_path / "op.log", NS
         )
         operator.start()
         try:

@@ -19,7 +19,6 @@ import yaml
 
 from gpu_operator import testenv
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
-from gpu_operator.testenv import gpufaults
 from gpu_operator.testenv.standins import UPGRADE_DRIVER_VERSION
 from tests.e2e.stack_support import (
     NS,
@@ -38,7 +37,7 @@ from tests.e2e.stack_support import (
     real_stack,
     wait_all_operands_ready,
 )
-from tests.e2e.support import NotYet, audit_writes, policy_ready, wait_for
+from tests.e2e.support import NotYet, audit_writes, policy_ready, policy_status, wait_for
 from tests.paths import REPO
 
 # The first run builds the image and the stand-ins (minutes; a changed tree rebuilds them).
@@ -263,7 +262,17 @@ def test_a_driver_upgrade_rolls_across_the_real_nodes(stack: Stack) -> None:
     since = datetime.now(UTC)
     # Two at a time (of the 3 GPU nodes: the real two and the kwok one), to keep the test short;
     # one at a time is what the kwok upgrade e2e (test_upgrade.py) holds to on 8 nodes.
-    upgrade_policy = {"maxParallelUpgrades": 2, "maxUnavailable": "100%"}
+    # The canary (the cluster's kwok GPU node: quick) goes first and soaks; then the real nodes,
+    # two at a time.
+    kwok = next(
+        n["metadata"]["name"]
+        for n in stack.kube.list_objects("Node")
+        if n["metadata"]["name"] not in nodes
+        and (n["metadata"].get("labels") or {}).get("nvidia.com/gpu.present") == "true"
+    )
+    selector = {"kubernetes.io/hostname": kwok}
+    canary = {"nodeSelector": selector, "soak": "5s", "timeout": "5m"}
+    upgrade_policy = {"maxParallelUpgrades": 2, "maxUnavailable": "100%", "canary": canary}
     stack.kube.merge_patch(
         "ClusterPolicy",
         POLICY,
@@ -290,9 +299,14 @@ def test_a_driver_upgrade_rolls_across_the_real_nodes(stack: Stack) -> None:
             {name: {"driver": image, "new pod": new, "state": state, "cordoned": cordoned}}
         )
 
+    timeline: list[dict[str, str]] = []  # each node's upgrade state, every sample
+
     def done() -> bool | NotYet:
         cordoned = [n for n in stack.kube.list_objects("Node") if n["spec"].get("unschedulable")]
         unavailable.append(len(cordoned))
+        timeline.append(
+            {n: node_labels(stack.kube, n).get(UPGRADE_STATE, "") for n in (*nodes, kwok)}
+        )
         for n in nodes:
             if not (result := upgraded(n)):
                 return result
@@ -312,6 +326,13 @@ def test_a_driver_upgrade_rolls_across_the_real_nodes(stack: Stack) -> None:
         and e["objectRef"].get("name") == "gpu-job"
     ]
     assert evictions, "the GPU pod was not evicted through the eviction API"
+    # Canary first: no real node started before the canary was done and validated.
+    first_done = next(i for i, states in enumerate(timeline) if states[kwok] == "upgrade-done")
+    for states in timeline[:first_done]:
+        others = {n: states[n] for n in nodes}
+        assert all(v in ("", "upgrade-done") for v in others.values()), others
+    rollout = (policy_status(stack.kube, POLICY).get("upgrade") or {}).get("rollout") or {}
+    assert rollout.get("phase") == "done", rollout
     wait_for(
         "ClusterPolicy ready again",
         lambda: policy_ready(stack.kube, POLICY),
@@ -319,77 +340,98 @@ def test_a_driver_upgrade_rolls_across_the_real_nodes(stack: Stack) -> None:
     )
 
 
-def test_a_lost_gpu_on_a_real_node_is_reported_from_its_container_and_its_pod_really_stops(
-    stack: Stack,
-) -> None:
-    """The device plugin in its container sees the simulated GPU fall off the bus and writes
-    GPUHealthy False with its own ServiceAccount; the operator quarantines the node and evicts
-    the GPU pod, whose container the real kubelet stops; the fault cleared, the node returns."""
-    node = stack.cluster.real_nodes[-1]
+def test_a_driver_that_cannot_be_pulled_is_rolled_back_on_its_canary_alone(stack: Stack) -> None:
+    """A version whose image does not exist: the canary's new driver pod sits in ImagePullBackOff,
+    the gate fails at its timeout, the canary is rolled back to the old driver and is in service
+    again, the status and an Event name the reason, nothing else is written to; then the spec
+    going back to the running version ends the hold."""
+    nodes = stack.cluster.real_nodes
     kube = stack.kube
-    wait_for(f"{node} advertising nvidia.com/gpu", lambda: allocatable(stack, node), timeout=300)
-    wait_for(
-        f"{node} GPUHealthy True",
-        lambda: _gpu_healthy(stack, node) == "True" or NotYet(_gpu_healthy(stack, node)),
-        timeout=120,
-    )
-    kube.create(gpu_pod("gpu-victim", node, 1))
-    wait_for(
-        "gpu-victim Running",
-        lambda: (
-            ready(kube.get("Pod", "gpu-victim", NS) or {})
-            or NotYet(phases(pods_on(stack, "", node)))
-        ),
-    )
+    wait_for("a Ready driver on each real node", lambda: _drivers_ready(stack), timeout=420)
+    policy = kube.get("ClusterPolicy", POLICY) or {}
+    current = policy["spec"]["driver"]["version"]
+    before = {n: _driver_pod(stack, n) for n in nodes}
+    canary = {"nodeSelector": {"kubernetes.io/hostname": nodes[0]}, "soak": "5s", "timeout": "30s"}
+    upgrade_policy = {"maxParallelUpgrades": 1, "maxUnavailable": "100%", "canary": canary}
     since = datetime.now(UTC)
-    gpufaults.inject(stack.cluster, node, 0, "lost")
+    kube.merge_patch(
+        "ClusterPolicy",
+        POLICY,
+        {"spec": {"driver": {"version": "999.0.1", "upgradePolicy": upgrade_policy}}},
+    )
     try:
+        held = wait_for(
+            "the canary failed, rolled back, held", lambda: _rollout_in(stack, "held"), timeout=360
+        )
+        failure = held["failure"]
+        assert failure["node"] == nodes[0] and failure["gate"] == "driver", failure
+        assert "ImagePullBackOff" in failure["reason"] or "ErrImagePull" in failure["reason"], (
+            failure
+        )
+        conditions = {c["type"]: c for c in policy_status(kube, POLICY)["conditions"]}
+        assert conditions["UpgradeFailed"]["status"] == "True"
+        assert "ImagePull" in conditions["UpgradeFailed"]["message"]
         wait_for(
-            f"{node} GPUHealthy False",
-            lambda: _gpu_healthy(stack, node) == "False" or NotYet(_gpu_healthy(stack, node)),
-            timeout=60,
+            f"{nodes[0]} back on {current}, in service",
+            lambda: _on_version(stack, nodes[0], current),
+            timeout=240,
         )
-        plugin = f"system:serviceaccount:{NS}:nvidia-device-plugin"
-        writes = audit_writes(stack.cluster, plugin, since, resource=("nodes", node))
-        assert any((w.get("objectRef") or {}).get("subresource") == "status" for w in writes), (
-            writes
-        )
-        wait_for(
-            "gpu-victim evicted and stopped",
-            lambda: (
-                (p := kube.get("Pod", "gpu-victim", NS)) is None
-                or NotYet((p.get("status") or {}).get("phase"))
-            ),
-            timeout=90,
-        )
-        evicted = [
-            e
-            for e in audit_writes(
-                stack.cluster, OPERATOR_USER, since, resource=("pods", "gpu-victim")
-            )
-            if (e.get("objectRef") or {}).get("subresource") == "eviction"
+        events = [
+            e["reason"]
+            for e in kube.list_objects("Event", "default")
+            if (e.get("involvedObject") or {}).get("kind") == "ClusterPolicy"
         ]
-        assert evicted, "the GPU pod went without an eviction by the operator"
-        spec = (kube.get("Node", node) or {})["spec"]
-        assert spec.get("unschedulable") is True
-        assert any(t.get("key") == "nvidia.com/gpu.unhealthy" for t in spec.get("taints") or ())
+        assert "UpgradeFailed" in events and "RolledBack" in events, events
+        # Nothing but the canary was written to: the other nodes, their driver pods.
+        for name in stack.kube.list_objects("Node"):
+            if name["metadata"]["name"] == nodes[0]:
+                continue
+            node_name = name["metadata"]["name"]
+            assert not audit_writes(
+                stack.cluster, OPERATOR_USER, since, resource=("nodes", node_name)
+            ), node_name
+        for node_name, pod in before.items():
+            if node_name != nodes[0] and pod is not None:
+                pod_name = pod["metadata"]["name"]
+                assert not audit_writes(
+                    stack.cluster, OPERATOR_USER, since, resource=("pods", pod_name)
+                ), pod_name
+                assert (_driver_pod(stack, node_name) or {}).get("metadata", {}).get("uid") == pod[
+                    "metadata"
+                ]["uid"]
     finally:
-        gpufaults.clear(stack.cluster, node, 0)
-    wait_for(f"{node} released", lambda: _released(stack, node), timeout=120)
+        kube.merge_patch("ClusterPolicy", POLICY, {"spec": {"driver": {"version": current}}})
+    wait_for("the hold ended by the spec", lambda: _rollout_in(stack, "done"), timeout=240)
 
 
-def _gpu_healthy(stack: Stack, node: str) -> str | None:
-    for c in ((stack.kube.get("Node", node) or {}).get("status") or {}).get("conditions") or []:
-        if c.get("type") == "GPUHealthy":
-            return str(c.get("status"))
-    return None
-
-
-def _released(stack: Stack, node: str) -> bool | NotYet:
-    obj = stack.kube.get("Node", node) or {}
-    spec = obj.get("spec") or {}
-    taints = [t for t in spec.get("taints") or () if t.get("key") == "nvidia.com/gpu.unhealthy"]
-    state = node_labels(stack.kube, node).get("nvidia.com/gpu-health.state")
-    if taints or spec.get("unschedulable") or state:
-        return NotYet({"taints": taints, "cordoned": spec.get("unschedulable"), "state": state})
+def _drivers_ready(stack: Stack) -> bool | NotYet:
+    for n in stack.cluster.real_nodes:
+        pods = pods_on(stack, "nvidia-driver-daemonset", n)
+        if len([p for p in pods if ready(p)]) != 1:
+            return NotYet({n: phases(pods)})
     return True
+
+
+def _driver_pod(stack: Stack, node: str) -> dict[str, Any] | None:
+    pods = [
+        p
+        for p in pods_on(stack, "nvidia-driver-daemonset", node)
+        if not p["metadata"].get("deletionTimestamp")
+    ]
+    return pods[0] if len(pods) == 1 else None
+
+
+def _on_version(stack: Stack, node: str, version: str) -> bool | NotYet:
+    pod = _driver_pod(stack, node)
+    spec = (stack.kube.get("Node", node) or {}).get("spec") or {}
+    image = pod["spec"]["containers"][0]["image"] if pod else None
+    if pod and ready(pod) and version in str(image) and not spec.get("unschedulable"):
+        return True
+    return NotYet(
+        {"image": image, "ready": bool(pod and ready(pod)), "cordoned": spec.get("unschedulable")}
+    )
+
+
+def _rollout_in(stack: Stack, phase: str) -> dict[str, Any] | NotYet:
+    rollout = (policy_status(stack.kube, POLICY).get("upgrade") or {}).get("rollout") or {}
+    return rollout if rollout.get("phase") == phase else NotYet(rollout)

@@ -27,6 +27,7 @@ from gpu_operator.api.base import (
 )
 from gpu_operator.api.policy import PolicyError, describe_validation_error
 from gpu_operator.api.spec import (
+    CanarySpec,
     DrainSpec,
     DriverSpec,
     PodDeletionSpec,
@@ -34,6 +35,7 @@ from gpu_operator.api.spec import (
     UpgradePolicy,
     WaitForCompletionSpec,
 )
+from gpu_operator.api.status import Rollout
 
 GROUP = "nvidia.com"
 VERSION = "v1alpha1"
@@ -130,6 +132,7 @@ class DriverUpgradePolicy(UpgradePolicy):
     pod_deletion: PodDeletionSpec | None = None
     wait_for_completion: WaitForCompletionSpec | None = None
     drain: DrainSpec | None = None
+    canary: CanarySpec | None = None
 
 
 class NVIDIADriverSpec(ApiModel):
@@ -199,6 +202,7 @@ class NVIDIADriverStatus(ApiModel):
     state: Literal["ignored", "ready", "notReady", "disabled"]
     namespace: str | None = None
     conditions: list[Condition] | None = None
+    rollout: Rollout | None = None
 
 
 def parse_driver_spec(spec: Mapping[str, Any] | None) -> NVIDIADriverSpec:

@@ -166,6 +166,33 @@ class WaitForCompletionSpec(ApiModel):
     timeout_seconds: NonNegativeInt | None = Field(default=None, json_schema_extra=crd_default(0))
 
 
+class CanarySpec(ApiModel):
+    """This project's addition: the nodes that take a new driver first, and its gates."""
+
+    nodes: IntOrPercent | None = Field(
+        default=None,
+        description='Canary nodes of each pool, a count or a percent such as "10%" (default 1).',
+    )
+    node_selector: dict[str, str] | None = Field(
+        default=None, description="Nodes with all these labels are the canary (instead of nodes)."
+    )
+    soak: Duration | None = Field(
+        default=None,
+        description="How long the upgraded canary must stay GPUHealthy before the fleet follows.",
+        json_schema_extra=crd_default("10m"),
+    )
+    timeout: Duration | None = Field(
+        default=None,
+        description="How long a canary node may take to run and validate the new driver.",
+        json_schema_extra=crd_default("30m"),
+    )
+    batch_soak: Duration | None = Field(
+        default=None,
+        description="A pause after each later batch before the next starts (0s: none).",
+        json_schema_extra=crd_default("0s"),
+    )
+
+
 class UpgradePolicy(ApiModel):
     auto_upgrade: bool | None = Field(
         default=None,
@@ -185,6 +212,11 @@ class UpgradePolicy(ApiModel):
     pod_deletion: PodDeletionSpec | None = None
     wait_for_completion: WaitForCompletionSpec | None = None
     drain: DrainSpec | None = None
+    canary: CanarySpec | None = Field(
+        default=None,
+        description="Upgrade a canary first, soak it, roll it back alone if it fails "
+        "(gpu-operator addition; absent: NVIDIA's behaviour).",
+    )
 
 
 class RdmaSpec(ApiModel):

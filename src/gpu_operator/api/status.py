@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -38,6 +38,27 @@ class ComponentStatus(ApiModel):
     message: str | None = None
 
 
+class RolloutFailure(ApiModel):
+    node: str
+    gate: str  # driver, validation, GPUHealthy, timeout
+    reason: str
+
+
+class Rollout(ApiModel):
+    """A canary-gated driver rollout (gpu-operator addition), kept here so that a restarted
+    operator resumes it: what is rolled out, the settings it falls back to, where it is."""
+
+    phase: Literal["canary", "soaking", "fleet", "rollingBack", "held", "done"]
+    target: str  # digest of the driver settings being rolled out
+    stable: str = ""  # digest of the last settings every node ran
+    stable_spec: dict[str, Any] | None = Field(
+        default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+    )
+    nodes: list[str] | None = None  # the canary
+    since: str | None = None  # when the phase began (RFC 3339)
+    failure: RolloutFailure | None = None
+
+
 class UpgradeSummary(ApiModel):
     """Driver upgrade progress across the GPU nodes the upgrade manages."""
 
@@ -47,6 +68,7 @@ class UpgradeSummary(ApiModel):
     failed: int = 0
     pending: int = 0
     message: str | None = None
+    rollout: Rollout | None = None
 
 
 class HealthRemediationSummary(ApiModel):

@@ -16,8 +16,8 @@ Key = tuple[str, str, str]  # kind, namespace ("" when cluster-scoped), name
 # Why a patch is made; the executor reports outcomes by purpose so the loop can react
 # (a node whose labels could not be written is looked at again).
 Purpose = Literal["labels", "upgrade", "health", "finalizer", "status"]
-# What a successful write counts in gpu_operator_remediations_total: (action, outcome).
-Tally = tuple[str, str]
+# What a successful write counts: (the PrometheusMetrics counter's attribute, its labels...).
+Tally = tuple[str, ...]
 
 
 @dataclass(frozen=True)

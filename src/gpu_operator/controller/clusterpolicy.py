@@ -22,7 +22,7 @@ from gpu_operator.controller.decide import APPLIED_KINDS, Decision, Gauges, deci
 from gpu_operator.controller.execute import Executor
 from gpu_operator.controller.loop import Loop
 from gpu_operator.controller.memory import Memory, remember
-from gpu_operator.controller.metrics import PrometheusMetrics
+from gpu_operator.controller.metrics import PrometheusMetrics, count_tallies
 from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.controller.watch import ObjectKey, Watched, owned_children
 from gpu_operator.events import now_iso
@@ -124,10 +124,7 @@ class ClusterPolicyController:
         after = remember(decision.memory, outcomes, reconciled=decision.reconciled)
         self.memory = after.memory
         self._set_gauges(decision.gauges)
-        for outcome in outcomes:
-            tally = getattr(outcome.action, "tally", None)
-            if tally is not None and outcome.ok:
-                self.metrics.remediations.labels(*tally).inc()
+        count_tallies(self.metrics, outcomes)
         if after.look_again:
             self.loop.wake.set()
         if any(o.ok and isinstance(o.action, (Apply, Prune)) for o in outcomes):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpu_operator.api import API_VERSION, KIND, ClusterPolicySpec, PolicyError, parse_spec
+from gpu_operator.api.spec import DriverSpec
 from gpu_operator.controller.actions import (
     Action,
     Apply,
@@ -28,32 +29,36 @@ from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.facts import gather_facts, nfd_present, node_policy
 from gpu_operator.controller.memory import MONITOR_CRD_KEY, Memory
 from gpu_operator.controller.nodes import NodePolicy, is_gpu_node, plan_node
+from gpu_operator.controller.notices import node_event, object_event
 from gpu_operator.controller.plan import Owner, finalizer_body, plan_changes, stamp
 from gpu_operator.controller.pools import handover_pending
 from gpu_operator.controller.readiness import by_owner, component_readiness
+from gpu_operator.controller.remediation_stage import (
+    plan_remediation,
+    remediation_stage,
+    remediation_status,
+)
+from gpu_operator.controller.rollout_stage import (
+    drivers_synced,
+    renders_stable,
+    retry_requested,
+    rollout_actions,
+    settings_of,
+    with_settings,
+)
 from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.controller.status import Observation, active_policy, compute_status
-from gpu_operator.events import event_body
-from gpu_operator.labels import APPLIED_HASH, UPGRADE_STATE
+from gpu_operator.events import iso_time
+from gpu_operator.labels import APPLIED_HASH
 from gpu_operator.remediation import (
-    HealthNode,
-    HealthPlan,
-    HealthPolicy,
     HealthSummary,
-    Quarantine,
-    Release,
-    SetPhase,
-    plan_health,
 )
 from gpu_operator.render import render_components
 from gpu_operator.upgrade import (
-    IN_PROGRESS,
     Cordon,
     Fail,
-    Fleet,
     Policy,
     SetState,
-    State,
     Summary,
     Uncordon,
     UpgradePlan,
@@ -63,10 +68,11 @@ from gpu_operator.upgrade import (
 from gpu_operator.upgrade import DeletePod as UpgradeDeletePod
 from gpu_operator.upgrade import Event as UpgradeEvent
 from gpu_operator.upgrade import Evict as UpgradeEvict
+from gpu_operator.upgrade.canary import CanaryPolicy, Rollout, RolloutDecision, decide_rollout
+from gpu_operator.upgrade.planner import progress
 from gpu_operator.views import NodeView
 
 FINALIZER = "nvidia.com/gpu-operator-node-cleanup"
-EVENT_SOURCE = "gpu-operator"
 # Kinds the operator applies and watches (so it can diff and prune them), plus ServiceMonitor,
 # which it applies where the Prometheus operator's CRD exists but cannot watch.
 APPLIED_KINDS = frozenset(
@@ -187,13 +193,45 @@ def _decide_active(
     if spec.driver.use_nvidia_driver_crd:
         pending = handover_pending(snap.nodes, snap.daemonsets, snap.pods)
         facts = replace(facts, driver_handover=pending)
-    parts = render_components(spec, facts)
-    owner = Owner(API_VERSION, KIND, meta["name"], meta["uid"])
-    desired = stamp((o for p in parts for o in p.objects), owner)
-    watched = [o for o in desired if o["kind"] not in UNWATCHED_KINDS]
-    changes = plan_changes(
-        watched, snap.managed, memory.applied_generations, APPLIED_KINDS | UNWATCHED_KINDS
+    # With useNvidiaDriverCRD each NVIDIADriver upgrades its own pool (driver_decide).
+    own_driver = spec.driver.enabled and not spec.driver.use_nvidia_driver_crd
+    previous = Rollout.from_status(
+        ((policy.get("status") or {}).get("upgrade") or {}).get("rollout")
     )
+    settings = settings_of(spec.driver.to_wire())
+    retry = retry_requested(policy)
+    on_stable = own_driver and renders_stable(previous, settings, retry)
+    owner = Owner(API_VERSION, KIND, meta["name"], meta["uid"])
+
+    def render(stable: bool) -> tuple[list[dict[str, Any]], Any, list[Any]]:
+        chosen = _on_settings(spec, previous.stable_spec) if stable and previous else spec
+        parts = render_components(chosen, facts)
+        desired = stamp((o for p in parts for o in p.objects), owner)
+        watched = [o for o in desired if o["kind"] not in UNWATCHED_KINDS]
+        changes = plan_changes(
+            watched, snap.managed, memory.applied_generations, APPLIED_KINDS | UNWATCHED_KINDS
+        )
+        return desired, changes, parts
+
+    desired, changes, parts = render(on_stable)
+    fleet = fleet_from_objects(
+        snap.nodes, snap.daemonsets, snap.pods, snap.revisions, snap.workload_pods
+    )
+    rollout = None
+    if own_driver:
+        upgrade_policy = spec.driver.upgrade_policy
+        rollout = decide_rollout(
+            previous,
+            CanaryPolicy.from_spec(upgrade_policy.canary if upgrade_policy else None),
+            settings,
+            progress(fleet),
+            {n.name: n.gpu_health for n in snap.nodes},
+            retry=retry,
+            now=snap.now,
+            synced=drivers_synced(desired, changes.apply, snap.daemonsets),
+        )
+        if rollout.render_stable != on_stable:
+            desired, changes, parts = render(rollout.render_stable)
     unwatched = [o for o in desired if o["kind"] in UNWATCHED_KINDS]
     reads, unwatched_applies = _unwatched_changes(unwatched, memory)
     if reads:
@@ -207,17 +245,16 @@ def _decide_active(
         Stage(tuple(Prune(k) for k in changes.prune)),
     ]
     labels, memory = _node_stage(snap, memory, node_policy(spec), uninstall=False)
-    fleet = fleet_from_objects(
-        snap.nodes, snap.daemonsets, snap.pods, snap.revisions, snap.workload_pods
-    )
-    # With useNvidiaDriverCRD each NVIDIADriver upgrades its own pool (driver_decide).
-    own_driver = spec.driver.enabled and not spec.driver.use_nvidia_driver_crd
-    upgrade = (
-        plan(fleet, Policy.from_spec(spec.driver.upgrade_policy), snap.now) if own_driver else None
-    )
-    upgrade_stage = _upgrade_stage(upgrade, snap, config) if upgrade else Stage(())
-    health = _health(spec, snap, fleet, memory, gpu_nodes)
-    health_stage, memory = _health_stage(health, snap, memory, config)
+    upgrade = None
+    upgrade_stage = Stage(())
+    if rollout is not None:
+        limits = Policy.from_spec(spec.driver.upgrade_policy)
+        upgrade = plan(fleet, limits, snap.now, rollout.allowed)
+        about = {"apiVersion": API_VERSION, "kind": KIND, **policy}
+        notices = rollout_actions(rollout, about, snap.stamp, config)
+        upgrade_stage = _upgrade_stage(upgrade, snap, config, notices)
+    health = plan_remediation(spec, snap, fleet, memory, gpu_nodes)
+    health_stage, memory = remediation_stage(health, snap, memory, config)
 
     pods_by_owner = by_owner(snap.pods)
     revisions_by_owner = by_owner(snap.revisions)
@@ -243,8 +280,8 @@ def _decide_active(
         components=components,
         apply_error=memory.apply_error,
         unimplemented=tuple(spec.unimplemented_enabled()),
-        upgrade=_upgrade_status(upgrade) if upgrade else None,
-        health=_health_status(health.summary),
+        upgrade=_upgrade_status(upgrade, rollout) if upgrade and rollout else None,
+        health=remediation_status(health.summary),
         dra_conflicts=tuple(sorted(snap.dra_conflicts)) if spec.device_plugin.enabled else (),
     )
     status_actions, status = _status_actions(policy, observation, snap.stamp, config)
@@ -265,7 +302,15 @@ def _decide_active(
         upgrade=upgrade.summary if upgrade else None,
         health=health.summary,
     )
-    deadlines = [d for d in (upgrade and upgrade.next_deadline, health.next_deadline) if d]
+    deadlines = [
+        d
+        for d in (
+            upgrade and upgrade.next_deadline,
+            rollout and rollout.deadline,
+            health.next_deadline,
+        )
+        if d
+    ]
     return Decision(
         memory,
         _nonempty(stages),
@@ -381,19 +426,23 @@ def _label_changes(patch: Patch) -> Mapping[str, str | None]:
     return changes
 
 
-def _upgrade_stage(upgrade: UpgradePlan, snap: Snapshot, config: OperatorConfig) -> Stage:
+def _upgrade_stage(
+    upgrade: UpgradePlan, snap: Snapshot, config: OperatorConfig, first: Sequence[Action] = ()
+) -> Stage:
     """The planner's steps as API actions, in order; a node's later steps are skipped once
     one of its patches fails (a refused eviction skips nothing: the pod is simply still
     there)."""
-    actions: list[Action] = []
-    groups: list[str] = []
+    actions: list[Action] = list(first)  # the rollout's own, about its owner
+    groups: list[str] = [""] * len(first)
     for step in upgrade.actions:
         requests: list[Action] = []
         if isinstance(step, (SetState, Cordon, Uncordon, Fail)):
             requests.append(Patch("Node", step.node, step.patch(), "upgrade"))
             if isinstance(step, Fail):
                 requests.append(
-                    _node_event(step.node, "Warning", "UpgradeFailed", step.reason, snap, config)
+                    node_event(
+                        step.node, "Warning", "UpgradeFailed", step.reason, snap.stamp, config
+                    )
                 )
         elif isinstance(step, UpgradeEvict):
             requests.append(Evict(step.pod, step.namespace))
@@ -401,118 +450,25 @@ def _upgrade_stage(upgrade: UpgradePlan, snap: Snapshot, config: OperatorConfig)
             requests.append(DeletePod(step.pod, step.namespace, step.force))
         elif isinstance(step, UpgradeEvent):
             requests.append(
-                _node_event(step.node, step.type, step.reason, step.message, snap, config)
+                node_event(step.node, step.type, step.reason, step.message, snap.stamp, config)
             )
         actions += requests
         groups += [step.node] * len(requests)
     return Stage(tuple(actions), concurrent=False, groups=tuple(groups))
 
 
-def _health(
-    spec: ClusterPolicySpec, snap: Snapshot, fleet: Fleet, memory: Memory, gpu_nodes: int
-) -> HealthPlan:
-    """The health remediation's next steps; nodes whose last write the watch has not shown
-    yet wait a pass (one write per change, never two planned from the same read)."""
-    drivers: dict[str, list[Any]] = {}
-    for pod in fleet.driver_pods:
-        drivers.setdefault(pod.node, []).append(pod)
-    pods: dict[str, list[Any]] = {}
-    for pod in fleet.workload_pods:
-        pods.setdefault(pod.node, []).append(pod)
-    mid_upgrade = {s.value for s in IN_PROGRESS}
-    holding_cordon = mid_upgrade | {State.FAILED.value}
-    nodes = [
-        HealthNode(
-            n,
-            pods=tuple(pods.get(n.name, ())),
-            drivers=tuple(drivers.get(n.name, ())),
-            upgrading=n.labels.get(UPGRADE_STATE, "") in holding_cordon,
-            mid_upgrade=n.labels.get(UPGRADE_STATE, "") in mid_upgrade,
-            pending=memory.patched_nodes.get(n.name) == n.resource_version,
-        )
-        for n in snap.nodes
-        if is_gpu_node(n) or n.gpu_health is not None or HealthNode(n).phase is not None
-    ]
-    return plan_health(
-        nodes, HealthPolicy.from_spec(spec.health_remediation), snap.now, gpu_nodes=gpu_nodes
-    )
+def _on_settings(spec: ClusterPolicySpec, settings: Mapping[str, Any] | None) -> ClusterPolicySpec:
+    """``spec`` with its driver on ``settings`` (under today's upgrade policy)."""
+    if settings is None:
+        return spec
+    wire = with_settings(settings, spec.driver.upgrade_policy)
+    return spec.model_copy(update={"driver": DriverSpec.model_validate(wire)})
 
 
-def _health_stage(
-    health: HealthPlan, snap: Snapshot, memory: Memory, config: OperatorConfig
-) -> tuple[Stage, Memory]:
-    """The planner's steps as API actions, each node's in order (its later steps are skipped
-    once one of its writes fails); nodes written are remembered until the watch shows them."""
-    actions: list[Action] = []
-    groups: list[str] = []
-    written: dict[str, str] = {}
-    for index, step in enumerate(health.actions):
-        tally = health.tallies.get(index)
-        count = (tally.action, tally.outcome) if tally else None
-        request: Action
-        if isinstance(step, (Quarantine, SetPhase, Release)):
-            name = step.node.name
-            request = Patch("Node", name, step.patch(), "health", patch_type="json", tally=count)
-            written[name] = step.node.resource_version
-        elif isinstance(step, UpgradeEvict):
-            name, request = step.node, Evict(step.pod, step.namespace)
-        elif isinstance(step, UpgradeDeletePod):
-            name, request = step.node, DeletePod(step.pod, step.namespace, step.force)
-        else:
-            name = step.node
-            request = replace(
-                _node_event(step.node, step.type, step.reason, step.message, snap, config),
-                tally=count,
-            )
-        actions.append(request)
-        groups.append(name)
-    remembered = replace(memory, patched_nodes={**memory.patched_nodes, **written})
-    return Stage(tuple(actions), concurrent=False, groups=tuple(groups)), remembered
-
-
-def _health_status(summary: HealthSummary) -> dict[str, Any] | None:
-    """Shown once remediation is on or holds a node (NVIDIA's documents: no new field)."""
-    if not summary.enabled and not summary.quarantined:
-        return None
-    return {
-        "enabled": summary.enabled,
-        "unhealthy": summary.unhealthy,
-        "quarantined": summary.quarantined,
-        "limit": summary.limit,
-        "held": list(summary.held),
-        "message": summary.line,
-    }
-
-
-def _node_event(
-    node: str, etype: str, reason: str, message: str, snap: Snapshot, config: OperatorConfig
-) -> Create:
-    about = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}
-    return Create(_event(about, etype, reason, message, snap.stamp, config))
-
-
-def _event(
-    about: Mapping[str, Any],
-    etype: str,
-    reason: str,
-    message: str,
-    stamp_: str,
-    config: OperatorConfig,
-) -> dict[str, Any]:
-    return event_body(
-        about,
-        etype,
-        reason,
-        message,
-        component=EVENT_SOURCE,
-        instance=config.identity,
-        stamp=stamp_,
-    )
-
-
-def _upgrade_status(upgrade: UpgradePlan) -> dict[str, Any]:
+def _upgrade_status(upgrade: UpgradePlan, rollout: RolloutDecision) -> dict[str, Any]:
     s = upgrade.summary
     return {
+        "rollout": rollout.rollout.to_status(iso_time),
         "total": s.total,
         "done": s.done,
         "inProgress": s.in_progress,
@@ -538,5 +494,5 @@ def _status_actions(
         etype = "Warning" if ready["reason"] == "ReconcileFailed" else "Normal"
         about = {"apiVersion": API_VERSION, "kind": KIND, **policy}
         message = ready["message"] or new["state"]
-        actions.append(Create(_event(about, etype, ready["reason"], message, now, config)))
+        actions.append(Create(object_event(about, etype, ready["reason"], message, now, config)))
     return actions, new

@@ -32,9 +32,17 @@ from gpu_operator.controller.pools import (
     label_patch,
 )
 from gpu_operator.controller.readiness import by_owner, daemonset_readiness
+from gpu_operator.controller.rollout_stage import (
+    drivers_synced,
+    renders_stable,
+    retry_requested,
+    rollout_actions,
+    settings_of,
+    with_settings,
+)
 from gpu_operator.controller.snapshot import Snapshot
-from gpu_operator.controller.status import active_policy, condition
-from gpu_operator.events import event_body
+from gpu_operator.controller.status import UPGRADE_FAILED, active_policy, condition, upgrade_failed
+from gpu_operator.events import event_body, iso_time
 from gpu_operator.render.driver import (
     POOL_LABEL,
     ExtraConfig,
@@ -43,7 +51,9 @@ from gpu_operator.render.driver import (
     render_driver,
 )
 from gpu_operator.upgrade import Policy, UpgradePlan, fleet_from_objects, plan
+from gpu_operator.upgrade.canary import CanaryPolicy, Rollout, RolloutDecision, decide_rollout
 from gpu_operator.upgrade.model import scaled_max_unavailable
+from gpu_operator.upgrade.planner import progress
 from gpu_operator.views import pod_ready
 
 EVENT_SOURCE = "gpu-operator"
@@ -125,10 +135,14 @@ def decide_drivers(snap: DriverSnapshot, config: OperatorConfig) -> DriverDecisi
         quarantine_taint=policy.health_remediation.enabled,
     )
     nodes = {n.name: n for n in gpu_nodes}
-    for name, spec in sorted(specs.items()):
+
+    def render(name: str, spec: NVIDIADriverSpec) -> list[dict[str, Any]]:
         meta = by_name[name]["metadata"]
         owner = Owner(api.API_VERSION, api.KIND, name, meta["uid"])
         pools: dict[tuple[str, str | None], Pool] = {}
+        unpooled.pop(name, None)
+        problems.pop(name, None)
+        out: list[dict[str, Any]] = []
         for node_name in assignment.nodes_of(name):
             pool = Pool.of_node(nodes[node_name].labels, bool(spec.use_precompiled), name)
             if pool is None:
@@ -142,8 +156,20 @@ def decide_drivers(snap: DriverSnapshot, config: OperatorConfig) -> DriverDecisi
             except ValueError as err:
                 problems.setdefault(name, []).append(str(err))
                 continue
-            desired += stamp(objects, owner)
+            out += stamp(objects, owner)
+        return out
+
+    # Each NVIDIADriver's rollout (canary, rollback, hold: :mod:`gpu_operator.upgrade.canary`)
+    # picks the settings its pools render: the spec's, or the last good ones.
+    rollouts = _Rollouts(by_name, specs)
+    rendered = {name: render(name, rollouts.spec_for(name)) for name in sorted(specs)}
+    desired = [o for name in sorted(rendered) for o in rendered[name]]
     changes = plan_changes(desired, snap.managed, None, DRIVER_KINDS)
+    rerender = rollouts.decide(snap, rendered, changes.apply, policy)
+    if rerender:
+        rendered.update({name: render(name, rollouts.spec_for(name)) for name in rerender})
+        desired = [o for name in sorted(rendered) for o in rendered[name]]
+        changes = plan_changes(desired, snap.managed, None, DRIVER_KINDS)
     object_stages = [
         Stage(tuple(Apply(o) for o in changes.apply if o["kind"] != "DaemonSet")),
         Stage(tuple(Apply(o) for o in changes.apply if o["kind"] == "DaemonSet")),
@@ -155,19 +181,22 @@ def decide_drivers(snap: DriverSnapshot, config: OperatorConfig) -> DriverDecisi
             for node, value in sorted(assignment.label_patches.items())
         )
     )
-    upgrades = _upgrades(snap, specs, policy, by_name)
+    upgrades = _upgrades(snap, specs, policy, by_name, rollouts.allowed)
     upgrade_stages = [_upgrade_stage(u.plan, base, config) for u in upgrades]
+    upgrade_stages.append(Stage(tuple(rollouts.actions(base.stamp, config))))
     status: list[Action] = []
     for driver in drivers:
         name = driver["metadata"]["name"]
         status += _status_actions(
             driver,
             _driver_status(driver, snap, assignment, problems.get(name), unpooled.get(name),
-                           next((u.plan for u in upgrades if u.driver == name), None), config),
+                           next((u.plan for u in upgrades if u.driver == name), None), config,
+                           rollouts.decisions.get(name)),
             base.stamp,
             config,
         )  # fmt: skip
     deadlines = [u.plan.next_deadline for u in upgrades if u.plan.next_deadline is not None]
+    deadlines += [d.deadline for d in rollouts.decisions.values() if d.deadline is not None]
     stages = [*object_stages, labels, *upgrade_stages, Stage(tuple(status), concurrent=False)]
     return DriverDecision(
         tuple(s for s in stages if s.actions),
@@ -249,6 +278,7 @@ def _upgrades(
     specs: Mapping[str, NVIDIADriverSpec],
     policy: ClusterPolicySpec,
     by_name: Mapping[str, Mapping[str, Any]],
+    allowed: Mapping[str, frozenset[str] | None],
 ) -> list[PoolUpgrade]:
     """Each pool's plan under its own policy, all pools within the cluster-wide budget.
 
@@ -269,7 +299,9 @@ def _upgrades(
             nodes, daemonsets, base.pods, base.revisions, base.workload_pods
         )
         policies[name] = _pool_policy(spec, policy)
-    first = {name: plan(fleets[name], policies[name], base.now) for name in fleets}
+    first = {
+        name: plan(fleets[name], policies[name], base.now, allowed.get(name)) for name in fleets
+    }
     cluster = policy.driver.upgrade_policy
     parallel_left: float = float("inf")
     room_left: float = float("inf")
@@ -285,12 +317,12 @@ def _upgrades(
     # upgrade together instead of the first in name order taking the whole cluster budget.
     want = {n: min(p.summary.budget_slots, p.summary.pending) for n, p in first.items()}
     share = dict.fromkeys(first, 0)
-    allowed = min(parallel_left, room_left)
-    while allowed > 0 and any(share[n] < want[n] for n in share):
+    budget = min(parallel_left, room_left)
+    while budget > 0 and any(share[n] < want[n] for n in share):
         for name in sorted(share):
-            if allowed > 0 and share[name] < want[name]:
+            if budget > 0 and share[name] < want[name]:
                 share[name] += 1
-                allowed -= 1
+                budget -= 1
     out = []
     for name in sorted(fleets):
         summary = first[name].summary
@@ -298,7 +330,7 @@ def _upgrades(
         if share[name] < want[name]:
             capped = summary.unavailable + share[name]
             pool_policy = replace(pool_policy, max_unavailable=capped)
-        out.append(PoolUpgrade(name, plan(fleets[name], pool_policy, base.now)))
+        out.append(PoolUpgrade(name, plan(fleets[name], pool_policy, base.now, allowed.get(name))))
     return out
 
 
@@ -314,6 +346,7 @@ def _driver_status(
     unpooled: Sequence[str] | None,
     upgrade: UpgradePlan | None,
     config: OperatorConfig,
+    rollout: RolloutDecision | None = None,
 ) -> dict[str, Any]:
     name = driver["metadata"]["name"]
     uid = driver["metadata"]["uid"]
@@ -380,7 +413,98 @@ def _driver_status(
                 int(driver["metadata"].get("generation") or 0),
             )
         )
+    if rollout is not None:
+        status["rollout"] = rollout.rollout.to_status(iso_time)
+        failed = upgrade_failed({"rollout": status["rollout"]})
+        if failed is not None:
+            previous = (driver.get("status") or {}).get("conditions") or []
+            generation = int(driver["metadata"].get("generation") or 0)
+            status["conditions"].append(
+                condition(
+                    previous, UPGRADE_FAILED, "True", "CanaryFailed", failed, base.stamp, generation
+                )
+            )
     return status
+
+
+class _Rollouts:
+    """Each NVIDIADriver's canary rollout in one pass: the settings to render, the decision
+    (once the fleet is known), the nodes its plan may touch, its Events."""
+
+    def __init__(
+        self, by_name: Mapping[str, Mapping[str, Any]], specs: Mapping[str, NVIDIADriverSpec]
+    ) -> None:
+        self.by_name, self.specs = by_name, specs
+        self.previous = {
+            name: Rollout.from_status((by_name[name].get("status") or {}).get("rollout"))
+            for name in specs
+        }
+        self.settings = {name: settings_of(spec.to_wire()) for name, spec in specs.items()}
+        self.stable = {
+            name: renders_stable(
+                self.previous[name], self.settings[name], retry_requested(by_name[name])
+            )
+            for name in specs
+        }
+        self.decisions: dict[str, RolloutDecision] = {}
+
+    def spec_for(self, name: str) -> NVIDIADriverSpec:
+        previous = self.previous[name]
+        if not self.stable[name] or previous is None or previous.stable_spec is None:
+            return self.specs[name]
+        wire = with_settings(previous.stable_spec, self.specs[name].upgrade_policy)
+        return parse_driver_spec(wire)
+
+    def decide(
+        self,
+        snap: DriverSnapshot,
+        rendered: Mapping[str, Sequence[Mapping[str, Any]]],
+        applies: Sequence[Mapping[str, Any]],
+        policy: ClusterPolicySpec,
+    ) -> list[str]:
+        """Decide every pool's rollout; the names whose rendered settings must change."""
+        base = snap.base
+        health = {n.name: n.gpu_health for n in base.nodes}
+        changed = []
+        for name, spec in sorted(self.specs.items()):
+            uid = self.by_name[name]["metadata"]["uid"]
+            daemonsets = [d for d in base.daemonsets if uid in _owner_uids_of(d)]
+            members = [n for n in base.nodes if n.labels.get(POOL_LABEL) == name]
+            fleet = fleet_from_objects(
+                members, daemonsets, base.pods, base.revisions, base.workload_pods
+            )
+            mine = {o["metadata"]["name"] for o in rendered[name]}
+            upgrade_policy = spec.upgrade_policy
+            decision = decide_rollout(
+                self.previous[name],
+                CanaryPolicy.from_spec(upgrade_policy.canary if upgrade_policy else None),
+                self.settings[name],
+                progress(fleet),
+                health,
+                retry=retry_requested(self.by_name[name]),
+                now=base.now,
+                synced=drivers_synced(
+                    rendered[name],
+                    [a for a in applies if a["metadata"]["name"] in mine],
+                    daemonsets,
+                ),
+            )
+            self.decisions[name] = decision
+            if decision.render_stable != self.stable[name]:
+                self.stable[name] = decision.render_stable
+                changed.append(name)
+        return changed
+
+    @property
+    def allowed(self) -> dict[str, frozenset[str] | None]:
+        return {name: d.allowed for name, d in self.decisions.items()}
+
+    def actions(self, stamp: str, config: OperatorConfig) -> list[Action]:
+        out: list[Action] = []
+        for name, decision in sorted(self.decisions.items()):
+            about = {"apiVersion": api.API_VERSION, "kind": api.KIND, **self.by_name[name]}
+            out += rollout_actions(decision, about, stamp, config)
+        return out
 
 
 def _conditions(

@@ -20,7 +20,7 @@ from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.driver_decide import DRIVER_KINDS, DriverSnapshot, decide_drivers
 from gpu_operator.controller.execute import Executor
 from gpu_operator.controller.loop import Loop
-from gpu_operator.controller.metrics import PrometheusMetrics
+from gpu_operator.controller.metrics import PrometheusMetrics, count_tallies
 from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.controller.watch import ObjectKey, Watched, owned_children
 from gpu_operator.events import now_iso
@@ -38,6 +38,7 @@ class NVIDIADriverController:
         self.kube = kube
         self.config = config
         self.indexes: Mapping[str, Mapping[ObjectKey, Any]] = {}
+        self.metrics = metrics
         self.executor = Executor(kube, config.write_concurrency, metrics)
         self.loop = Loop("nvidiadriver", self.run_pass, config, metrics)
 
@@ -60,6 +61,7 @@ class NVIDIADriverController:
         snapshot = await self.observe()
         decision = decide_drivers(snapshot, self.config)
         outcomes = await self.executor.run(decision.stages)
+        count_tallies(self.metrics, outcomes)
         refused = [o for o in outcomes if not o.ok and not o.skipped]
         if refused:
             log.info("nvidiadriver pass: %d of %d actions refused", len(refused), len(outcomes))

@@ -3,9 +3,12 @@ process in tests)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gpu_operator.controller.actions import Outcome
 
 
 @dataclass
@@ -66,6 +69,12 @@ class PrometheusMetrics:
             ["action", "outcome"],
             registry=r,
         )
+        self.rollout_failures = Counter(
+            "gpu_operator_driver_rollout_failures",
+            "Driver rollouts stopped and rolled back by a failed canary gate, by gate.",
+            ["gate"],
+            registry=r,
+        )
         self.leader = Gauge(
             "gpu_operator_leader",
             "1 while this replica holds the leader Lease and acts; 0 on a standby.",
@@ -80,3 +89,11 @@ class PrometheusMetrics:
     @property
     def role(self) -> str:
         return "leader" if self.leading else "standby"
+
+
+def count_tallies(metrics: PrometheusMetrics, outcomes: Iterable[Outcome]) -> None:
+    """Count what the pass's successful writes tally (``(counter attribute, labels...)``)."""
+    for outcome in outcomes:
+        tally = getattr(outcome.action, "tally", None)
+        if tally is not None and outcome.ok:
+            getattr(metrics, tally[0]).labels(*tally[1:]).inc()

@@ -12,6 +12,7 @@ from typing import Any
 
 from gpu_operator.api.status import ERROR, NOT_IMPLEMENTED, READY
 from gpu_operator.controller.readiness import DaemonSetReadiness
+from gpu_operator.labels import UPGRADE_RETRY
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,9 @@ def compute_status(obs: Observation, previous: Mapping[str, Any], now: str) -> d
                 "plugin keeps these nodes and DRA is not deployed there",
             )
         )
+    failed = upgrade_failed(obs.upgrade)
+    if failed is not None:
+        conditions.append(cond(UPGRADE_FAILED, "True", "CanaryFailed", failed))
     status: dict[str, Any] = {
         "state": "ready" if ready["status"] == "True" else "notReady",
         "namespace": obs.namespace,
@@ -161,3 +165,20 @@ def active_policy(policies: Sequence[Mapping[str, Any]]) -> str | None:
     )
     name: str = oldest["metadata"]["name"]
     return name
+
+
+UPGRADE_FAILED = "UpgradeFailed"
+
+
+def upgrade_failed(upgrade: Mapping[str, Any] | None) -> str | None:
+    """The message of the ``UpgradeFailed`` condition while a failed canary rollout is rolled
+    back or held (node, gate, reason), else None (no condition)."""
+    rollout = (upgrade or {}).get("rollout") or {}
+    failure = rollout.get("failure")
+    if rollout.get("phase") not in ("rollingBack", "held") or not failure:
+        return None
+    state = "rolling back" if rollout["phase"] == "rollingBack" else "held"
+    return (
+        f"node {failure['node']}, gate {failure['gate']}: {failure['reason']} ({state}; set "
+        f"annotation {UPGRADE_RETRY} to try again, or change the driver)"
+    )

@@ -151,7 +151,7 @@ def _trim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
                 if c.get("type") == "Ready"
             ],
             "containerStatuses": [
-                {"restartCount": c.get("restartCount", 0), "ready": c.get("ready")}
+                {"restartCount": c.get("restartCount", 0), "ready": c.get("ready")} | _waiting(c)
                 for c in status.get("containerStatuses") or ()
             ],
             "initContainerStatuses": [
@@ -160,6 +160,13 @@ def _trim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
             ],
         },
     }
+
+
+def _waiting(container: Mapping[str, Any]) -> dict[str, Any]:
+    """Why a container waits (ImagePullBackOff, CrashLoopBackOff): what a failed rollout's
+    status names."""
+    reason = (((container.get("state") or {}).get("waiting")) or {}).get("reason")
+    return {"state": {"waiting": {"reason": shared(reason)}}} if reason else {}
 
 
 def owned_children(

@@ -7,6 +7,7 @@ a cached build is found without Go installed and without running the script.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -168,7 +169,16 @@ def ensure_project_images(log: IO[str] | None = None) -> list[Path]:
         raise BinariesError("hack/build-components.sh not found (run from the checkout)")
     if shutil.which("buildah") is None:
         raise BinariesError("buildah not found: install Debian's buildah (`make packages`)")
-    return [_run_script("image", log), _run_script("standins", log)]
+    # Two test workers with real nodes may ask at once: one builds, the other then finds the
+    # images current (the build writes into one cache directory).
+    lock_path = _cache_root() / "images.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return [_run_script("image", log), _run_script("standins", log)]
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def ensure_binaries(log: IO[str] | None = None) -> Path:

@@ -25,6 +25,7 @@ from gpu_operator.labels import (
     HEALTH_WAS_CORDONED,
     MIG_RESOURCE_PREFIX,
     REVISION_HASH,
+    UPGRADE_FAILED_TEMPLATE,
     UPGRADE_REQUESTED,
     UPGRADE_SINCE,
     UPGRADE_SKIP,
@@ -126,6 +127,10 @@ class Node:
         return value if math.isfinite(value) else None
 
     @property
+    def failed_template(self) -> str:
+        return self.annotations.get(UPGRADE_FAILED_TEMPLATE, "")
+
+    @property
     def was_cordoned(self) -> bool | None:
         """Whether the node was cordoned before its upgrade began; None when not recorded."""
         value = (self.annotations.get(UPGRADE_WAS_CORDONED) or "").strip().lower()
@@ -149,6 +154,7 @@ class Pod:
     created: float = 0.0
     ready_since: float = 0.0  # when the Ready condition last changed; 0.0 when unknown
     uses_empty_dir: bool = False  # losing the pod loses this data: evicted only when allowed
+    waiting: str = ""  # why a container waits (ImagePullBackOff, CrashLoopBackOff), if one does
 
     @property
     def running(self) -> bool:
@@ -194,6 +200,14 @@ class Pod:
                 default=0.0,
             ),
             uses_empty_dir=any("emptyDir" in v for v in spec.get("volumes") or ()),
+            waiting=next(
+                (
+                    str(reason)
+                    for c in statuses
+                    if (reason := ((c.get("state") or {}).get("waiting") or {}).get("reason"))
+                ),
+                "",
+            ),
         )
 
 
@@ -337,6 +351,7 @@ class SetState:
         annotations: dict[str, str | None] = {UPGRADE_SINCE: str(self.since)}
         if self.state is State.REQUIRED:
             annotations[UPGRADE_REQUESTED] = None  # consumed: asking again means a new run
+            annotations[UPGRADE_FAILED_TEMPLATE] = None
         if self.state is State.DONE:
             annotations[UPGRADE_WAS_CORDONED] = None
         return {
@@ -401,9 +416,12 @@ class Fail:
     node: str
     reason: str
     since: int
+    template: str = ""  # the driver template (revision hash) the node failed to reach
 
     def patch(self) -> dict[str, Any]:
-        return SetState(self.node, State.FAILED, self.since, self.reason).patch()
+        patch = SetState(self.node, State.FAILED, self.since, self.reason).patch()
+        patch["metadata"]["annotations"][UPGRADE_FAILED_TEMPLATE] = self.template or None
+        return patch
 
 
 EventType = Literal["Normal", "Warning"]

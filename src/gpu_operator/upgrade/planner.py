@@ -22,7 +22,7 @@ Budget rules (reference/gpu-facts.md section 6, with NVIDIA's two known flaws av
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpu_operator.labels import VALIDATOR_APP
@@ -89,8 +89,13 @@ class _Ctx:
         return newest is None or pod.revision_hash == newest
 
 
-def plan(fleet: Fleet, policy: Policy, now: float) -> UpgradePlan:
-    """The next steps of the fleet's driver upgrade (see the module docstring for the rules)."""
+def plan(
+    fleet: Fleet, policy: Policy, now: float, allowed: frozenset[str] | None = None
+) -> UpgradePlan:
+    """The next steps of the fleet's driver upgrade (see the module docstring for the rules).
+
+    ``allowed`` (a canary rollout's gate, :mod:`.canary`): only these nodes are marked for,
+    start or restart an upgrade; the others are not written at all (None: every node)."""
     views, notes = _views(fleet)
     ctx = _Ctx(policy, now, dict(fleet.newest_hash), bool(fleet.validator_pods))
     max_unavailable = scaled_max_unavailable(policy.max_unavailable, len(views))
@@ -125,11 +130,17 @@ def plan(fleet: Fleet, policy: Policy, now: float) -> UpgradePlan:
     for view in views:
         if view.state in IN_PROGRESS:
             actions.extend(_advance(view, ctx))
+        elif allowed is not None and view.name not in allowed:
+            continue  # held back by the canary: not written at all
         elif view.state is State.FAILED:
             if view.node.requested:
                 actions.append(
                     SetState(view.name, State.REQUIRED, ctx.stamp, "upgrade requested again")
                 )
+            elif view.node.failed_template not in ("", _target(view, ctx)):
+                # The template changed since it failed (a rollback, a newer version): a new try.
+                reason = "another driver template than the one that failed"
+                actions.append(SetState(view.name, State.REQUIRED, ctx.stamp, reason))
             else:
                 # A failed node recovers once its new driver is Ready and validation agrees (a
                 # node that failed validation must not go back in service on its driver alone);
@@ -414,7 +425,7 @@ def _remove(
     if removal.done:
         return [SetState(view.name, nxt, ctx.stamp, f"{stage} complete")]
     if removal.failure is not None:
-        return [Fail(view.name, removal.failure, ctx.stamp)]
+        return [_fail(view, ctx, removal.failure)]
     return list(removal.requests)
 
 
@@ -437,10 +448,10 @@ def _pod_restart(view: _NodeView, ctx: _Ctx) -> list[Action]:
     if crashing:
         pod = crashing[0]
         return [
-            Fail(
-                view.name,
+            _fail(
+                view,
+                ctx,
                 f"new driver pod {pod.name} restarted {pod.restart_count} times (limit {limit})",
-                ctx.stamp,
             )
         ]
     if not stale and any(p.ready for p in new):
@@ -448,13 +459,23 @@ def _pod_restart(view: _NodeView, ctx: _Ctx) -> list[Action]:
     if _timed_out(ctx.policy.restart_timeout_s, view, ctx):
         detail = "never appeared" if not new else f"{new[0].name} is {new[0].phase}, not Ready"
         return [
-            Fail(
-                view.name,
+            _fail(
+                view,
+                ctx,
                 f"new driver pod not Ready after {ctx.policy.restart_timeout_s}s: {detail}",
-                ctx.stamp,
             )
         ]
     return [DeletePod(p.name, p.namespace, False, view.name) for p in stale]
+
+
+def _target(view: _NodeView, ctx: _Ctx) -> str:
+    """The driver template the node is to run: its DaemonSet's newest revision."""
+    owners = sorted({p.owner for p in view.drivers if p.owner in ctx.newest})
+    return ctx.newest[owners[0]] if owners else ""
+
+
+def _fail(view: _NodeView, ctx: _Ctx, reason: str) -> Fail:
+    return Fail(view.name, reason, ctx.stamp, _target(view, ctx))
 
 
 def _new_driver(view: _NodeView, ctx: _Ctx) -> Pod | None:
@@ -487,6 +508,12 @@ def _validation(view: _NodeView, ctx: _Ctx) -> list[Action]:
     validated, stale = _validity(view, ctx)
     if validated:
         return [SetState(view.name, State.UNCORDON, ctx.stamp, "validated")]
+    live = [p for p in view.drivers if not p.deleting]
+    if live and not any(ctx.is_current(p) for p in live):
+        # The template moved under the upgrade (a canary rolled back, a newer version): the
+        # driver pod is replaced again, with that one.
+        reason = "driver template changed during validation"
+        return [SetState(view.name, State.POD_RESTART, ctx.stamp, reason)]
     timeout = ctx.policy.validation_timeout_s
     if _timed_out(timeout, view, ctx):
         what = (
@@ -494,7 +521,7 @@ def _validation(view: _NodeView, ctx: _Ctx) -> list[Action]:
             if _new_driver(view, ctx)
             else "no Ready driver pod of the new version"
         )
-        return [Fail(view.name, f"{what} after {timeout}s", ctx.stamp)]
+        return [_fail(view, ctx, f"{what} after {timeout}s")]
     return [DeletePod(p.name, p.namespace, False, view.name) for p in stale]
 
 
@@ -516,3 +543,37 @@ def _uncordon(view: _NodeView, ctx: _Ctx) -> list[Action]:
     actions.append(SetState(node.name, State.DONE, ctx.stamp, "upgraded"))
     actions.append(Event(node.name, "Normal", "DriverUpgraded", "driver upgrade done"))
     return actions
+
+
+@dataclass(frozen=True)
+class NodeProgress:
+    """One managed node as a rollout sees it."""
+
+    name: str
+    state: State
+    current: bool  # runs the newest driver template and needs nothing
+    ready: bool
+    labels: Mapping[str, str]
+    since: float | None  # when it entered its state
+    driver_waiting: str = ""  # why its newest driver pod's container waits, if it does
+
+
+def progress(fleet: Fleet) -> list[NodeProgress]:
+    """Every managed node's upgrade state and whether it is on the newest template."""
+    views, _ = _views(fleet)
+    out = []
+    for view in views:
+        newest = [p for p in view.drivers if not p.deleting]
+        waiting = next((p.waiting for p in newest if p.waiting), "")
+        out.append(
+            NodeProgress(
+                view.name,
+                view.state,
+                not view.needs_upgrade and view.state in (State.UNKNOWN, State.DONE),
+                view.node.ready,
+                view.node.labels,
+                view.node.since,
+                waiting,
+            )
+        )
+    return out

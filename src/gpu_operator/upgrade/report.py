@@ -10,6 +10,7 @@ from typing import Any
 
 from gpu_operator.labels import (
     DRIVER_POOL,
+    UPGRADE_RETRY,
     UPGRADE_SINCE,
     UPGRADE_SKIP,
     UPGRADE_STATE,
@@ -56,6 +57,7 @@ def pool_report(
         conditions = (driver.get("status") or {}).get("conditions") or []
         line = next((c.get("message") for c in conditions if c.get("type") == "Upgrade"), "")
         summary = {
+            "rollout": (driver.get("status") or {}).get("rollout"),
             # No state: never needed an upgrade (the planner counts it done too).
             "done": sum(1 for s in states if s in (None, "", "upgrade-done")),
             "failed": sum(1 for s in states if s == "upgrade-failed"),
@@ -101,4 +103,32 @@ def status_report(
     )
     if summary.get("message"):
         lines.append(str(summary["message"]))
+    if summary.get("rollout"):
+        lines.append(rollout_line(summary["rollout"]))
     return "\n".join(lines) + "\n"
+
+
+PHASE_WORDS = {
+    "canary": "canary upgrading",
+    "soaking": "canary soaking",
+    "fleet": "the fleet follows",
+    "rollingBack": "FAILED: rolling the canary back",
+    "held": "FAILED: held",
+    "done": "done",
+}
+
+
+def rollout_line(rollout: Mapping[str, Any]) -> str:
+    """The canary rollout in one line: phase, canary nodes, since, the failed gate, the hold."""
+    phase = str(rollout.get("phase") or "")
+    words = [f"rollout {rollout.get('target', '?')}: {PHASE_WORDS.get(phase, phase)}"]
+    if rollout.get("nodes") and phase != "done":
+        words.append(f"canary {', '.join(rollout['nodes'])}")
+    if rollout.get("since") and phase != "done":
+        words.append(f"since {rollout['since']}")
+    failure = rollout.get("failure")
+    if failure:
+        words.append(f"node {failure['node']}, gate {failure['gate']}: {failure['reason']}")
+    if phase == "held":
+        words.append(f"waiting for a new driver spec or annotation {UPGRADE_RETRY}")
+    return "; ".join(words)

@@ -79,11 +79,14 @@ class World:
     drivers: dict[str, Pod] = field(default_factory=dict)  # by pod name
     workloads: dict[str, Pod] = field(default_factory=dict)
     validators: dict[str, Pod] = field(default_factory=dict)  # by node
-    broken: dict[str, Broken] = field(default_factory=dict)
+    # The driver DaemonSet's newest template: NEW_HASH, or OLD_HASH again after a rollback.
+    newest: str = NEW_HASH
+    broken: dict[str, Broken] = field(default_factory=dict)  # how the NEW_HASH driver fails
     late_at: dict[str, float] = field(default_factory=dict)
     pdb_until: dict[str, float] = field(default_factory=dict)  # pod -> evictions refused until
     # records for assertions and figures
     driver_deletions: Counter[str] = field(default_factory=Counter, init=False)
+    new_drivers: Counter[str] = field(default_factory=Counter, init=False)  # NEW_HASH pods made
     transitions: dict[str, list[tuple[float, str]]] = field(default_factory=dict, init=False)
     events: list[Event] = field(default_factory=list, init=False)
     rng: random.Random = field(init=False)
@@ -164,7 +167,7 @@ class World:
             tuple(self.drivers.values()),
             tuple(self.workloads.values()),
             tuple(self.validators.values()),
-            {DRIVER_DS: NEW_HASH},
+            {DRIVER_DS: self.newest},
         )
 
     def next_timer(self) -> float | None:
@@ -225,6 +228,8 @@ class World:
 
     def _new_driver(self, node: str, revision: str, *, ready: bool, created: float) -> Pod:
         self._generation[node] += 1
+        if revision == NEW_HASH and created >= 0:
+            self.new_drivers[node] += 1
         pod = Pod(
             f"driver-{node}-{self._generation[node]}",
             NAMESPACE,
@@ -284,8 +289,8 @@ class World:
 
         def replaced() -> None:
             self.drivers.pop(name, None)
-            new = self._new_driver(node, NEW_HASH, ready=False, created=self.now)
-            kind = self.broken.get(node)
+            new = self._new_driver(node, self.newest, ready=False, created=self.now)
+            kind = self.broken.get(node) if self.newest == NEW_HASH else None
             if kind == "pending":
                 return
             if kind == "crashloop":
@@ -323,7 +328,8 @@ class World:
 
     def _validate(self, node: str) -> None:
         """The node's validator turns Ready ``validator_s`` from now (unless it is broken)."""
-        if node not in self.validators or self.broken.get(node) == "validator":
+        on_new = any(p.node == node and p.revision_hash == NEW_HASH for p in self.drivers.values())
+        if node not in self.validators or (on_new and self.broken.get(node) == "validator"):
             return
         name = self.validators[node].name
 

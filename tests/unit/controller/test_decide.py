@@ -493,15 +493,8 @@ def test_an_unhealthy_gpu_node_is_quarantined_in_one_json_patch_counted_and_repo
     snap = replace(snap, nodes=(sick, snap.nodes[1]), changed_nodes=frozenset({sick.name}))
     decision = decide(snap, memory, CONFIG)
     (patch,) = patches(decision, "health")
-    assert (
-        patch.name == "gpu-1"
-        and patch.patch_type == "json"
-        and patch.tally
-        == (
-            "quarantine",
-            "started",
-        )
-    )
+    assert (patch.name, patch.patch_type) == ("gpu-1", "json")
+    assert patch.tally == ("remediations", "quarantine", "started")
     assert ("Warning", "GPUQuarantined") in events(decision)
     status = status_of(decision)["healthRemediation"]
     assert status["unhealthy"] == 1 and status["limit"] == 1 and status["enabled"] is True

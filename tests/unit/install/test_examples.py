@@ -236,6 +236,7 @@ def test_upgrade_policy_fields_are_nvidia_s_spelling() -> None:
         "waitForCompletion",
         "podDeletion",
         "drain",
+        "canary",  # gpu-operator's own
     }
 
 

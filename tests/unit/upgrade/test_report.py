@@ -39,3 +39,26 @@ def test_report_lists_managed_nodes_with_time_in_state() -> None:
     assert "cpu-a" not in "\n".join(out)
     assert out[-2].endswith("1/2 done (50%)")
     assert out[-1] == "1/2 done"
+
+
+def test_a_held_canary_rollout_says_node_gate_reason_and_how_to_go_on() -> None:
+    from gpu_operator.upgrade.report import status_report
+
+    status = {
+        "upgrade": {
+            "done": 3,
+            "total": 3,
+            "rollout": {
+                "phase": "held",
+                "target": "abc123",
+                "nodes": ["gpu-0"],
+                "since": "2026-11-27T10:00:00Z",
+                "failure": {"node": "gpu-0", "gate": "driver", "reason": "ImagePullBackOff"},
+            },
+        }
+    }
+    text = status_report([], status, now=0.0)
+    line = text.splitlines()[-1]
+    assert "FAILED: held" in line and "canary gpu-0" in line
+    assert "node gpu-0, gate driver: ImagePullBackOff" in line
+    assert "nvidia.com/gpu-driver-upgrade.retry" in line
