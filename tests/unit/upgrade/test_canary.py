@@ -149,24 +149,34 @@ def test_the_status_form_round_trips() -> None:
 
 
 def run(
-    world: World, policy: Policy, canary: CanaryPolicy, until: float
+    world: World,
+    policy: Policy,
+    canary: CanaryPolicy,
+    until: float,
+    kills: frozenset[int] = frozenset(),
 ) -> tuple[Rollout, list[int]]:
     """The operator's loop around the World with a canary: the rollout picks the template the
     DaemonSet carries (NEW, or OLD again while rolling back or held) and the nodes the planner
-    may touch."""
+    may touch. On a pass in ``kills`` the operator dies after applying the DaemonSet and half of
+    the pass's node writes: the rollout's new status is lost, the next pass starts from the old."""
     rollout = SETTLED
     in_progress: list[int] = []
     now = 0.0
+    passes = 0
     while now <= until:
         world.advance(now)
         decision = decide_rollout(
             rollout, canary, NEW, progress(world.observe()), {}, retry=False, now=now
         )
-        rollout = decision.rollout
         world.newest = OLD_HASH if decision.render_stable else NEW_HASH
         fleet = world.observe()
         step = plan(fleet, policy, now, decision.allowed)
-        world.apply(step.actions)
+        if passes in kills:
+            world.apply(step.actions[: len(step.actions) // 2])
+        else:
+            world.apply(step.actions)
+            rollout = decision.rollout
+        passes += 1
         in_progress.append(
             sum(1 for n in world.nodes.values() if n.state_label in {s.value for s in IN_PROGRESS})
         )
@@ -208,13 +218,15 @@ def scenarios(draw: st.DrawFn) -> tuple[World, Policy, CanaryPolicy, set[str]]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(scenarios())
+@given(scenarios(), st.frozensets(st.integers(0, 80), max_size=6))
 def test_a_failed_version_never_leaves_the_canary_and_a_good_one_reaches_every_node(
-    scenario: tuple[World, Policy, CanaryPolicy, set[str]],
+    scenario: tuple[World, Policy, CanaryPolicy, set[str]], kills: frozenset[int]
 ) -> None:
+    """Also with the operator killed mid-pass at random passes (any phase: canary, soaking,
+    rolling back, held), its status write lost."""
     world, policy, canary, broken_canary = scenario
     canary_nodes = set(choose_canary([node(n) for n in world.nodes], canary))
-    rollout, in_progress = run(world, policy, canary, until=20_000)
+    rollout, in_progress = run(world, policy, canary, until=20_000, kills=kills)
     assert max(in_progress) <= policy.max_parallel_upgrades
     if broken_canary:
         assert rollout.phase == "held" and rollout.failure is not None
