@@ -10,8 +10,8 @@ ifndef SEED
 SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 endif
 # Tests run on JOBS pytest-xdist workers, each taking whole groups (tests/conftest.py: a module,
-# or every real-node test together); the long e2e groups mostly wait on clusters, so 3 workers
-# beat 2 cores. JOBS=0 runs in this process.
+# the real-node tests on the shared real-node cluster, or those starting their own); the long
+# e2e groups mostly wait on clusters, so 3 workers beat 2 cores. JOBS=0 runs in this process.
 JOBS ?= 3
 PYTEST := $(BIN)/pytest -q -p randomly --randomly-seed=$(SEED) -n $(JOBS)
 
