@@ -15,7 +15,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpu_operator.agent import kube
@@ -31,6 +30,7 @@ from gpu_operator.agent.gpuhealth.settings import HealthSettings
 from gpu_operator.agent.gpuhealth.state import GpuHealth, observe, unhealthy
 from gpu_operator.agent.inventory import Inventory, XidEvent
 from gpu_operator.agent.nvml.health import HealthReading
+from gpu_operator.events import iso_time
 from gpu_operator.labels import GPU_HEALTHY_CONDITION, HEALTH_RESET_DONE
 from gpu_operator.views import NodeView
 
@@ -76,10 +76,6 @@ class KubeNode:
         kube.record_node_event(
             self.api, self.node, etype, reason, message, component=self.component
         )
-
-
-def _iso(epoch_s: float) -> str:
-    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class HealthMonitor:
@@ -191,7 +187,7 @@ class HealthMonitor:
         with self._lock:
             desired, current, answer = self._desired, self._current, self._answer
         if desired is not None:
-            entry = condition_entry(desired, current, _iso(now))
+            entry = condition_entry(desired, current, iso_time(now))
             if entry is not None:
                 self.node.write_condition(entry)
                 with self._lock:
