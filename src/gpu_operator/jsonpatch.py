@@ -54,3 +54,16 @@ def map_ops(
 def pointer(key: str) -> str:
     """A label key as a JSON-pointer segment (RFC 6901)."""
     return key.replace("~", "~0").replace("/", "~1")
+
+
+def merge_patch_to(current: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns ``current`` into exactly ``new``: keys that
+    are gone are sent as null (a plain ``new`` would leave them, merged, in nested maps)."""
+    patch: dict[str, Any] = {k: None for k in current if k not in new}
+    for key, value in new.items():
+        old = current.get(key)
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            patch[key] = merge_patch_to(old, value)
+        else:
+            patch[key] = value
+    return patch

@@ -49,6 +49,7 @@ from gpu_operator.controller.rollout_stage import (
 from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.controller.status import Observation, active_policy, compute_status
 from gpu_operator.events import iso_time
+from gpu_operator.jsonpatch import merge_patch_to
 from gpu_operator.labels import APPLIED_HASH
 from gpu_operator.remediation import (
     HealthSummary,
@@ -487,7 +488,8 @@ def _status_actions(
     if new == current:
         return [], new
     name = policy["metadata"]["name"]
-    actions: list[Action] = [Patch(KIND, name, {"status": new}, "status", subresource="status")]
+    body = {"status": merge_patch_to(current, new)}  # exactly ``new``: stale keys go too
+    actions: list[Action] = [Patch(KIND, name, body, "status", subresource="status")]
     ready = new["conditions"][0]
     previous = (current.get("conditions") or [{}])[0].get("reason")
     if ready["reason"] != previous:

@@ -43,6 +43,7 @@ from gpu_operator.controller.rollout_stage import (
 from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.controller.status import UPGRADE_FAILED, active_policy, condition, upgrade_failed
 from gpu_operator.events import event_body, iso_time
+from gpu_operator.jsonpatch import merge_patch_to
 from gpu_operator.render.driver import (
     POOL_LABEL,
     ExtraConfig,
@@ -533,7 +534,8 @@ def _status_actions(
     if new == current:
         return []
     name = driver["metadata"]["name"]
-    actions: list[Action] = [Patch(api.KIND, name, {"status": new}, "status", subresource="status")]
+    body = {"status": merge_patch_to(current, new)}  # exactly ``new``: stale keys go too
+    actions: list[Action] = [Patch(api.KIND, name, body, "status", subresource="status")]
     before = {c["type"]: c for c in current.get("conditions") or []}
     about = {"apiVersion": api.API_VERSION, "kind": api.KIND, **driver}
     for cond in new["conditions"]:

@@ -46,6 +46,7 @@ from gpu_operator.controller.nodes import is_gpu_node
 from gpu_operator.controller.plan import Owner, content_hash, finalizer_body, stamp
 from gpu_operator.controller.status import active_policy, condition
 from gpu_operator.events import event_body, now_iso
+from gpu_operator.jsonpatch import merge_patch_to
 from gpu_operator.kube import Kube
 from gpu_operator.labels import DEPLOY_PREFIX
 from gpu_operator.render.facts import Facts
@@ -366,8 +367,10 @@ class GPUClusterController:
                     raise
         by_name = {c["metadata"]["name"]: c for c in snap.clusters}
         for name, status in decision.statuses.items():
-            if (by_name.get(name) or {}).get("status") != status:
-                self.kube.merge_patch(KIND, name, {"status": status}, subresource="status")
+            current = (by_name.get(name) or {}).get("status") or {}
+            if current != status:
+                body = {"status": merge_patch_to(current, status)}
+                self.kube.merge_patch(KIND, name, body, subresource="status")
         for event in decision.events:
             try:
                 self.kube.create(event)
