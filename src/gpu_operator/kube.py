@@ -393,17 +393,7 @@ class Kube:
         *,
         subresource: str | None = None,
     ) -> dict[str, Any]:
-        path = KINDS[kind].item(name, namespace)
-        if subresource:
-            path += f"/{subresource}"
-        result: dict[str, Any] = self.request(
-            "PATCH",
-            path,
-            query={"fieldManager": FIELD_MANAGER},
-            body=dict(patch),
-            content_type="application/merge-patch+json",
-        )
-        return result
+        return self._patch(kind, name, patch, namespace, subresource, "merge-patch")
 
     def strategic_patch(
         self,
@@ -417,6 +407,17 @@ class Kube:
         """A strategic merge patch (built-in kinds only): lists such as a Node's
         ``status.conditions`` merge by their key (``type``) instead of being replaced, so one
         writer's entry leaves the others' alone."""
+        return self._patch(kind, name, patch, namespace, subresource, "strategic-merge-patch")
+
+    def _patch(
+        self,
+        kind: str,
+        name: str,
+        patch: Mapping[str, Any],
+        namespace: str | None,
+        subresource: str | None,
+        flavour: str,
+    ) -> dict[str, Any]:
         path = KINDS[kind].item(name, namespace)
         if subresource:
             path += f"/{subresource}"
@@ -425,7 +426,7 @@ class Kube:
             path,
             query={"fieldManager": FIELD_MANAGER},
             body=dict(patch),
-            content_type="application/strategic-merge-patch+json",
+            content_type=f"application/{flavour}+json",
         )
         return result
 
