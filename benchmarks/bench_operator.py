@@ -64,9 +64,25 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def peak_rss_mib(pid: int) -> float:
+def cpu_by_thread(pid: int) -> collections.Counter[str]:
+    """CPU-seconds so far per thread name: the operator names its watch threads and its event
+    loop; the others (asyncio's workers, which make the requests, the Lease's) keep the
+    process's name."""
+    counts: collections.Counter[str] = collections.Counter()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        counts[name] += (int(fields[11]) + int(fields[12])) / TICKS
+    return counts
+
+
+def peak_rss_mib(pid: int, field: str = "VmHWM") -> float:
+    """The process's peak resident set (``VmRSS``: the current one), MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -173,7 +189,7 @@ class Profiler:
         self.file = self.out / f"{name}.txt"
         self.proc = subprocess.Popen(
             [_py_spy(), "record", "--pid", str(self.pid), "--format", "raw", "--rate", "50",
-             "--nonblocking", "-o", str(self.file)],
+             "--nonblocking", "--gil", "-o", str(self.file)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
 
@@ -266,6 +282,7 @@ def run_size(gpu_nodes: int, steady: float, profile: Path | None) -> Result:
                 time.sleep(0.2)
             time.sleep(2)
             cpu_idle = cpu_seconds(proc.pid)
+            threads_idle = cpu_by_thread(proc.pid)
             profiler.start("converging")
             labelled = LabelledNodes(kube, gpu_nodes)
             start_wall, start = now(), time.monotonic()
@@ -282,7 +299,17 @@ def run_size(gpu_nodes: int, steady: float, profile: Path | None) -> Result:
             if ready_at is None or labelled_at is None:
                 raise SystemExit(f"[{gpu_nodes}] did not converge within 1800 s")
             cpu_converge = cpu_seconds(proc.pid) - cpu_idle
+            by_thread = cpu_by_thread(proc.pid)
+            by_thread.subtract(threads_idle)
+            print(
+                f"[{gpu_nodes}] CPU-s converging by thread: "
+                + ", ".join(f"{n} {s:.2f}" for n, s in by_thread.most_common() if s >= 0.01)
+            )
             load_converged = os.getloadavg()[0]
+            print(
+                f"[{gpu_nodes}] RSS at ready {peak_rss_mib(proc.pid, 'VmRSS'):.0f} MiB, "
+                f"peak so far {peak_rss_mib(proc.pid):.0f} MiB"
+            )
             profiler.stop()
             time.sleep(2)
             writes = audit_writes(cluster, USER, start_wall)

@@ -18,7 +18,12 @@ REAL_NODE_MODULES = "test_real_"  # every test on real kubelet nodes lives in a 
 # (`real_cluster`): they run as a second group, beside the first, so the two halves of the
 # real-node tests (the suite's longest path) overlap. Each cluster takes its own bridge subnet.
 OWN_REAL_CLUSTERS = frozenset(
-    {"test_real_demo.py", "test_real_operator.py", "test_real_nodes_lifecycle.py"}
+    {
+        "test_real_demo.py",
+        "test_real_operator.py",
+        "test_real_nodes_lifecycle.py",
+        "test_real_canary.py",
+    }
 )
 # The longest groups (minutes each), handed out first so that none waits behind another.
 LONGEST_FIRST = (

@@ -8,12 +8,14 @@ parsing raw objects its own way.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from gpu_operator.labels import GPU_HEALTHY_CONDITION, REVISION_HASH
+
+T = TypeVar("T")
 
 
 def string_map(value: Any) -> dict[str, str]:
@@ -37,6 +39,31 @@ def shared_map(value: Any, *, values: bool = True) -> dict[str, str]:
         sys.intern(str(k)): sys.intern(str(v)) if values else str(v)
         for k, v in (value or {}).items()
     }
+
+
+_TREES: dict[Any, Any] = {}
+MAX_SHARED_TREES = 20_000  # distinct label maps and statuses; a bound, not a working size
+
+
+def shared_tree(value: T) -> T:
+    """One object for all equal copies of ``value`` (a JSON-like map or list, never changed
+    once kept): the pods of one DaemonSet carry the same labels, owner reference and container
+    statuses, a few hundred bytes each per pod that all but one copy need not hold."""
+    key = _frozen(value)
+    kept = _TREES.get(key)
+    if kept is None:
+        if len(_TREES) >= MAX_SHARED_TREES:
+            _TREES.clear()  # churn (revisions come and go): start again
+        kept = _TREES[key] = value
+    return cast(T, kept)
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, dict):
+        return (dict, tuple(sorted((k, _frozen(v)) for k, v in value.items())))
+    if isinstance(value, list):
+        return (list, tuple(_frozen(v) for v in value))
+    return (type(value), value)  # True and 1 are equal, but not the same value
 
 
 @dataclass(frozen=True)
@@ -133,6 +160,37 @@ def owner_uids(obj: Mapping[str, Any], kind: str | None = None) -> tuple[str, ..
     """The uids in ``obj``'s ownerReferences (only those of ``kind`` when given)."""
     refs = (obj.get("metadata") or {}).get("ownerReferences") or ()
     return tuple(r.get("uid", "") for r in refs if kind is None or r.get("kind") == kind)
+
+
+class Kept(dict[str, Any]):
+    """What the operator's index keeps of one object. A kept object is never changed (a change
+    stores a new one), so what passes derive from it is derived once and remembered on it
+    (:func:`derived`), instead of again by every pass over thousands of pods."""
+
+    __slots__ = ("_derived",)
+    _derived: dict[Callable[..., Any], Any]
+
+
+def derived(obj: Mapping[str, Any], fn: Callable[[Mapping[str, Any]], T]) -> T:
+    """``fn(obj)``, remembered on ``obj`` when it is :class:`Kept` (``fn`` must be pure)."""
+    if not isinstance(obj, Kept):
+        return fn(obj)
+    try:
+        memo = obj._derived
+    except AttributeError:
+        memo = obj._derived = {}
+    if fn not in memo:
+        memo[fn] = fn(obj)
+    return cast(T, memo[fn])
+
+
+def _daemonset_owner_uids(obj: Mapping[str, Any]) -> tuple[str, ...]:
+    return owner_uids(obj, "DaemonSet")
+
+
+def daemonset_owners(obj: Mapping[str, Any]) -> tuple[str, ...]:
+    """The uids of the DaemonSets that own ``obj`` (:func:`derived` once per kept object)."""
+    return derived(obj, _daemonset_owner_uids)
 
 
 def parse_time(value: str | None) -> float:

@@ -15,13 +15,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client as k8s
 from kubernetes.stream import stream
 
 from gpu_operator import testenv
 from gpu_operator.controller.runner import OperatorThread
 from gpu_operator.kube import Kube
-from tests.e2e.support import NotYet, service_account_config, start_operator, wait_for
+from tests.e2e.support import (
+    NotYet,
+    policy_status,
+    service_account_config,
+    start_operator,
+    wait_for,
+)
+from tests.paths import REPO
 
 NS = "gpu-operator"
 POLICY = "cluster-policy"
@@ -341,3 +349,53 @@ def check_mig_reconfiguration(stack: Stack, node: str) -> None:
             "Node", node, {"metadata": {"labels": {"nvidia.com/mig.config": "all-disabled"}}}
         )
         wait_for("MIG disabled again", mig_disabled, timeout=300)
+
+
+def example_policy() -> dict[str, Any]:
+    """The example, with GPU health remediation on (short delays): every real-stack test also
+    shows that MIG changes, MPS and driver upgrades raise no false quarantine."""
+    doc: dict[str, Any] = yaml.safe_load((REPO / "examples" / "clusterpolicy.yaml").read_text())
+    doc["spec"]["healthRemediation"] = {
+        "enabled": True,
+        "maxUnavailable": 1,
+        "recoveryDelay": "5s",
+        "signals": {"quietPeriod": "3s"},
+    }
+    return doc
+
+
+def drivers_ready(stack: Stack) -> bool | NotYet:
+    """One Ready driver pod on each real node."""
+    for n in stack.cluster.real_nodes:
+        pods = pods_on(stack, "nvidia-driver-daemonset", n)
+        if len([p for p in pods if ready(p)]) != 1:
+            return NotYet({n: phases(pods)})
+    return True
+
+
+def driver_pod(stack: Stack, node: str) -> dict[str, Any] | None:
+    """``node``'s one driver pod that is not going away, if there is exactly one."""
+    pods = [
+        p
+        for p in pods_on(stack, "nvidia-driver-daemonset", node)
+        if not p["metadata"].get("deletionTimestamp")
+    ]
+    return pods[0] if len(pods) == 1 else None
+
+
+def on_version(stack: Stack, node: str, version: str) -> bool | NotYet:
+    """``node``'s driver pod Ready on ``version`` and the node in service."""
+    pod = driver_pod(stack, node)
+    spec = (stack.kube.get("Node", node) or {}).get("spec") or {}
+    image = pod["spec"]["containers"][0]["image"] if pod else None
+    if pod and ready(pod) and version in str(image) and not spec.get("unschedulable"):
+        return True
+    return NotYet(
+        {"image": image, "ready": bool(pod and ready(pod)), "cordoned": spec.get("unschedulable")}
+    )
+
+
+def rollout_in(stack: Stack, phase: str) -> dict[str, Any] | NotYet:
+    """The driver rollout's status once it is in ``phase``."""
+    rollout = (policy_status(stack.kube, POLICY).get("upgrade") or {}).get("rollout") or {}
+    return rollout if rollout.get("phase") == phase else NotYet(rollout)

@@ -10,7 +10,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -194,11 +194,25 @@ def audit_writes(
     """Write requests ``username`` (None: anyone) made since ``since`` (to ``resource``, as
     (plural, name), when given; a name of None: any object of that plural), from the
     apiserver's audit log."""
+    return audit_requests(cluster, username, since, resource=resource, verbs=WRITE_VERBS)
+
+
+def audit_requests(
+    cluster: testenv.Cluster,
+    username: str | None,
+    since: datetime,
+    *,
+    resource: tuple[str, str | None] | None = None,
+    verbs: Collection[str] | None = None,
+) -> list[Mapping[str, Any]]:
+    """Requests (of ``verbs``; None: any) as :func:`audit_writes` selects them."""
     out = []
     with cluster.audit_log.open() as log:
         for line in log:
             event = json.loads(line)
-            if event.get("stage") != "ResponseComplete" or event.get("verb") not in WRITE_VERBS:
+            if event.get("stage") != "ResponseComplete":
+                continue
+            if verbs is not None and event.get("verb") not in verbs:
                 continue
             if username is not None and event.get("user", {}).get("username") != username:
                 continue

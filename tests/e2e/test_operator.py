@@ -23,6 +23,7 @@ from gpu_operator.labels import OWNED_ANNOTATION
 from tests import prerequisites
 from tests.e2e.support import (
     NotYet,
+    audit_requests,
     audit_writes,
     now,
     policy_ready,
@@ -340,7 +341,8 @@ def test_restart_converges_without_duplicates(env: Env) -> None:
 @pytest.mark.operator(resync_seconds=RESYNC_S)
 def test_steady_state_is_silent(env: Env) -> None:
     """Once ready, passes (resyncs every RESYNC_S, each looking at everything) write nothing
-    but the leader Lease's renewals."""
+    but the leader Lease's renewals, and read nothing: what the operator knows comes from its
+    watches (GPUClusters included), not from polling."""
 
     def completed() -> float:
         registry = env.operator.metrics.registry
@@ -363,6 +365,18 @@ def test_steady_state_is_silent(env: Env) -> None:
     assert others == [], [(w["verb"], w["objectRef"]) for w in others]
     leases = {w["objectRef"].get("name") for w in writes} - {None}
     assert leases <= {"gpu-operator-leader"}  # leadership renewals only
+    # Watches end and resume every 5 minutes (kopf's with a list of its CRD). A resync (here
+    # every RESYNC_S, by default every 10 minutes) reads again the one kind it cannot watch:
+    # whether the Prometheus operator's ServiceMonitor CRD exists. Nothing else.
+    reads = [
+        r
+        for r in audit_requests(env.cluster, SA_USER, start)
+        if r["verb"] != "watch"
+        and r["objectRef"]["resource"] != "leases"
+        and not r.get("userAgent", "").startswith("kopf/")
+        and r["objectRef"].get("name") != "servicemonitors.monitoring.coreos.com"
+    ]
+    assert reads == [], [(r["verb"], r["objectRef"]) for r in reads]
 
 
 def test_node_joining_and_losing_its_gpu(env: Env) -> None:

@@ -15,7 +15,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-import yaml
 
 from gpu_operator import testenv
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
@@ -29,16 +28,17 @@ from tests.e2e.stack_support import (
     check_exporter_names_the_gpu_pod,
     check_mig_reconfiguration,
     diagnose,
+    example_policy,
     gpu_pod,
     node_labels,
     phases,
     pods_on,
     ready,
     real_stack,
+    rollout_in,
     wait_all_operands_ready,
 )
-from tests.e2e.support import NotYet, audit_writes, policy_ready, policy_status, wait_for
-from tests.paths import REPO
+from tests.e2e.support import NotYet, audit_writes, policy_ready, wait_for
 
 # The first run builds the image and the stand-ins (minutes; a changed tree rebuilds them).
 pytestmark = [pytest.mark.real_nodes, pytest.mark.timeout(1800)]
@@ -47,24 +47,11 @@ OPERATOR_USER = f"system:serviceaccount:{NS}:gpu-operator"
 UPGRADE_STATE = "nvidia.com/gpu-driver-upgrade-state"
 
 
-def _example_policy() -> dict[str, Any]:
-    """The example, with GPU health remediation on (short delays): every test here also shows
-    that MIG changes, MPS and a driver upgrade raise no false quarantine."""
-    doc: dict[str, Any] = yaml.safe_load((REPO / "examples" / "clusterpolicy.yaml").read_text())
-    doc["spec"]["healthRemediation"] = {
-        "enabled": True,
-        "maxUnavailable": 1,
-        "recoveryDelay": "5s",
-        "signals": {"quietPeriod": "3s"},
-    }
-    return doc
-
-
 @pytest.fixture(scope="module")
 def stack(
     real_cluster: testenv.Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    with real_stack(real_cluster, _example_policy(), tmp_path_factory) as running:
+    with real_stack(real_cluster, example_policy(), tmp_path_factory) as running:
         yield running
 
 
@@ -235,7 +222,7 @@ def test_a_driver_upgrade_rolls_across_the_real_nodes(stack: Stack) -> None:
     nodes = stack.cluster.real_nodes
     policy = stack.kube.get("ClusterPolicy", POLICY) or {}
     current = policy["spec"]["driver"]["version"]
-    first = _example_policy()["spec"]["driver"]["version"]
+    first = example_policy()["spec"]["driver"]["version"]
     target = UPGRADE_DRIVER_VERSION if current != UPGRADE_DRIVER_VERSION else first
 
     def driver(node: str) -> dict[str, Any] | None:
@@ -332,106 +319,9 @@ def test_a_driver_upgrade_rolls_across_the_real_nodes(stack: Stack) -> None:
         others = {n: states[n] for n in nodes}
         assert all(v in ("", "upgrade-done") for v in others.values()), others
     # (the pass after the last node's says so)
-    wait_for("the rollout done", lambda: _rollout_in(stack, "done"), timeout=60)
+    wait_for("the rollout done", lambda: rollout_in(stack, "done"), timeout=60)
     wait_for(
         "ClusterPolicy ready again",
         lambda: policy_ready(stack.kube, POLICY),
         timeout=300,
     )
-
-
-def test_a_driver_that_cannot_be_pulled_is_rolled_back_on_its_canary_alone(stack: Stack) -> None:
-    """A version whose image does not exist: the canary's new driver pod sits in ImagePullBackOff,
-    the gate fails at its timeout, the canary is rolled back to the old driver and is in service
-    again, the status and an Event name the reason, nothing else is written to; then the spec
-    going back to the running version ends the hold."""
-    nodes = stack.cluster.real_nodes
-    kube = stack.kube
-    wait_for("a Ready driver on each real node", lambda: _drivers_ready(stack), timeout=420)
-    policy = kube.get("ClusterPolicy", POLICY) or {}
-    current = policy["spec"]["driver"]["version"]
-    before = {n: _driver_pod(stack, n) for n in nodes}
-    canary = {"nodeSelector": {"kubernetes.io/hostname": nodes[0]}, "soak": "5s", "timeout": "30s"}
-    upgrade_policy = {"maxParallelUpgrades": 1, "maxUnavailable": "100%", "canary": canary}
-    since = datetime.now(UTC)
-    kube.merge_patch(
-        "ClusterPolicy",
-        POLICY,
-        {"spec": {"driver": {"version": "999.0.1", "upgradePolicy": upgrade_policy}}},
-    )
-    try:
-        held = wait_for(
-            "the canary failed, rolled back, held", lambda: _rollout_in(stack, "held"), timeout=360
-        )
-        failure = held["failure"]
-        assert failure["node"] == nodes[0] and failure["gate"] == "driver", failure
-        assert "ImagePullBackOff" in failure["reason"] or "ErrImagePull" in failure["reason"], (
-            failure
-        )
-        conditions = {c["type"]: c for c in policy_status(kube, POLICY)["conditions"]}
-        assert conditions["UpgradeFailed"]["status"] == "True"
-        assert "ImagePull" in conditions["UpgradeFailed"]["message"]
-        wait_for(
-            f"{nodes[0]} back on {current}, in service",
-            lambda: _on_version(stack, nodes[0], current),
-            timeout=240,
-        )
-        events = [
-            e["reason"]
-            for e in kube.list_objects("Event", "default")
-            if (e.get("involvedObject") or {}).get("kind") == "ClusterPolicy"
-        ]
-        assert "UpgradeFailed" in events and "RolledBack" in events, events
-        # Nothing but the canary was written to: the other nodes, their driver pods.
-        for name in stack.kube.list_objects("Node"):
-            if name["metadata"]["name"] == nodes[0]:
-                continue
-            node_name = name["metadata"]["name"]
-            assert not audit_writes(
-                stack.cluster, OPERATOR_USER, since, resource=("nodes", node_name)
-            ), node_name
-        for node_name, pod in before.items():
-            if node_name != nodes[0] and pod is not None:
-                pod_name = pod["metadata"]["name"]
-                assert not audit_writes(
-                    stack.cluster, OPERATOR_USER, since, resource=("pods", pod_name)
-                ), pod_name
-                assert (_driver_pod(stack, node_name) or {}).get("metadata", {}).get("uid") == pod[
-                    "metadata"
-                ]["uid"]
-    finally:
-        kube.merge_patch("ClusterPolicy", POLICY, {"spec": {"driver": {"version": current}}})
-    wait_for("the hold ended by the spec", lambda: _rollout_in(stack, "done"), timeout=240)
-
-
-def _drivers_ready(stack: Stack) -> bool | NotYet:
-    for n in stack.cluster.real_nodes:
-        pods = pods_on(stack, "nvidia-driver-daemonset", n)
-        if len([p for p in pods if ready(p)]) != 1:
-            return NotYet({n: phases(pods)})
-    return True
-
-
-def _driver_pod(stack: Stack, node: str) -> dict[str, Any] | None:
-    pods = [
-        p
-        for p in pods_on(stack, "nvidia-driver-daemonset", node)
-        if not p["metadata"].get("deletionTimestamp")
-    ]
-    return pods[0] if len(pods) == 1 else None
-
-
-def _on_version(stack: Stack, node: str, version: str) -> bool | NotYet:
-    pod = _driver_pod(stack, node)
-    spec = (stack.kube.get("Node", node) or {}).get("spec") or {}
-    image = pod["spec"]["containers"][0]["image"] if pod else None
-    if pod and ready(pod) and version in str(image) and not spec.get("unschedulable"):
-        return True
-    return NotYet(
-        {"image": image, "ready": bool(pod and ready(pod)), "cordoned": spec.get("unschedulable")}
-    )
-
-
-def _rollout_in(stack: Stack, phase: str) -> dict[str, Any] | NotYet:
-    rollout = (policy_status(stack.kube, POLICY).get("upgrade") or {}).get("rollout") or {}
-    return rollout if rollout.get("phase") == phase else NotYet(rollout)

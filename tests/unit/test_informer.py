@@ -9,10 +9,11 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from kubernetes.client.exceptions import ApiException
 
 from gpu_operator import testenv
-from gpu_operator.controller.informer import Informer
+from gpu_operator.controller.informer import ABSENT_RETRY_S, Informer
 from gpu_operator.controller.watch import INFORMED, ObjectKey, Stores, Watched, index_value
 from gpu_operator.kinds import KINDS
 from gpu_operator.kube import Retry
@@ -241,3 +242,52 @@ def test_threads_alive_names_each_watch_thread() -> None:
     dead.join()
     inf.threads = (alive, dead)
     assert inf.threads_alive() == {"watch-nodes": True, "watch-pods": False}
+
+
+GPUCLUSTERS = next(w for w in INFORMED if w.kind is KINDS["GPUCluster"])
+
+
+@pytest.mark.parametrize("code", [404, 403])  # the CRD not installed, or not granted
+def test_an_optional_kind_not_served_is_empty_and_looked_for_later(code: int) -> None:
+    kube = ScriptedKube([gone(code), []])
+    inf, _, _ = informer((GPUCLUSTERS,), kube)
+    inf._stop = waits = Waits(kube)
+    posted: list[Any] = []
+    inf._post = lambda fn, w, arg: posted.append((fn.__name__, arg))  # type: ignore[method-assign]
+    inf._follow(GPUCLUSTERS)
+    assert posted[1] == ("_replace", {})  # emptied: the loops do not wait for it
+    assert waits.delays == [ABSENT_RETRY_S]
+    assert kube.calls == ["list", "watch@10", "list", "watch@10"]  # then listed again
+    # A kind the operator cannot run without just backs off.
+    kube, waits = follow([gone(404), []])
+    assert waits.delays[0] < ABSENT_RETRY_S
+
+
+def test_posts_reach_the_loop_in_order_with_one_wake_up_per_drain() -> None:
+    inf, _, _ = informer()
+    order: list[int] = []
+    wakes: list[Any] = []
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        inf._loop = loop
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda fn, *a: (wakes.append(fn), real(fn, *a))  # type: ignore[method-assign]
+
+        async def drained(expected: list[int]) -> None:
+            for _ in range(100):  # loop iterations, not time
+                if order == expected:
+                    return
+                await asyncio.sleep(0)
+            raise AssertionError(order)
+
+        inf.drain_delay_s = 0.0
+        for i in range(50):  # while the loop is busy (here: posting), nothing is drained
+            inf._post(order.append, i)
+        assert order == []
+        await drained(list(range(50)))
+        inf._post(order.append, 50)
+        await drained(list(range(51)))
+
+    asyncio.run(run())
+    assert wakes.count(inf._drain_soon) == 2  # one wake-up for the 50, one for the one after

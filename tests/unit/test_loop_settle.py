@@ -19,7 +19,7 @@ CONFIG = OperatorConfig(debounce_seconds=0.5)
 def test_passes_take_at_most_their_share_of_a_cpu(cpu_s: float) -> None:
     settle = settle_time(cpu_s, CONFIG)
     assert settle >= ROLLOUT_SETTLE_S  # a rollout's burst always gets to settle
-    assert settle <= MAX_SETTLE_S  # a new node is never kept waiting long
+    assert settle <= MAX_SETTLE_S  # a rollout's status moves on (an urgent change cuts it)
     if settle < MAX_SETTLE_S:
         assert cpu_s / (cpu_s + settle) <= PASS_CPU_SHARE + 1e-9
 

@@ -28,9 +28,9 @@ from gpu_operator.controller.watch import ObjectKey, Watched, owned_children
 from gpu_operator.events import now_iso
 from gpu_operator.kinds import KINDS
 from gpu_operator.kube import Kube
-from gpu_operator.labels import APPLIED_HASH
+from gpu_operator.labels import APPLIED_HASH, UPGRADE_STATE
 from gpu_operator.remediation import draining_nodes
-from gpu_operator.upgrade import emptying_nodes
+from gpu_operator.upgrade import IN_PROGRESS, emptying_nodes
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,18 @@ MAX_DECIDE_ROUNDS = 3  # decide, read what it asks for, decide again
 # Changes acted on without waiting for a rollout's events to settle (pods and DaemonSet
 # status only move status and upgrades along).
 URGENT_KINDS = frozenset({KIND, "NVIDIADriver", "Node", "ConfigMap"})
+
+
+def moves_an_upgrade(indexes: Mapping[str, Any], watched: Watched, key: ObjectKey) -> bool:
+    """A pod on a node whose driver upgrade is under way: its next step waits for this change
+    (a driver pod gone or Ready, a validator passing), so it is acted on at once, while the
+    thousands of pod events of a plain rollout settle into few passes."""
+    if watched.kind.kind != "Pod":
+        return False
+    pod = (indexes.get("pods") or {}).get(key) or {}
+    node_name = (pod.get("spec") or {}).get("nodeName")
+    node = (indexes.get("nodes") or {}).get(("", node_name)) if node_name else None
+    return node is not None and node.labels.get(UPGRADE_STATE, "") in IN_PROGRESS
 
 
 @dataclass
@@ -104,7 +116,7 @@ class ClusterPolicyController:
         """Whether to act without letting a rollout settle: a node, a ConfigMap, or a policy
         whose spec, deletion or finalizers changed (not its status: the operator's own write)."""
         if watched.kind.kind != KIND:
-            return watched.kind.kind in URGENT_KINDS
+            return watched.kind.kind in URGENT_KINDS or moves_an_upgrade(self.indexes, watched, key)
         meta = ((self.indexes.get(watched.index) or {}).get(key) or {}).get("metadata") or {}
         mark = (meta.get("generation"), meta.get("deletionTimestamp"), meta.get("finalizers"))
         if self._policy_marks.get(key) == mark:

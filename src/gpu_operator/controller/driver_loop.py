@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpu_operator.api import nvidiadriver as api
-from gpu_operator.controller.clusterpolicy import URGENT_KINDS
+from gpu_operator.controller.clusterpolicy import URGENT_KINDS, moves_an_upgrade
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.driver_decide import DRIVER_KINDS, DriverSnapshot, decide_drivers
 from gpu_operator.controller.execute import Executor
@@ -53,7 +53,7 @@ class NVIDIADriverController:
         """Something the operator reads changed (never a mere heartbeat)."""
         if not watched.wakes:
             return
-        if watched.kind.kind in URGENT_KINDS:
+        if watched.kind.kind in URGENT_KINDS or moves_an_upgrade(self.indexes, watched, key):
             self.loop.urgent.set()
         self.loop.wake.set()
 

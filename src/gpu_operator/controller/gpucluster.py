@@ -2,10 +2,10 @@
 
 Pure core: :func:`decide_gpucluster` turns one snapshot (GPUClusters, ClusterPolicies, Nodes,
 DaemonSets) into the objects to apply, node deploy labels, the status and Events. The shell,
-:class:`GPUClusterController`, runs it on the generic :class:`~gpu_operator.controller.loop.Loop`:
-it reads the GPUClusters (not watched, so the operator also runs where only the ClusterPolicy
-CRD is installed) and takes Nodes, ClusterPolicies and DaemonSets from the ClusterPolicy loop's
-indexes.
+:class:`GPUClusterController`, runs it on the generic :class:`~gpu_operator.controller.loop.Loop`
+over the shared indexes: GPUClusters (watched as an optional kind, so the operator also runs
+where only the ClusterPolicy CRD is installed or granted), Nodes, ClusterPolicies and
+DaemonSets. It passes when one of them changes, and never polls.
 
 Device plugin and DRA on one node would advertise each GPU twice. Such a node keeps the
 ClusterPolicy's device plugin (it was there first and its pods may hold GPUs): the DRA
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,7 +60,6 @@ from gpu_operator.views import NodeView
 
 log = logging.getLogger(__name__)
 
-POLL_S = 5.0  # GPUClusters are read, not watched
 CONFLICT = "DevicePluginConflict"
 CONFLICT_REASON = "DevicePluginAndDRA"
 DEVICE_PLUGIN_LABEL = DEPLOY_PREFIX + "device-plugin"
@@ -314,21 +312,10 @@ class GPUClusterController:
         self.conflicts: frozenset[str] = frozenset()
         self.loop = Loop("gpucluster", self.run_pass, config, metrics)
 
-    def _clusters(self) -> list[dict[str, Any]]:
-        try:
-            return self.kube.list_objects(KIND)
-        except ApiException as exc:
-            # 404: the GPUCluster CRD is not installed; 403: installed with ClusterPolicy-only
-            # RBAC. Either way there is no GPUCluster this operator may act on.
-            if exc.status in (403, 404):
-                return []
-            raise
-
     async def run_pass(self, resync: bool) -> float | None:
-        clusters = await asyncio.to_thread(self._clusters)
         snap = GpuClusterSnapshot(
             stamp=now_iso(),
-            clusters=tuple(clusters),
+            clusters=tuple(self.values("gpuclusters")),
             policies=tuple(self.values("clusterpolicies")),
             nodes=tuple(self.values("nodes")),
             daemonsets=tuple(self.values("daemonsets")),
@@ -340,7 +327,7 @@ class GPUClusterController:
         if decision.conflicts != self.conflicts:
             self.conflicts = decision.conflicts
             self.on_conflicts(decision.conflicts)
-        return time.time() + POLL_S
+        return None  # woken by the watches
 
     def execute(self, snap: GpuClusterSnapshot, decision: GpuClusterDecision) -> None:
         if decision.applies and decision.applied_hash != self.applied_hash:

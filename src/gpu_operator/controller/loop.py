@@ -24,9 +24,9 @@ log = logging.getLogger(__name__)
 
 FAILED_PASS_RETRY_S = 2.0
 MIN_WAIT_S = 1.0
-PASS_CPU_SHARE = 0.05
-ROLLOUT_SETTLE_S = 2.0  # at least, between passes while only pods and DaemonSets move
-MAX_SETTLE_S = 10.0
+PASS_CPU_SHARE = 0.02
+ROLLOUT_SETTLE_S = 3.0  # at least, between passes while only pods and DaemonSets move
+MAX_SETTLE_S = 30.0  # the status of a 5,000-node rollout moves at least this often
 
 # A pass gets whether it is the safety-net resync; it returns when to look again (unix
 # seconds) even if nothing changes, or None.

@@ -22,7 +22,7 @@ from typing import Any
 from gpu_operator.labels import COMPONENT
 from gpu_operator.render.driver import POOL_LABEL
 from gpu_operator.upgrade.fleet import DRIVER_COMPONENTS
-from gpu_operator.views import NodeView, owner_uids
+from gpu_operator.views import NodeView, daemonset_owners
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ def driver_pod_nodes(
     return {
         str((p.get("spec") or {}).get("nodeName"))
         for p in pods
-        if any(u in uids for u in owner_uids(p, "DaemonSet"))
+        if any(u in uids for u in daemonset_owners(p))
     }
 
 

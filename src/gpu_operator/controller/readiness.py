@@ -12,7 +12,7 @@ from typing import Any
 
 from gpu_operator.labels import COMPONENT, REVISION_HASH
 from gpu_operator.selector import Requirement
-from gpu_operator.views import NodeView, newest_revision_hash, owner_uids, pod_ready
+from gpu_operator.views import NodeView, daemonset_owners, newest_revision_hash, pod_ready
 
 # Taints the DaemonSet controller tolerates for every DaemonSet pod (it adds the tolerations).
 DAEMON_TOLERATED = frozenset(
@@ -90,7 +90,7 @@ def by_owner(objects: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str
     """Objects grouped by the uid of each DaemonSet that owns them."""
     grouped: dict[str, list[Mapping[str, Any]]] = {}
     for obj in objects:
-        for uid in owner_uids(obj, "DaemonSet"):
+        for uid in daemonset_owners(obj):
             grouped.setdefault(uid, []).append(obj)
     return grouped
 
@@ -109,12 +109,45 @@ def component_readiness(
             ds,
             pods_by_owner.get(ds["metadata"].get("uid", ""), ()),
             revisions_by_owner.get(ds["metadata"].get("uid", ""), ()),
-            eligible=sum(1 for node in nodes if should_run(_pod_spec(ds), node)),
+            eligible=eligible_nodes(_pod_spec(ds), nodes),
         )
         for ds in daemonsets
         if (ds["metadata"].get("labels") or {}).get(COMPONENT) == component
     ]
     return result or [DaemonSetReadiness(component, False, 0, 0, 0, "DaemonSet not created yet")]
+
+
+def eligible_nodes(pod_spec: Mapping[str, Any], nodes: Iterable[NodeView]) -> int:
+    """How many of ``nodes`` :func:`should_run` a pod of ``pod_spec``: asked once per kind of
+    node (the same values of the labels it selects on, the same taints), not once per node:
+    a fleet's nodes come in a few kinds, and every pass asks this for every operand."""
+    keys = _selected_keys(pod_spec)
+    answers: dict[tuple[Any, ...], bool] = {}
+    count = 0
+    for node in nodes:
+        kind = (
+            tuple(node.labels.get(k) for k in keys),
+            tuple(
+                (t.get("key"), t.get("value"), t.get("effect"))
+                for t in node.taints
+                if t.get("effect") in ("NoSchedule", "NoExecute")
+            ),
+        )
+        answer = answers.get(kind)
+        if answer is None:
+            answer = answers[kind] = should_run(pod_spec, node)
+        count += answer
+    return count
+
+
+def _selected_keys(pod_spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """The node labels :func:`should_run` reads for ``pod_spec``."""
+    keys = list(pod_spec.get("nodeSelector") or {})
+    affinity = (pod_spec.get("affinity") or {}).get("nodeAffinity") or {}
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    for term in required.get("nodeSelectorTerms") or ():
+        keys += [e.get("key", "") for e in term.get("matchExpressions") or ()]
+    return tuple(keys)
 
 
 def should_run(pod_spec: Mapping[str, Any], node: NodeView) -> bool:

@@ -23,7 +23,7 @@ from gpu_operator.controller.crd_install import ensure_crd
 from gpu_operator.controller.driver_loop import NVIDIADriverController
 from gpu_operator.controller.gpucluster import GPUClusterController
 from gpu_operator.controller.health import HealthServer
-from gpu_operator.controller.informer import Informer
+from gpu_operator.controller.informer import Informer, name_os_thread
 from gpu_operator.controller.leader import LeaderElector
 from gpu_operator.controller.liveness import OK, Verdict, Watchdog
 from gpu_operator.controller.metrics import PrometheusMetrics
@@ -136,6 +136,10 @@ async def _run(
     drivers = NVIDIADriverController(kube, config, metrics)
 
     def notify_both(watched: Watched, key: ObjectKey) -> None:
+        if watched.index == "gpuclusters":  # only the GPUCluster loop reads them
+            gpuclusters.loop.urgent.set()
+            gpuclusters.loop.wake.set()
+            return
         controller.notify(watched, key)
         drivers.notify(watched, key)
 
@@ -246,6 +250,7 @@ class OperatorThread:
         self.error: BaseException | None = None
 
     def _main(self) -> None:
+        name_os_thread("gpu-operator")
         self._loop = asyncio.new_event_loop()
         self._stop = asyncio.Event()
         if self._stop_asked:  # asked before the loop existed (a SIGTERM at start-up)

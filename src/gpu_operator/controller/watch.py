@@ -29,7 +29,7 @@ from gpu_operator.kinds import KINDS, Kind
 from gpu_operator.kube import Kube
 from gpu_operator.labels import APPLIED_HASH, MANAGED_BY, MANAGED_SELECTOR, OPERATOR_NAME
 from gpu_operator.render import config_hash, mps_configured
-from gpu_operator.views import NodeView, shared, shared_map
+from gpu_operator.views import Kept, NodeView, shared, shared_map, shared_tree
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,9 @@ class Watched:
     kind: Kind
     selector: str | None = None  # server-side label selector
     wakes: bool = True  # a change wakes the loop (revisions only matter with their pods)
+    # Its CRD may be absent, or not granted to this operator: then it is watched as empty and
+    # looked for again now and then, and the operator runs without it.
+    optional: bool = False
 
     @property
     def index(self) -> str:
@@ -50,8 +53,9 @@ class Watched:
 
     @property
     def by_kopf(self) -> bool:
-        """The rule: kopf for the project's CRDs, the informer for built-in kinds."""
-        return self.kind.group == OUR_GROUP
+        """The rule: kopf for the project's required CRDs (ClusterPolicy, NVIDIADriver), the
+        informer for built-in kinds and for an optional CRD (kopf would wait for it)."""
+        return self.kind.group == OUR_GROUP and not self.optional
 
     @property
     def resource(self) -> tuple[str, str] | tuple[str, str, str]:
@@ -62,6 +66,7 @@ class Watched:
 WATCHED: tuple[Watched, ...] = (
     Watched(KINDS[KIND]),
     Watched(KINDS["NVIDIADriver"]),
+    Watched(KINDS["GPUCluster"], optional=True),  # its own loop (gpucluster.py) reads it
     Watched(KINDS["Node"]),
     Watched(KINDS["ConfigMap"]),  # user configs too: their edits roll operand pods
     Watched(KINDS["DaemonSet"], MANAGED_SELECTOR),
@@ -95,16 +100,18 @@ def trim(plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
     ControllerRevisions carry a whole pod template and pods their full spec; neither is needed.
     ConfigMaps are kept as a content hash (edits to referenced ones roll operand pods).
     """
-    if plural in ("clusterpolicies", "nvidiadrivers", "daemonsets"):
+    if plural in ("clusterpolicies", "nvidiadrivers", "gpuclusters", "daemonsets"):
         return dict(body.items())
     meta = body.get("metadata") or {}
-    kept: dict[str, Any] = {"metadata": {k: meta[k] for k in _KEEP_META if k in meta}}
+    kept = Kept(metadata={k: meta[k] for k in _KEEP_META if k in meta})
     if "namespace" in meta:
         kept["metadata"]["namespace"] = shared(meta["namespace"])
     if "labels" in meta:
-        kept["metadata"]["labels"] = shared_map(meta["labels"])
+        kept["metadata"]["labels"] = shared_tree(shared_map(meta["labels"]))
     if "ownerReferences" in meta:
-        kept["metadata"]["ownerReferences"] = [_owner(r) for r in meta["ownerReferences"]]
+        kept["metadata"]["ownerReferences"] = shared_tree(
+            [_owner(r) for r in meta["ownerReferences"]]
+        )
     hash_ = (meta.get("annotations") or {}).get(APPLIED_HASH)
     if hash_:
         kept["metadata"]["annotations"] = {APPLIED_HASH: hash_}
@@ -150,14 +157,19 @@ def _trim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
                 for c in status.get("conditions") or ()
                 if c.get("type") == "Ready"
             ],
-            "containerStatuses": [
-                {"restartCount": c.get("restartCount", 0), "ready": c.get("ready")} | _waiting(c)
-                for c in status.get("containerStatuses") or ()
-            ],
-            "initContainerStatuses": [
-                {"restartCount": c.get("restartCount", 0)}
-                for c in status.get("initContainerStatuses") or ()
-            ],
+            "containerStatuses": shared_tree(
+                [
+                    {"restartCount": c.get("restartCount", 0), "ready": c.get("ready")}
+                    | _waiting(c)
+                    for c in status.get("containerStatuses") or ()
+                ]
+            ),
+            "initContainerStatuses": shared_tree(
+                [
+                    {"restartCount": c.get("restartCount", 0)}
+                    for c in status.get("initContainerStatuses") or ()
+                ]
+            ),
         },
     }
 

@@ -142,8 +142,8 @@ NAMESPACE_RULES: tuple[Rule, ...] = (
 # (each rule of CLUSTER_RULES removed in turn) runs unchanged; the operator treats a refused
 # GPUCluster list as "no GPUCluster".
 DRA_CLUSTER_RULES: tuple[Rule, ...] = (
-    Rule("nvidia.com", ("gpuclusters",), ("get", "list", "patch"),
-         "read the GPUCluster (polled); its teardown finalizer"),
+    Rule("nvidia.com", ("gpuclusters",), ("get", "list", "watch", "patch"),
+         "watch the GPUCluster; its teardown finalizer"),
     Rule("nvidia.com", ("gpuclusters/status",), ("patch",), "write the GPUCluster status"),
     Rule("resource.k8s.io", ("deviceclasses",), MANAGE, "DeviceClasses gpu/mig.nvidia.com"),
     Rule("resource.k8s.io", ("resourceclaims",), ("get", "list"),

@@ -11,8 +11,9 @@ from typing import Any
 
 from gpu_operator.labels import COMPONENT, VALIDATOR_APP
 from gpu_operator.upgrade.model import Fleet, Node, Pod, is_emptying
-from gpu_operator.views import NodeView, newest_revision_hash, owner_uids
+from gpu_operator.views import NodeView, daemonset_owners, derived, newest_revision_hash
 
+POD_VIEW = Pod.from_k8s  # one function object: the key its views are remembered under
 DRIVER_COMPONENT = "driver"
 # The component label of driver DaemonSets: the ClusterPolicy's, and NVIDIADrivers' (NVIDIA's
 # values, for the GPU driver and the vGPU host manager).
@@ -38,14 +39,15 @@ def fleet_from_objects(
         for d in daemonsets
         if (d["metadata"].get("labels") or {}).get(COMPONENT) in DRIVER_COMPONENTS
     }
-    pods = list(pods)
-    driver_pods = [p for p in pods if any(u in drivers for u in owner_uids(p, "DaemonSet"))]
-    validators = [
-        p for p in pods if (p["metadata"].get("labels") or {}).get("app") == VALIDATOR_APP
-    ]
+    driver_pods, validators = [], []
+    for p in pods:
+        if any(u in drivers for u in daemonset_owners(p)):
+            driver_pods.append(p)
+        elif (p["metadata"].get("labels") or {}).get("app") == VALIDATOR_APP:
+            validators.append(p)
     revisions_of: dict[str, list[Mapping[str, Any]]] = {}
     for rev in revisions:
-        for uid in owner_uids(rev, "DaemonSet"):
+        for uid in daemonset_owners(rev):
             if uid in drivers:
                 revisions_of.setdefault(uid, []).append(rev)
     newest = {
@@ -55,8 +57,8 @@ def fleet_from_objects(
     }
     return Fleet(
         nodes=tuple(Node(n.name, n.labels, n.annotations, n.unschedulable, n.ready) for n in nodes),
-        driver_pods=tuple(Pod.from_k8s(p) for p in driver_pods),
+        driver_pods=tuple(derived(p, POD_VIEW) for p in driver_pods),
         workload_pods=tuple(Pod.from_k8s(p) for p in workload_pods),
-        validator_pods=tuple(Pod.from_k8s(p) for p in validators),
+        validator_pods=tuple(derived(p, POD_VIEW) for p in validators),
         newest_hash=newest,
     )

@@ -137,7 +137,7 @@ class Node:
         return {"true": True, "false": False}.get(value)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per driver and validator pod, remembered (views.derived)
 class Pod:
     name: str
     namespace: str = "default"
@@ -166,7 +166,7 @@ class Pod:
         meta = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
         status = pod.get("status") or {}
-        labels = dict(meta.get("labels") or {})
+        labels: Mapping[str, str] = meta.get("labels") or {}  # shared, never changed
         owner, is_ds = "", False
         for ref in meta.get("ownerReferences") or ():
             if ref.get("controller", True):

@@ -31,6 +31,7 @@ from gpu_operator.labels import (
     GPU_PRESENT,
     MANAGED_BY,
     OPERATOR_NAME,
+    UPGRADE_STATE,
 )
 from gpu_operator.views import NodeView
 from tests.unit.controller.builders import (
@@ -297,6 +298,26 @@ def test_changes_wake_the_loop_and_name_the_node() -> None:
     assert not loop.wake.is_set()
     h.controller.notify(Watched(KINDS["DaemonSet"]), ("ns", "ds"))
     assert loop.wake.is_set() and not loop.urgent.is_set()  # a rollout's events settle
+
+
+@pytest.mark.parametrize(("state", "urgent"), [("", False), ("upgrade-done", False),
+    ("pod-restart-required", True), ("validation-required", True)])  # fmt: skip
+def test_a_pod_on_a_node_mid_upgrade_is_acted_on_at_once(state: str, urgent: bool) -> None:
+    """Its upgrade's next step waits for it; a plain rollout's pods settle."""
+    h = Harness(FakeKube())
+    loop = h.controller.loop
+    labels = {UPGRADE_STATE: state} if state else {}
+    h.controller.indexes = {
+        "nodes": {("", "gpu-1"): NodeView("gpu-1", labels=labels)},
+        "pods": {("gpu-operator", "p"): {"metadata": {"name": "p"}, "spec": {"nodeName": "gpu-1"}}},
+    }
+    loop.wake.clear()
+    loop.urgent.clear()
+    h.controller.notify(Watched(KINDS["Pod"]), ("gpu-operator", "p"))
+    assert loop.wake.is_set() and loop.urgent.is_set() is urgent
+    loop.urgent.clear()
+    h.controller.notify(Watched(KINDS["Pod"]), ("gpu-operator", "gone"))  # deleted: not known
+    assert not loop.urgent.is_set()
 
 
 @pytest.mark.parametrize(

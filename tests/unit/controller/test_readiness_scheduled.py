@@ -6,12 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpu_operator.controller.actions import Apply, Patch
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.decide import FINALIZER, decide
 from gpu_operator.controller.memory import Memory
-from gpu_operator.controller.readiness import component_readiness, should_run
+from gpu_operator.controller.readiness import component_readiness, eligible_nodes, should_run
 from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.labels import COMPONENT
 from gpu_operator.views import NodeView
@@ -144,6 +146,45 @@ TOLERATES_GPU = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
 )
 def test_should_run(pod_spec: dict[str, Any], node: NodeView, runs: bool) -> None:
     assert should_run(pod_spec, node) is runs
+
+
+LABEL_VALUES = st.sampled_from([None, "true", "false", "ubuntu", "rhel", "22.04", "9.4"])
+TAINTS = st.sampled_from([
+    GPU_TAINT,
+    {"key": "k", "value": "v", "effect": "NoSchedule"},
+    {"key": "k", "value": "w", "effect": "NoExecute"},
+    {"key": "k", "effect": "PreferNoSchedule"},
+    {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
+])  # fmt: skip
+SPECS = st.sampled_from(
+    [
+        {},
+        {"nodeSelector": {DEPLOY: "true"}},
+        {"affinity": UBUNTU_2204, "tolerations": TOLERATES_GPU},
+        {"nodeSelector": {DEPLOY: "true"}, "tolerations": [{"operator": "Exists"}]},
+        {"tolerations": [{"key": "k", "operator": "Equal", "value": "v"}]},
+    ]
+)
+
+
+@st.composite
+def fleets(draw: st.DrawFn) -> list[NodeView]:
+    nodes = []
+    for i in range(draw(st.integers(0, 12))):
+        labels = {
+            k: v for k in (DEPLOY, "os", "version", "team") if (v := draw(LABEL_VALUES)) is not None
+        }
+        taints = tuple(draw(st.lists(TAINTS, max_size=2)))
+        nodes.append(NodeView(f"n{i}", labels=labels, taints=taints))
+    return nodes
+
+
+@settings(max_examples=200, deadline=None)
+@given(SPECS, fleets())
+def test_eligible_nodes_counts_what_should_run_says_node_by_node(
+    pod_spec: dict[str, Any], nodes: list[NodeView]
+) -> None:
+    assert eligible_nodes(pod_spec, nodes) == sum(should_run(pod_spec, n) for n in nodes)
 
 
 # -- decide: the nodes it labels in the same pass count ------------------------------------------

@@ -170,3 +170,58 @@ def test_connection_info_uses_the_clients_credentials(
         "/c.key",
     )
     assert info.insecure is False
+
+
+def test_what_passes_derive_from_a_kept_pod_is_derived_once() -> None:
+    from gpu_operator.upgrade.fleet import POD_VIEW
+    from gpu_operator.views import daemonset_owners, derived
+
+    body = {
+        "metadata": {
+            "name": "p",
+            "namespace": "gpu-operator",
+            "ownerReferences": [{"kind": "DaemonSet", "name": "d", "uid": "u1"}],
+        },
+        "spec": {"nodeName": "n"},
+        "status": {"phase": "Running"},
+    }
+    kept = trim("pods", body)
+    calls: list[Any] = []
+
+    def counted(obj: Any) -> str:
+        calls.append(obj)
+        return "view"
+
+    assert derived(kept, counted) == derived(kept, counted) == "view"
+    assert len(calls) == 1  # remembered on the kept object
+    assert derived(dict(kept), counted) == "view" and len(calls) == 2  # a plain dict: not
+    assert daemonset_owners(kept) == ("u1",)
+    assert derived(kept, POD_VIEW) is derived(kept, POD_VIEW)
+    assert derived(kept, POD_VIEW).node == "n"
+    assert kept == dict(kept)  # compared as what it keeps (the informer drops equal events)
+
+
+def test_pods_of_one_daemonset_share_their_equal_parts_and_nothing_else() -> None:
+    from gpu_operator.views import shared_tree
+
+    def body(name: str, ready: bool, revision: str) -> dict[str, Any]:
+        return {
+            "metadata": {
+                "name": name,
+                "namespace": "gpu-operator",
+                "labels": {"app": "d", "controller-revision-hash": revision},
+                "ownerReferences": [{"kind": "DaemonSet", "name": "d", "uid": "u1"}],
+            },
+            "spec": {"nodeName": name},
+            "status": {"containerStatuses": [{"restartCount": 0, "ready": ready}]},
+        }
+
+    a, b = trim("pods", body("a", True, "r1")), trim("pods", body("b", True, "r1"))
+    assert a["metadata"]["labels"] is b["metadata"]["labels"]
+    assert a["metadata"]["ownerReferences"] is b["metadata"]["ownerReferences"]
+    assert a["status"]["containerStatuses"] is b["status"]["containerStatuses"]
+    assert a["spec"] is not b["spec"] and a["metadata"]["name"] != b["metadata"]["name"]
+    c = trim("pods", body("c", False, "r2"))
+    assert c["metadata"]["labels"] == {"app": "d", "controller-revision-hash": "r2"}
+    assert c["status"]["containerStatuses"] == [{"restartCount": 0, "ready": False}]
+    assert shared_tree([1]) is not shared_tree([True])  # equal in Python, not the same value

@@ -1,0 +1,108 @@
+"""A driver version whose image cannot be pulled, on real kubelets: the canary alone tries it
+and goes back. Its own cluster (two real nodes and the stack from examples/clusterpolicy.yaml):
+the rollback takes minutes of real container restarts, which would otherwise queue behind the
+other real-stack tests on the session's shared cluster (tests/conftest.py's worker groups)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from gpu_operator import testenv
+from tests.e2e.stack_support import (
+    NS,
+    POLICY,
+    Stack,
+    driver_pod,
+    drivers_ready,
+    example_policy,
+    on_version,
+    real_stack,
+    rollout_in,
+)
+from tests.e2e.support import audit_writes, policy_status, wait_for
+
+pytestmark = [pytest.mark.real_nodes, pytest.mark.timeout(1800)]
+
+OPERATOR_USER = f"system:serviceaccount:{NS}:gpu-operator"
+
+
+@pytest.fixture(scope="module")
+def stack(
+    real_nodes_runtime: Path, testenv_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    state = testenv.default_state_dir() / f"canary-{uuid.uuid4().hex[:8]}"
+    cluster = testenv.start(state, real_nodes=2, bin_dir=testenv_bin_dir)
+    try:
+        with real_stack(cluster, example_policy(), tmp_path_factory) as running:
+            yield running
+    finally:
+        cluster.stop(remove_state=True)
+
+
+def test_a_driver_that_cannot_be_pulled_is_rolled_back_on_its_canary_alone(stack: Stack) -> None:
+    """A version whose image does not exist: the canary's new driver pod sits in ImagePullBackOff,
+    the gate fails at its timeout, the canary is rolled back to the old driver and is in service
+    again, the status and an Event name the reason, nothing else is written to; then the spec
+    going back to the running version ends the hold."""
+    nodes = stack.cluster.real_nodes
+    kube = stack.kube
+    wait_for("a Ready driver on each real node", lambda: drivers_ready(stack), timeout=420)
+    policy = kube.get("ClusterPolicy", POLICY) or {}
+    current = policy["spec"]["driver"]["version"]
+    before = {n: driver_pod(stack, n) for n in nodes}
+    canary = {"nodeSelector": {"kubernetes.io/hostname": nodes[0]}, "soak": "5s", "timeout": "30s"}
+    upgrade_policy = {"maxParallelUpgrades": 1, "maxUnavailable": "100%", "canary": canary}
+    since = datetime.now(UTC)
+    kube.merge_patch(
+        "ClusterPolicy",
+        POLICY,
+        {"spec": {"driver": {"version": "999.0.1", "upgradePolicy": upgrade_policy}}},
+    )
+    try:
+        held = wait_for(
+            "the canary failed, rolled back, held", lambda: rollout_in(stack, "held"), timeout=360
+        )
+        failure = held["failure"]
+        assert failure["node"] == nodes[0] and failure["gate"] == "driver", failure
+        assert "ImagePullBackOff" in failure["reason"] or "ErrImagePull" in failure["reason"], (
+            failure
+        )
+        conditions = {c["type"]: c for c in policy_status(kube, POLICY)["conditions"]}
+        assert conditions["UpgradeFailed"]["status"] == "True"
+        assert "ImagePull" in conditions["UpgradeFailed"]["message"]
+        wait_for(
+            f"{nodes[0]} back on {current}, in service",
+            lambda: on_version(stack, nodes[0], current),
+            timeout=240,
+        )
+        events = [
+            e["reason"]
+            for e in kube.list_objects("Event", "default")
+            if (e.get("involvedObject") or {}).get("kind") == "ClusterPolicy"
+        ]
+        assert "UpgradeFailed" in events and "RolledBack" in events, events
+        # Nothing but the canary was written to: the other nodes, their driver pods.
+        for name in stack.kube.list_objects("Node"):
+            if name["metadata"]["name"] == nodes[0]:
+                continue
+            node_name = name["metadata"]["name"]
+            assert not audit_writes(
+                stack.cluster, OPERATOR_USER, since, resource=("nodes", node_name)
+            ), node_name
+        for node_name, pod in before.items():
+            if node_name != nodes[0] and pod is not None:
+                pod_name = pod["metadata"]["name"]
+                assert not audit_writes(
+                    stack.cluster, OPERATOR_USER, since, resource=("pods", pod_name)
+                ), pod_name
+                assert (driver_pod(stack, node_name) or {}).get("metadata", {}).get("uid") == pod[
+                    "metadata"
+                ]["uid"]
+    finally:
+        kube.merge_patch("ClusterPolicy", POLICY, {"spec": {"driver": {"version": current}}})
+    wait_for("the hold ended by the spec", lambda: rollout_in(stack, "done"), timeout=240)
