@@ -28,6 +28,7 @@ from tests.e2e.stack_support import (
     check_exporter_names_the_gpu_pod,
     check_mig_reconfiguration,
     diagnose,
+    drivers_ready,
     example_policy,
     gpu_pod,
     node_labels,
@@ -229,18 +230,11 @@ def test_a_driver_upgrade_rolls_across_the_real_nodes(stack: Stack) -> None:
         pods = [p for p in pods_on(stack, "nvidia-driver-daemonset", node) if ready(p)]
         return pods[0] if len(pods) == 1 else None
 
-    def drivers_ready() -> bool | NotYet:
-        for n in nodes:
-            pods = pods_on(stack, "nvidia-driver-daemonset", n)
-            if len([p for p in pods if ready(p)]) != 1:
-                return NotYet({n: phases(pods)})
-        return True
-
     def job_ready() -> bool | NotYet:
         pod = stack.kube.get("Pod", "gpu-job", NS) or {}
         return ready(pod) or NotYet(pod.get("status"))
 
-    wait_for("a Ready driver on each real node", drivers_ready, timeout=420)
+    wait_for("a Ready driver on each real node", lambda: drivers_ready(stack), timeout=420)
     before = {n: driver(n)["metadata"]["uid"] for n in nodes}  # type: ignore[index]
     node = nodes[0]
     wait_for(f"{node} advertising nvidia.com/gpu", lambda: allocatable(stack, node), timeout=300)

@@ -135,7 +135,7 @@ async def _run(
     controller.also_wake.append(gpuclusters.loop)
     drivers = NVIDIADriverController(kube, config, metrics)
 
-    def notify_both(watched: Watched, key: ObjectKey) -> None:
+    def notify_loops(watched: Watched, key: ObjectKey) -> None:
         if watched.index == "gpuclusters":  # only the GPUCluster loop reads them
             gpuclusters.loop.urgent.set()
             gpuclusters.loop.wake.set()
@@ -148,9 +148,9 @@ async def _run(
     watch_config = copy.copy(api_config)
     watch_config.connection_pool_maxsize = len(INFORMED) + 2
     informer = Informer(
-        Kube(k8s.ApiClient(watch_config)), config.namespace, INFORMED, stores, notify_both
+        Kube(k8s.ApiClient(watch_config)), config.namespace, INFORMED, stores, notify_loops
     )
-    registry = build_registry(stores, notify_both)
+    registry = build_registry(stores, notify_loops)
     watchdog.append(
         Watchdog(controller.loop, stall_s=options.stall_seconds, threads=informer.threads_alive)
     )
