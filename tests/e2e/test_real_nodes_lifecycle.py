@@ -16,7 +16,7 @@ from kubernetes import client
 
 from gpu_operator import testenv
 from gpu_operator.testenv.processes import cmdline, start_time
-from tests.e2e.support import hack_testenv
+from tests.e2e.support import NotYet, hack_testenv, wait_for
 
 pytestmark = pytest.mark.real_nodes
 
@@ -88,14 +88,12 @@ def test_up_with_real_nodes_and_a_pod_then_down_leaves_nothing_behind(
                      "command": ["sleep", "3600"]}]},
             })  # fmt: skip
 
-            def running() -> bool:
+            def running() -> bool | NotYet:
                 pod = core.read_namespaced_pod("sleeper", "default")
-                return bool(pod.status and pod.status.phase == "Running")
+                phase = pod.status.phase if pod.status else None
+                return phase == "Running" or NotYet({"phase": phase, "status": pod.status})
 
-            deadline = time.monotonic() + 60
-            while not running():
-                assert time.monotonic() < deadline, "the pod on real-node-1 never ran"
-                time.sleep(0.2)
+            wait_for("the pod on real-node-1 to run", running, timeout=60)
         archive = real_nodes_runtime / "images" / "shell.oci.tar"
         loaded = hack_testenv(state_dir, testenv_bin_dir, "load-image", str(archive))
         assert loaded.returncode == 0, loaded.stderr

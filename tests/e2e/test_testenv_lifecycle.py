@@ -99,18 +99,15 @@ def test_an_exited_controller_manager_is_started_again_and_down_stops_its_loop(
         for name, port in (("kube-controller-manager", "kcm"), ("kube-scheduler", "scheduler")):
             (first,) = testenv.find_strays([name], markers)
             os.kill(first, signal.SIGKILL)
-            deadline = time.monotonic() + 60
-            again: list[int] = []
-            while time.monotonic() < deadline:
-                again = [p for p in testenv.find_strays([name], markers) if p != first]
-                if again:
-                    break
-                time.sleep(0.2)
-            assert again, f"{name} was not started again"
+            wait_for(
+                f"{name} started again (killed: pid {first})",
+                lambda n=name, f=first: [p for p in testenv.find_strays([n], markers) if p != f],
+                timeout=60,
+            )
             url = f"https://127.0.0.1:{cluster.ports[port]}/healthz"
-            while not https_ok(url, insecure) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert https_ok(url, insecure), f"{name} started again but never healthy"
+            wait_for(
+                f"{name} healthy again at {url}", lambda u=url: https_ok(u, insecure), timeout=60
+            )
     finally:
         cluster.stop()
     _assert_nothing_left(state_dir, cluster)

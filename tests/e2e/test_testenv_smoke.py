@@ -4,33 +4,19 @@ CRD validation, DaemonSet scheduling onto kwok GPU nodes, and ownerReference GC.
 from __future__ import annotations
 
 import json
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client
 
 from gpu_operator import testenv
+from tests.e2e.support import NotYet, wait_for
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "clusterpolicy.yaml"
 GPU_SELECTOR = f"{testenv.GPU_PRESENT_LABEL}=true"
-T = TypeVar("T")
-
-
-def eventually(check: Callable[[], T | None], timeout: float = 60.0, what: str = "") -> T:
-    """Poll `check` until it returns something truthy; fail with `what` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.2)
 
 
 def _crd_version(crd: dict[str, Any]) -> str:
@@ -58,12 +44,14 @@ def clusterpolicy_crd(cluster: testenv.Cluster) -> dict[str, Any]:
                 name, body=client.V1CustomResourceDefinition.model_validate(doc)
             )
 
-        def established() -> bool:
+        def established() -> bool | NotYet:
             crd = ext.read_custom_resource_definition(name)
             conditions = (crd.status.conditions if crd.status else None) or []
-            return any(c.type == "Established" and c.status == "True" for c in conditions)
+            if any(c.type == "Established" and c.status == "True" for c in conditions):
+                return True
+            return NotYet([(c.type, c.status, c.reason) for c in conditions])
 
-        eventually(established, 30, f"CRD {name} to become Established")
+        wait_for(f"CRD {name} to become Established", established, timeout=30)
     return doc
 
 
@@ -174,7 +162,7 @@ def test_gpu_daemonset_runs_one_ready_pod_per_gpu_node_only(kube: testenv.Client
 
     apps.create_namespaced_daemon_set(kube.namespace, _daemonset("gpu-agent"))
 
-    def rolled_out() -> client.V1DaemonSetStatus | None:
+    def rolled_out() -> client.V1DaemonSetStatus | NotYet:
         ds = apps.read_namespaced_daemon_set("gpu-agent", kube.namespace)
         st = ds.status
         ok = (
@@ -182,9 +170,11 @@ def test_gpu_daemonset_runs_one_ready_pod_per_gpu_node_only(kube: testenv.Client
             and st.desired_number_scheduled == len(gpu_nodes)
             and st.number_ready == st.desired_number_scheduled
         )
-        return st if ok else None
+        return st if ok and st is not None else NotYet(st)
 
-    status = eventually(rolled_out, 60, "DaemonSet numberReady == desired")
+    status = wait_for(
+        f"DaemonSet numberReady == desired == {len(gpu_nodes)}", rolled_out, timeout=60
+    )
     assert status.current_number_scheduled == len(gpu_nodes)
     assert status.number_misscheduled == 0
 
@@ -205,29 +195,30 @@ def test_owner_deletion_garbage_collects_daemonset_and_pods(kube: testenv.Client
         ns, client.V1ConfigMap(metadata=client.V1ObjectMeta(name="owner"))
     )
     apps.create_namespaced_daemon_set(ns, _daemonset("owned", owner))
-    eventually(
-        lambda: core.list_namespaced_pod(ns, label_selector="app=owned").items,
-        60,
+    wait_for(
         "the owned DaemonSet's pods",
+        lambda: core.list_namespaced_pod(ns, label_selector="app=owned").items,
+        timeout=60,
     )
 
     core.delete_namespaced_config_map("owner", ns)
 
-    def daemonset_gone() -> bool:
+    def daemonset_gone() -> bool | NotYet:
         try:
-            apps.read_namespaced_daemon_set("owned", ns)
+            ds = apps.read_namespaced_daemon_set("owned", ns)
         except client.ApiException as exc:
             if exc.status == 404:
                 return True
             raise
-        return False
+        return NotYet(ds.metadata)  # its finalizers and owners: what holds it
 
-    eventually(daemonset_gone, 60, "kube-controller-manager GC to delete the DaemonSet")
-    eventually(
-        lambda: not core.list_namespaced_pod(ns, label_selector="app=owned").items,
-        60,
-        "GC to delete the DaemonSet's pods",
-    )
+    wait_for("kube-controller-manager GC to delete the DaemonSet", daemonset_gone, timeout=60)
+
+    def pods_gone() -> bool | NotYet:
+        left = core.list_namespaced_pod(ns, label_selector="app=owned").items
+        return not left or NotYet([p.metadata.name for p in left if p.metadata])
+
+    wait_for("GC to delete the DaemonSet's pods", pods_gone, timeout=60)
 
 
 @pytest.mark.parametrize("os_id,os_version", [("ubuntu", "24.04"), ("rhel", "9.4")])

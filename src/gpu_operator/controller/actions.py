@@ -8,7 +8,7 @@ needs no knowledge of GPUs, policies or upgrades.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 Key = tuple[str, str, str]  # kind, namespace ("" when cluster-scoped), name
@@ -97,12 +97,14 @@ class Stage:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What came of one action: ``status`` None when it succeeded."""
+    """What came of one action: ``status`` None when it succeeded. Of the server's answer only
+    an applied object's ``generation`` is kept (memory's record of what was applied): a pass
+    that patches every node of a large fleet at once would otherwise hold all their bodies."""
 
     action: Action
     status: int | None = None
     reason: str = ""
-    result: Mapping[str, Any] = field(default_factory=dict)
+    generation: int = 0
     skipped: bool = False
 
     @property

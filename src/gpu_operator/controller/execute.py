@@ -94,7 +94,8 @@ class Executor:
             log.log(level, "%s refused: %s %s", describe(action), exc.status, reason)
             return Outcome(action, exc.status or 0, reason)
         self.metrics.writes.labels(verb, kind).inc()
-        return Outcome(action, result=result if isinstance(result, dict) else {})
+        meta = (result.get("metadata") or {}) if isinstance(result, dict) else {}
+        return Outcome(action, generation=int(meta.get("generation") or 0))
 
     def _request(self, action: Action) -> Any:
         kube = self.kube

@@ -22,8 +22,6 @@ anyway (a bug) is what the liveness watchdog calls deaf (:meth:`Informer.threads
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import gc
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -31,6 +29,11 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from gpu_operator.controller.process import (
+    fewer_collections,
+    name_os_thread,
+    one_malloc_arena,
+)
 from gpu_operator.controller.watch import ObjectKey, OnChange, Stores, Watched, index_value
 from gpu_operator.kube import Kube, WatchStream
 
@@ -41,9 +44,6 @@ DRAIN_DELAY_S = 0.05  # from a watch thread's first queued change to the loop ta
 ABSENT_RETRY_S = 300.0  # an optional kind that is not served (404) or not granted (403)
 # Kinds whose spec follows their metadata: their watch events lose managedFields unparsed.
 COMPACT_KINDS = frozenset({"Pod", "Node", "DaemonSet", "Service"})
-M_ARENA_MAX = -8  # glibc's mallopt parameter
-PR_SET_NAME = 15  # prctl option: the calling thread's name
-GC_THRESHOLDS = (20_000, 20, 20)  # CPython's are (700, 10, 10)
 
 
 class Gone(Exception):
@@ -82,8 +82,8 @@ class Informer:
     async def run(self) -> None:
         """Follow every kind until cancelled."""
         self._loop = asyncio.get_running_loop()
-        _one_malloc_arena()
-        _fewer_collections()
+        one_malloc_arena()
+        fewer_collections()
         self.threads = tuple(
             threading.Thread(target=self._follow, args=(w,), name=f"watch-{w.index}", daemon=True)
             for w in self.watched
@@ -261,35 +261,3 @@ def _key(obj: Any) -> ObjectKey:
 def _join(threads: Iterable[threading.Thread]) -> None:
     for thread in threads:
         thread.join(10)
-
-
-def name_os_thread(name: str) -> None:
-    """Give the calling thread ``name`` in the kernel too (15 bytes kept), so ``top -H`` and
-    ``/proc/PID/task/*/comm`` say which watch, or the event loop, spends the CPU."""
-    try:
-        libc = ctypes.CDLL(None)
-        libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the names stay Python's own
-        pass
-
-
-def _one_malloc_arena() -> None:
-    """glibc gives each thread that allocates its own malloc arena and keeps what is freed in
-    it: a dozen watch threads parsing thousands of events would hold their peaks each (the
-    RSS of a 500-node fleet doubled). One arena serves them all; the GIL serializes them
-    anyway."""
-    try:
-        libc = ctypes.CDLL(None)
-        libc.mallopt(M_ARENA_MAX, 1)
-    except (OSError, AttributeError):  # not glibc: nothing to tune
-        pass
-
-
-def _fewer_collections() -> None:
-    """Parsing a pod event allocates hundreds of dicts and lists, so CPython's default
-    thresholds ran a young collection every event or two, and full ones, which walk every
-    object the stores keep (about 100 ms each at 500 nodes): in one 500-node convergence
-    measured in-process, 14 of them, 1.5 CPU-seconds that freed almost nothing (what the
-    stores drop has no cycles and goes by reference counting). Rarer collections; cyclic
-    garbage still goes."""
-    gc.set_threshold(*GC_THRESHOLDS)

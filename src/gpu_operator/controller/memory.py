@@ -81,8 +81,7 @@ def remember(memory: Memory, outcomes: Iterable[Outcome], *, reconciled: bool) -
         action = outcome.action
         if isinstance(action, Apply):
             if outcome.ok:
-                meta = outcome.result.get("metadata") or {}
-                generations[action.key] = int(meta.get("generation") or 0)
+                generations[action.key] = outcome.generation
                 if action.key in unwatched:
                     unwatched[action.key] = action.obj["metadata"]["annotations"][APPLIED_HASH]
             elif not outcome.skipped:

@@ -23,10 +23,11 @@ from gpu_operator.controller.crd_install import ensure_crd
 from gpu_operator.controller.driver_loop import NVIDIADriverController
 from gpu_operator.controller.gpucluster import GPUClusterController
 from gpu_operator.controller.health import HealthServer
-from gpu_operator.controller.informer import Informer, name_os_thread
+from gpu_operator.controller.informer import Informer
 from gpu_operator.controller.leader import LeaderElector
 from gpu_operator.controller.liveness import OK, Verdict, Watchdog
 from gpu_operator.controller.metrics import PrometheusMetrics
+from gpu_operator.controller.process import name_os_thread
 from gpu_operator.controller.watch import (
     INFORMED,
     ObjectKey,

@@ -82,8 +82,10 @@ def test_each_action_is_its_request() -> None:
     ]
     node = kube.obj("Node", "gpu-1")
     assert node is not None and node["metadata"]["labels"]["a"] == "b"
-    assert outcomes[0].result["metadata"]["name"] == "sa"  # the server's answer
-    assert outcomes[4].result == {}  # eviction answers nothing to keep
+    applied = kube.obj("ServiceAccount", "sa", NAMESPACE)
+    assert applied is not None and applied["metadata"]["generation"] >= 1
+    assert outcomes[0].generation == applied["metadata"]["generation"]  # the server's answer
+    assert outcomes[4].generation == 0  # eviction answers nothing to keep
     for verb, kind in [("apply", "ServiceAccount"), ("delete", "ConfigMap"), ("patch", "Node"),
                        ("create", "Event"), ("evict", "Pod"), ("delete", "Pod")]:  # fmt: skip
         assert written(metrics, verb, kind) == 1

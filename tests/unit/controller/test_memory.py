@@ -17,7 +17,7 @@ SM_KEY = ("ServiceMonitor", "ns", "sm")
 
 
 def applied(obj: dict[str, object], generation: int = 1) -> Outcome:
-    return Outcome(Apply(obj), result={"metadata": {"generation": generation}})
+    return Outcome(Apply(obj), generation=generation)
 
 
 def test_an_apply_records_the_generation_it_produced() -> None:
