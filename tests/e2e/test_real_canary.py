@@ -14,7 +14,7 @@ import pytest
 
 from gpu_operator import testenv
 from tests.e2e.stack_support import (
-    NS,
+    OPERATOR_USER,
     POLICY,
     Stack,
     driver_pod,
@@ -27,8 +27,6 @@ from tests.e2e.stack_support import (
 from tests.e2e.support import audit_writes, policy_status, wait_for
 
 pytestmark = [pytest.mark.real_nodes, pytest.mark.timeout(1800)]
-
-OPERATOR_USER = f"system:serviceaccount:{NS}:gpu-operator"
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
 from gpu_operator.testenv.standins import UPGRADE_DRIVER_VERSION
 from tests.e2e.stack_support import (
     NS,
+    OPERATOR_USER,
     POLICY,
     Stack,
     allocatable,
@@ -44,7 +45,6 @@ from tests.e2e.support import NotYet, audit_writes, policy_ready, wait_for
 # The first run builds the image and the stand-ins (minutes; a changed tree rebuilds them).
 pytestmark = [pytest.mark.real_nodes, pytest.mark.timeout(1800)]
 
-OPERATOR_USER = f"system:serviceaccount:{NS}:gpu-operator"
 UPGRADE_STATE = "nvidia.com/gpu-driver-upgrade-state"
 
 

@@ -14,22 +14,19 @@ PR_SET_NAME = 15  # prctl option: the calling thread's name
 GC_THRESHOLDS = (20_000, 20, 20)  # CPython's are (700, 10, 10)
 
 
-def _libc() -> ctypes.CDLL | None:
+def _libc_call(function: str, *args: object) -> None:
+    """Call a C library function where this platform has it (glibc on Linux); else nothing."""
     try:
-        return ctypes.CDLL(None)
-    except OSError:
-        return None
+        fn = getattr(ctypes.CDLL(None), function)
+    except (OSError, AttributeError):  # not Linux, or not glibc: nothing to tune
+        return
+    fn(*args)
 
 
 def name_os_thread(name: str) -> None:
     """Give the calling thread ``name`` in the kernel too (15 bytes kept), so ``top -H`` and
     ``/proc/PID/task/*/comm`` say which watch, or the event loop, spends the CPU."""
-    libc = _libc()
-    try:
-        if libc is not None:
-            libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
-    except AttributeError:  # not Linux: the names stay Python's own
-        pass
+    _libc_call("prctl", PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 def one_malloc_arena() -> None:
@@ -37,12 +34,7 @@ def one_malloc_arena() -> None:
     it: a dozen watch threads parsing thousands of events would hold their peaks each (the
     RSS of a 500-node fleet doubled). One arena serves them all; the GIL serializes them
     anyway."""
-    libc = _libc()
-    try:
-        if libc is not None:
-            libc.mallopt(M_ARENA_MAX, 1)
-    except AttributeError:  # not glibc: nothing to tune
-        pass
+    _libc_call("mallopt", M_ARENA_MAX, 1)
 
 
 def fewer_collections() -> None:
