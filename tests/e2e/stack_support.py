@@ -101,6 +101,11 @@ def real_stack(
             yield stack
         finally:
             try:
+                # A test that failed may leave its own pods behind; they are not the operator's
+                # to remove, and would keep the next module's wait for "operands gone" waiting.
+                for pod in kube.list_objects("Pod", NS):
+                    if not pod["metadata"].get("ownerReferences"):
+                        kube.delete("Pod", pod["metadata"]["name"], NS)
                 kube.delete("ClusterPolicy", POLICY)
                 wait_for(
                     "the operator's labels and taint off the real nodes",
@@ -144,6 +149,17 @@ def allocatable(stack: Stack, node: str) -> str | None:
     status = (stack.kube.get("Node", node) or {}).get("status") or {}
     value: str | None = status.get("allocatable", {}).get("nvidia.com/gpu")
     return value
+
+
+def wait_advertising(stack: Stack, node: str, count: str = "8", timeout: float = 300) -> None:
+    """Wait until ``node`` advertises ``count`` nvidia.com/gpu. A plugin that just restarted
+    (after a MIG change, an MPS config, a driver upgrade) leaves the kubelet's allocatable at
+    "0" until it registers again, and a pod admitted then is rejected: "0" is not ready."""
+    wait_for(
+        f"{node} advertising {count} nvidia.com/gpu",
+        lambda: (got := allocatable(stack, node)) == count or NotYet(got),
+        timeout=timeout,
+    )
 
 
 def diagnose(stack: Stack) -> str:
@@ -238,11 +254,7 @@ def check_discovery_labels(stack: Stack) -> None:
         assert labels["nvidia.com/gpu.product"] == PRODUCTS[planned.gpus]
         assert labels["nvidia.com/gpu.count"] == "8"
         assert labels["nvidia.com/mig.capable"] == "true"
-        wait_for(
-            f"{planned.name} advertising 8 GPUs",
-            lambda n=planned.name: (got := allocatable(stack, n)) == "8" or NotYet(got),
-            timeout=300,
-        )
+        wait_advertising(stack, planned.name)
 
 
 def exporter_metrics(stack: Stack, pod: str) -> str:
@@ -262,7 +274,7 @@ def check_exporter_names_the_gpu_pod(stack: Stack, node: str) -> list[str]:
     Returns those series. It starts from a settled stack (every operand Ready), whatever ran
     before it in the module."""
     wait_all_operands_ready(stack)
-    wait_for(f"{node} advertising nvidia.com/gpu", lambda: allocatable(stack, node), timeout=300)
+    wait_advertising(stack, node)
 
     def gpu_user_ready() -> bool | NotYet:
         pod = stack.kube.get("Pod", "gpu-user", NS) or {}
@@ -340,16 +352,13 @@ def check_mig_reconfiguration(stack: Stack, node: str) -> None:
             "discovery in its container sees the MIG devices", mig_product, timeout=300
         )
         assert labels["nvidia.com/gpu.count"] == "56"
-        wait_for(
-            "the device plugin in its container advertises 56 MIG GPUs",
-            lambda: (got := allocatable(stack, node)) == "56" or NotYet(got),
-            timeout=300,
-        )
+        wait_advertising(stack, node, "56")
     finally:
         stack.kube.merge_patch(
             "Node", node, {"metadata": {"labels": {"nvidia.com/mig.config": "all-disabled"}}}
         )
         wait_for("MIG disabled again", mig_disabled, timeout=300)
+        wait_advertising(stack, node)  # the plugin back: the next test can admit a GPU pod
 
 
 def example_policy() -> dict[str, Any]:

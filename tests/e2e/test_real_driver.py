@@ -40,6 +40,7 @@ from tests.e2e.stack_support import (
     pods_on,
     ready,
     real_stack,
+    wait_advertising,
 )
 from tests.e2e.support import NotYet, wait_for
 from tests.paths import REPO
@@ -256,6 +257,7 @@ def _check_gets_its_gpu(stack: Stack, name: str, node: str, root: str, claim: bo
 def test_containers_get_the_driver_from_cdi_only(stack: Stack, root: str) -> None:
     _use_driver_root(stack, root)
     _operands_on(stack, root)
+    wait_advertising(stack, PLUGIN_NODE)  # the re-rolled plugin registered again
     if stack.kube.get("ResourceClaimTemplate", "one-gpu", NS) is None:
         stack.kube.create(_claim_template())
     _check_gets_its_gpu(stack, "cdi-plugin-pod", PLUGIN_NODE, root, claim=False)

@@ -29,7 +29,6 @@ from tests.e2e.stack_support import (
     check_exporter_names_the_gpu_pod,
     check_mig_reconfiguration,
     diagnose,
-    drivers_ready,
     example_policy,
     gpu_pod,
     node_labels,
@@ -38,6 +37,7 @@ from tests.e2e.stack_support import (
     ready,
     real_stack,
     rollout_in,
+    wait_advertising,
     wait_all_operands_ready,
 )
 from tests.e2e.support import NotYet, audit_writes, policy_ready, wait_for
@@ -189,11 +189,7 @@ def test_mps_on_a_real_node_runs_the_control_daemon_and_shares_each_gpu_four_way
         )
         other = stack.cluster.real_nodes[0]  # its config is not MPS: no daemon there
         assert not pods_on(stack, "nvidia-device-plugin-mps-control-daemon", other)
-        wait_for(
-            "32 MPS replicas advertised",
-            lambda: (got := allocatable(stack, node)) == "32" or NotYet(got),
-            300,
-        )
+        wait_advertising(stack, node, "32")
         stack.kube.create(gpu_pod("two-replicas", node, 2))
         refused = wait_for("the 2-replica pod refused at admission", refused_at_admission, 120)
         assert refused.get("reason") == "UnexpectedAdmissionError", refused
@@ -234,13 +230,6 @@ def test_a_driver_upgrade_rolls_across_the_real_nodes(stack: Stack) -> None:
         pod = stack.kube.get("Pod", "gpu-job", NS) or {}
         return ready(pod) or NotYet(pod.get("status"))
 
-    wait_for("a Ready driver on each real node", lambda: drivers_ready(stack), timeout=420)
-    before = {n: driver(n)["metadata"]["uid"] for n in nodes}  # type: ignore[index]
-    node = nodes[0]
-    wait_for(f"{node} advertising nvidia.com/gpu", lambda: allocatable(stack, node), timeout=300)
-    stack.kube.create(gpu_pod("gpu-job", node, 1))
-    wait_for("gpu-job Running", job_ready)
-    since = datetime.now(UTC)
     # Two at a time (of the 3 GPU nodes: the real two and the kwok one), to keep the test short;
     # one at a time is what the kwok upgrade e2e (test_upgrade.py) holds to on 8 nodes.
     # The canary (the cluster's kwok GPU node: quick) goes first and soaks; then the real nodes,
@@ -254,11 +243,6 @@ def test_a_driver_upgrade_rolls_across_the_real_nodes(stack: Stack) -> None:
     selector = {"kubernetes.io/hostname": kwok}
     canary = {"nodeSelector": selector, "soak": "5s", "timeout": "5m"}
     upgrade_policy = {"maxParallelUpgrades": 2, "maxUnavailable": "100%", "canary": canary}
-    stack.kube.merge_patch(
-        "ClusterPolicy",
-        POLICY,
-        {"spec": {"driver": {"version": target, "upgradePolicy": upgrade_policy}}},
-    )
     unavailable: list[int] = []
 
     def upgraded(name: str) -> bool | NotYet:
@@ -293,7 +277,18 @@ def test_a_driver_upgrade_rolls_across_the_real_nodes(stack: Stack) -> None:
                 return result
         return True
 
+    wait_all_operands_ready(stack)  # whatever ran before in this module has settled
+    before = {n: driver(n)["metadata"]["uid"] for n in nodes}  # type: ignore[index]
+    wait_advertising(stack, nodes[0])
+    stack.kube.create(gpu_pod("gpu-job", nodes[0], 1))
     try:
+        wait_for("gpu-job Running", job_ready)
+        since = datetime.now(UTC)
+        stack.kube.merge_patch(
+            "ClusterPolicy",
+            POLICY,
+            {"spec": {"driver": {"version": target, "upgradePolicy": upgrade_policy}}},
+        )
         wait_for(f"driver {target} on every real node", done, timeout=600, every=1.0)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{diagnose(stack)}") from None

@@ -224,6 +224,7 @@ class FaultProxy:
             return response
 
     async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
         context = ssl.create_default_context(cafile=str(self.ca_file))
         session = self._session = ClientSession(
             connector=TCPConnector(ssl=context, limit=0),
@@ -245,9 +246,9 @@ class FaultProxy:
 
     def start(self) -> FaultProxy:
         def main() -> None:
-            self._loop = asyncio.new_event_loop()
-            self._loop.run_until_complete(self._serve())
-            self._loop.close()
+            # asyncio.run, not run_until_complete: the handlers still pending at stop (a watch
+            # being forwarded) are cancelled and finished, not destroyed with the loop.
+            asyncio.run(self._serve())
 
         self._thread = threading.Thread(target=main, name="fault-proxy", daemon=True)
         self._thread.start()
