@@ -361,10 +361,16 @@ def check_mig_reconfiguration(stack: Stack, node: str) -> None:
         wait_advertising(stack, node)  # the plugin back: the next test can admit a GPU pod
 
 
+# The simulated driver is laid out in a second, not compiled for minutes: its startupProbe need
+# not wait NVIDIA's 60 s before the first try (every driver pod start on a real node did).
+SIMULATED_DRIVER_STARTUP_PROBE = {"initialDelaySeconds": 2, "periodSeconds": 2}
+
+
 def example_policy() -> dict[str, Any]:
     """The example, with GPU health remediation on (short delays): every real-stack test also
     shows that MIG changes, MPS and driver upgrades raise no false quarantine."""
     doc: dict[str, Any] = yaml.safe_load((REPO / "examples" / "clusterpolicy.yaml").read_text())
+    doc["spec"]["driver"]["startupProbe"] = SIMULATED_DRIVER_STARTUP_PROBE
     doc["spec"]["healthRemediation"] = {
         "enabled": True,
         "maxUnavailable": 1,

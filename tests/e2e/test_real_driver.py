@@ -33,6 +33,7 @@ from gpu_operator.render.images import split_reference
 from tests.e2e.stack_support import (
     NS,
     POLICY,
+    SIMULATED_DRIVER_STARTUP_PROBE,
     Stack,
     diagnose,
     phases,
@@ -76,6 +77,7 @@ def _policy() -> dict[str, Any]:
         env=[{"name": "DEVICE_LIST_STRATEGY", "value": "cdi-cri"}],
     )
     spec["cdi"] = {"enabled": True}
+    spec["driver"]["startupProbe"] = SIMULATED_DRIVER_STARTUP_PROBE
     return doc
 
 
