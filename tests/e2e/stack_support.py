@@ -32,7 +32,6 @@ from tests.e2e.support import (
 from tests.paths import REPO
 
 NS = "gpu-operator"
-OPERATOR_USER = f"system:serviceaccount:{NS}:gpu-operator"  # as the audit log names it
 POLICY = "cluster-policy"
 # The DaemonSets with a pod on each real GPU node, whichever image each runs.
 ON_EACH_REAL_NODE = (

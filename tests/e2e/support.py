@@ -44,6 +44,10 @@ def private_cluster(
         cluster.stop(remove_state=True)
 
 
+# The operator's ServiceAccount (deploy/'s) as the audit log names it: its requests are found so.
+OPERATOR_USER = "system:serviceaccount:gpu-operator:gpu-operator"
+
+
 class NotYet:
     """A probe's "not yet" that says what it saw, so a wait that times out reports it.
 

@@ -24,6 +24,7 @@ from gpu_operator.kube import Kube
 from gpu_operator.testenv.processes import free_ports
 from gpu_operator.views import pod_ready
 from tests.e2e.support import (
+    OPERATOR_USER,
     NotYet,
     OperatorProcess,
     audit_writes,
@@ -34,7 +35,6 @@ from tests.e2e.support import (
 )
 
 NS = "gpu-operator"
-OPERATOR = f"system:serviceaccount:{NS}:gpu-operator"
 POOL_LABEL = "nvidia.com/gpu.driver-pool"
 STATE = "nvidia.com/gpu-driver-upgrade-state"
 POOLS = {"a": [f"a-{i}" for i in range(3)], "b": [f"b-{i}" for i in range(3)]}
@@ -177,7 +177,9 @@ def test_a_failing_driver_is_rolled_back_on_its_canary_and_a_good_one_goes_canar
             # Nothing outside a's canary was touched: its other nodes and their pods, pool b.
             untouched = [n for n in (*POOLS["a"], *POOLS["b"]) if n != CANARY["a"]]
             for name in untouched:
-                assert not audit_writes(cluster, OPERATOR, since, resource=("nodes", name)), name
+                assert not audit_writes(cluster, OPERATOR_USER, since, resource=("nodes", name)), (
+                    name
+                )
             others = [
                 p["metadata"]["name"]
                 for pool in POOLS
@@ -185,7 +187,7 @@ def test_a_failing_driver_is_rolled_back_on_its_canary_and_a_good_one_goes_canar
                 if n != CANARY["a"]
             ]
             for pod in others:
-                assert not audit_writes(cluster, OPERATOR, since, resource=("pods", pod)), pod
+                assert not audit_writes(cluster, OPERATOR_USER, since, resource=("pods", pod)), pod
             # Held: the spec still names the bad driver, and nothing moves, across a restart too.
             operator.kill()
             restarted = datetime.now().astimezone()
@@ -193,9 +195,9 @@ def test_a_failing_driver_is_rolled_back_on_its_canary_and_a_good_one_goes_canar
             wait_for("the successor leads", partial(_leads, operator))
             assert rollout(kube, "a")["phase"] == "held"
             for name in POOLS["a"]:
-                assert not audit_writes(cluster, OPERATOR, restarted, resource=("nodes", name)), (
-                    name
-                )
+                assert not audit_writes(
+                    cluster, OPERATOR_USER, restarted, resource=("nodes", name)
+                ), name
 
             # Pool b: a good version, canary first; the operator dies while the canary soaks.
             kube.merge_patch("NVIDIADriver", "b", {"spec": {"version": GOOD}})

@@ -26,6 +26,7 @@ from gpu_operator.kube import Kube
 from gpu_operator.testenv import gpufaults
 from gpu_operator.testenv.processes import free_ports
 from tests.e2e.support import (
+    OPERATOR_USER,
     NotYet,
     OperatorProcess,
     audit_writes,
@@ -39,7 +40,6 @@ from tests.e2e.support import (
 )
 
 NS = "gpu-operator"
-OPERATOR = f"system:serviceaccount:{NS}:gpu-operator"
 NODES = [f"gpu-node-{i}" for i in range(5)]
 SICK, STORM = NODES[0], NODES[1:3]
 GPUS = "h100-80gb:2"
@@ -309,11 +309,13 @@ def test_a_lost_gpu_is_quarantined_drained_remediated_and_released_within_the_li
         assert reasons.count("GPURecovered") == 1, reasons
         deletions = [
             w["objectRef"]["name"]
-            for w in audit_writes(cluster, OPERATOR, started, resource=("pods", None))
+            for w in audit_writes(cluster, OPERATOR_USER, started, resource=("pods", None))
             if w["verb"] == "delete" and w["objectRef"].get("name") in drivers
         ]
         assert deletions == drivers, deletions
-        assert audit_writes(cluster, OPERATOR, killed, resource=("nodes", SICK))  # the successor
+        assert audit_writes(
+            cluster, OPERATOR_USER, killed, resource=("nodes", SICK)
+        )  # the successor
 
 
 def _metrics_say(operator: OperatorProcess, *, held: int, quarantined: int) -> bool | NotYet:

@@ -24,6 +24,7 @@ from gpu_operator.install.rbac import CLUSTER_RULES, NAMESPACE_RULES, Rule, clus
 from gpu_operator.kube import Kube
 from tests import prerequisites
 from tests.e2e.support import (
+    OPERATOR_USER,
     NotYet,
     audit_refusals,
     policy_api_served,
@@ -36,7 +37,6 @@ from tests.e2e.support import (
 from tests.paths import REPO
 
 NS = "gpu-operator"
-SA_USER = f"system:serviceaccount:{NS}:gpu-operator"
 STEP_TIMEOUT = 120.0  # generous: a step ends as soon as it is done (or refused)
 GPU_NODE = "gpu-node-0"
 STATE = "nvidia.com/gpu-driver-upgrade-state"
@@ -249,7 +249,7 @@ def test_kubectl_apply_deploy_and_least_privilege_operator(testenv_bin_dir: Path
         )
         kube.apply(SERVICEMONITOR_CRD)
         assert exercise(cluster, kube) is None
-        refused = [(e["verb"], e["objectRef"]) for e in audit_refusals(cluster, SA_USER)]
+        refused = [(e["verb"], e["objectRef"]) for e in audit_refusals(cluster, OPERATOR_USER)]
         assert refused == []
 
 
@@ -276,7 +276,7 @@ def test_every_rule_is_needed(testenv_bin_dir: Path, scope: str, index: int, rul
         grant(kube, cluster_rules, namespace_rules)
 
         def refused() -> list[Mapping[str, Any]]:
-            return [e for e in audit_refusals(cluster, SA_USER) if allows(rule, e)]
+            return [e for e in audit_refusals(cluster, OPERATOR_USER) if allows(rule, e)]
 
         # A step waits until it is done or the request the rule grants comes back 403.
         assert exercise(cluster, kube, until=lambda: bool(refused())) is not None, (

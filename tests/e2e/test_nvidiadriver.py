@@ -28,6 +28,7 @@ from gpu_operator.controller.crd_install import ensure_crd
 from gpu_operator.kube import Kube
 from gpu_operator.views import pod_ready
 from tests.e2e.support import (
+    OPERATOR_USER,
     NotYet,
     OperatorProcess,
     audit_writes,
@@ -42,7 +43,6 @@ from tests.e2e.test_upgrade import CordonSampler
 from tests.prerequisites import nvidia
 
 NS = "gpu-operator"
-USER = f"system:serviceaccount:{NS}:gpu-operator"
 POOL = "nvidia.com/gpu.driver-pool"
 STATE = "nvidia.com/gpu-driver-upgrade-state"
 PRODUCT = "nvidia.com/gpu.product"
@@ -278,7 +278,7 @@ def test_pools_conflicts_and_a_pool_upgrade(cluster: testenv.Cluster, tmp_path: 
     # From the audit log: since the bump the operator wrote nothing to the other pools' driver
     # pods, their DaemonSets or their nodes' upgrade state.
     touched = [
-        e for e in audit_writes(cluster, USER, bumped_at)
+        e for e in audit_writes(cluster, OPERATOR_USER, bumped_at)
         if (e.get("objectRef") or {}).get("name") in {*others, *other_sets}
         or ((e.get("objectRef") or {}).get("resource") == "nodes"
             and not e["objectRef"]["name"].startswith(("a100-",)))

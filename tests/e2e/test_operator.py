@@ -22,6 +22,7 @@ from gpu_operator.kube import Kube
 from gpu_operator.labels import OWNED_ANNOTATION
 from tests import prerequisites
 from tests.e2e.support import (
+    OPERATOR_USER,
     NotYet,
     audit_requests,
     audit_writes,
@@ -36,7 +37,6 @@ from tests.e2e.support import (
 )
 
 NS = "gpu-operator"
-SA_USER = f"system:serviceaccount:{NS}:gpu-operator"
 # A user's taint that operands do not tolerate would keep them off the node; PreferNoSchedule
 # does not, so the GPU node can carry it and still run the stack.
 USER_TAINT = {"key": "dedicated", "value": "ml", "effect": "PreferNoSchedule"}
@@ -149,7 +149,7 @@ def test_helm_default_converges(env: Env) -> None:
     # its start.
     node_writes = [
         w["objectRef"]["name"]
-        for w in audit_writes(env.cluster, SA_USER, datetime(2000, 1, 1, tzinfo=UTC))
+        for w in audit_writes(env.cluster, OPERATOR_USER, datetime(2000, 1, 1, tzinfo=UTC))
         if w["objectRef"]["resource"] == "nodes"
     ]
     assert sorted(node_writes) == GPU_NODES
@@ -360,7 +360,7 @@ def test_steady_state_is_silent(env: Env) -> None:
         lambda: (n := completed()) >= first + QUIET_PASSES or NotYet({"passes": n, "first": first}),
         timeout=QUIET_PASSES * RESYNC_S * 10,
     )
-    writes = audit_writes(env.cluster, SA_USER, start)
+    writes = audit_writes(env.cluster, OPERATOR_USER, start)
     others = [w for w in writes if w["objectRef"]["resource"] != "leases"]
     assert others == [], [(w["verb"], w["objectRef"]) for w in others]
     leases = {w["objectRef"].get("name") for w in writes} - {None}
@@ -370,7 +370,7 @@ def test_steady_state_is_silent(env: Env) -> None:
     # whether the Prometheus operator's ServiceMonitor CRD exists. Nothing else.
     reads = [
         r
-        for r in audit_requests(env.cluster, SA_USER, start)
+        for r in audit_requests(env.cluster, OPERATOR_USER, start)
         if r["verb"] != "watch"
         and r["objectRef"]["resource"] != "leases"
         and not r.get("userAgent", "").startswith("kopf/")

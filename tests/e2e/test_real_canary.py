@@ -14,7 +14,6 @@ import pytest
 
 from gpu_operator import testenv
 from tests.e2e.stack_support import (
-    OPERATOR_USER,
     POLICY,
     Stack,
     driver_pod,
@@ -24,7 +23,7 @@ from tests.e2e.stack_support import (
     rollout_in,
     wait_all_operands_ready,
 )
-from tests.e2e.support import audit_writes, policy_ready, policy_status, wait_for
+from tests.e2e.support import OPERATOR_USER, audit_writes, policy_ready, policy_status, wait_for
 
 pytestmark = [pytest.mark.real_nodes, pytest.mark.timeout(1800)]
 

@@ -21,7 +21,6 @@ from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
 from gpu_operator.testenv.standins import UPGRADE_DRIVER_VERSION
 from tests.e2e.stack_support import (
     NS,
-    OPERATOR_USER,
     POLICY,
     Stack,
     allocatable,
@@ -40,7 +39,7 @@ from tests.e2e.stack_support import (
     wait_advertising,
     wait_all_operands_ready,
 )
-from tests.e2e.support import NotYet, audit_writes, policy_ready, wait_for
+from tests.e2e.support import OPERATOR_USER, NotYet, audit_writes, policy_ready, wait_for
 
 # The first run builds the image and the stand-ins (minutes; a changed tree rebuilds them).
 pytestmark = [pytest.mark.real_nodes, pytest.mark.timeout(1800)]

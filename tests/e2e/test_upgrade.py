@@ -21,6 +21,7 @@ import pytest
 from gpu_operator import testenv
 from gpu_operator.kube import Kube
 from tests.e2e.support import (
+    OPERATOR_USER,
     NotYet,
     OperatorProcess,
     node_events,
@@ -33,7 +34,6 @@ from tests.e2e.support import (
 )
 
 NS = "gpu-operator"
-USER = f"system:serviceaccount:{NS}:gpu-operator"
 NODES = [f"gpu-node-{i}" for i in range(8)]
 PROTECTED = "gpu-node-7"  # its GPU pod is guarded by a PDB that allows no eviction
 STATE = "nvidia.com/gpu-driver-upgrade-state"
@@ -123,7 +123,10 @@ def audit(cluster: testenv.Cluster) -> list[dict[str, Any]]:
     with cluster.audit_log.open() as log:
         for line in log:
             event = json.loads(line)
-            if event.get("stage") == "ResponseComplete" and event["user"]["username"] == USER:
+            if (
+                event.get("stage") == "ResponseComplete"
+                and event["user"]["username"] == OPERATOR_USER
+            ):
                 events.append(event)
     return events
 
