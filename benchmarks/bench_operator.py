@@ -323,6 +323,7 @@ def run_size(gpu_nodes: int, steady: float, profile: Path | None) -> Result:
 
             profiler.start("converged")
             steady_from, cpu_before = now(), cpu_seconds(proc.pid)
+            threads_converged = cpu_by_thread(proc.pid)
             marks = [cpu_before]
             for _ in range(int(steady // 60)):
                 time.sleep(60)
@@ -333,6 +334,12 @@ def run_size(gpu_nodes: int, steady: float, profile: Path | None) -> Result:
             print(
                 f"[{gpu_nodes}] CPU-s in each minute once converged: "
                 + ", ".join(f"{m:.2f}" for m in minutes_cpu)
+            )
+            steady_threads = cpu_by_thread(proc.pid)
+            steady_threads.subtract(threads_converged)
+            print(
+                f"[{gpu_nodes}] CPU-s once converged by thread: "
+                + ", ".join(f"{n} {s:.2f}" for n, s in steady_threads.most_common() if s >= 0.01)
             )
             profiler.stop()
             counts = requests_by_verb(cluster, steady_from)
