@@ -103,6 +103,32 @@ def requests_by_verb(cluster: testenv.Cluster, since: datetime) -> collections.C
     return counts
 
 
+def others_writes_by_minute(
+    cluster: testenv.Cluster, since: datetime, resources: tuple[str, ...] = ("nodes", "pods")
+) -> dict[int, collections.Counter[str]]:
+    """Everyone else's writes to ``resources`` in each minute from ``since``: what the operator's
+    watches had to read while it had nothing to do (the audit log omits Lease renewals)."""
+    minutes: dict[int, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    with cluster.audit_log.open() as log:
+        for line in log:
+            event = json.loads(line)
+            if event.get("stage") != "ResponseComplete" or event.get("verb") == "get":
+                continue
+            user = event.get("user", {}).get("username", "")
+            ref = event.get("objectRef") or {}
+            if user == USER or ref.get("resource") not in resources:
+                continue
+            if event["verb"] in ("list", "watch"):
+                continue
+            stamp = datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
+            if stamp >= since:
+                what = f"{user.rsplit(':', 1)[-1]} {event['verb']} {ref['resource']}"
+                if ref.get("subresource"):
+                    what += "/" + ref["subresource"]
+                minutes[int((stamp - since).total_seconds() // 60)][what] += 1
+    return minutes
+
+
 @dataclass
 class Result:
     gpu_nodes: int
@@ -343,6 +369,9 @@ def run_size(gpu_nodes: int, steady: float, profile: Path | None) -> Result:
             )
             profiler.stop()
             counts = requests_by_verb(cluster, steady_from)
+            for minute, writes in sorted(others_writes_by_minute(cluster, steady_from).items()):
+                print(f"[{gpu_nodes}] minute {minute + 1} once converged, others' writes: "
+                      + ", ".join(f"{w} {n}" for w, n in writes.most_common()))  # fmt: skip
             if profile is not None:  # the operator's log next to its profiles
                 shutil.copy(Path(tmp) / "operator.log", profile / str(gpu_nodes) / "operator.log")
             minutes = steady / 60
