@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import collections
 import itertools
-import json
 import os
 import re
 import shutil
@@ -46,6 +45,8 @@ sys.path.insert(0, str(REPO))
 from gpu_operator import testenv  # noqa: E402
 from gpu_operator.kube import Kube, WatchStream  # noqa: E402
 from tests.e2e.support import (  # noqa: E402
+    OPERATOR_USER,
+    audit_requests,
     audit_writes,
     now,
     service_account_config,
@@ -53,7 +54,6 @@ from tests.e2e.support import (  # noqa: E402
 )
 
 NS = "gpu-operator"
-USER = f"system:serviceaccount:{NS}:gpu-operator"
 POLICY = REPO.parent / "shared" / "reference" / "nvidia" / "clusterpolicy-helm-default.yaml"
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -88,19 +88,10 @@ def peak_rss_mib(pid: int, field: str = "VmHWM") -> float:
 
 
 def requests_by_verb(cluster: testenv.Cluster, since: datetime) -> collections.Counter[str]:
-    counts: collections.Counter[str] = collections.Counter()
-    with cluster.audit_log.open() as log:
-        for line in log:
-            event = json.loads(line)
-            if event.get("stage") != "ResponseComplete":
-                continue
-            if event.get("user", {}).get("username") != USER:
-                continue
-            stamp = datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
-            if stamp >= since:
-                resource = event["objectRef"].get("resource", "")
-                counts[f"{event['verb']} {resource}"] += 1
-    return counts
+    return collections.Counter(
+        f"{e['verb']} {e['objectRef'].get('resource', '')}"
+        for e in audit_requests(cluster, OPERATOR_USER, since)
+    )
 
 
 def others_writes_by_minute(
@@ -109,23 +100,15 @@ def others_writes_by_minute(
     """Everyone else's writes to ``resources`` in each minute from ``since``: what the operator's
     watches had to read while it had nothing to do (the audit log omits Lease renewals)."""
     minutes: dict[int, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-    with cluster.audit_log.open() as log:
-        for line in log:
-            event = json.loads(line)
-            if event.get("stage") != "ResponseComplete" or event.get("verb") == "get":
-                continue
-            user = event.get("user", {}).get("username", "")
-            ref = event.get("objectRef") or {}
-            if user == USER or ref.get("resource") not in resources:
-                continue
-            if event["verb"] in ("list", "watch"):
-                continue
-            stamp = datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
-            if stamp >= since:
-                what = f"{user.rsplit(':', 1)[-1]} {event['verb']} {ref['resource']}"
-                if ref.get("subresource"):
-                    what += "/" + ref["subresource"]
-                minutes[int((stamp - since).total_seconds() // 60)][what] += 1
+    for event in audit_writes(cluster, None, since):
+        user, ref = event["user"]["username"], event["objectRef"]
+        if user == OPERATOR_USER or ref.get("resource") not in resources:
+            continue
+        what = f"{user.rsplit(':', 1)[-1]} {event['verb']} {ref['resource']}"
+        if ref.get("subresource"):
+            what += "/" + ref["subresource"]
+        stamp = datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
+        minutes[int((stamp - since).total_seconds() // 60)][what] += 1
     return minutes
 
 
@@ -338,7 +321,7 @@ def run_size(gpu_nodes: int, steady: float, profile: Path | None) -> Result:
             )
             profiler.stop()
             time.sleep(2)
-            writes = audit_writes(cluster, USER, start_wall)
+            writes = audit_writes(cluster, OPERATOR_USER, start_wall)
             by_resource = collections.Counter(w["objectRef"]["resource"] for w in writes)
             node_codes = collections.Counter(
                 (w["verb"], (w.get("responseStatus") or {}).get("code"))

@@ -313,9 +313,8 @@ def test_a_lost_gpu_is_quarantined_drained_remediated_and_released_within_the_li
             if w["verb"] == "delete" and w["objectRef"].get("name") in drivers
         ]
         assert deletions == drivers, deletions
-        assert audit_writes(
-            cluster, OPERATOR_USER, killed, resource=("nodes", SICK)
-        )  # the successor
+        # the successor's
+        assert audit_writes(cluster, OPERATOR_USER, killed, resource=("nodes", SICK))
 
 
 def _metrics_say(operator: OperatorProcess, *, held: int, quarantined: int) -> bool | NotYet:

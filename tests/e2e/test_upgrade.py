@@ -6,13 +6,12 @@ node."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from tests.e2e.support import (
     OPERATOR_USER,
     NotYet,
     OperatorProcess,
+    audit_requests,
     node_events,
     policy_api_served,
     policy_status,
@@ -116,19 +116,6 @@ def cluster(testenv_bin_dir: Path) -> Iterator[testenv.Cluster]:
             ]
         )  # fmt: skip
         yield cluster
-
-
-def audit(cluster: testenv.Cluster) -> list[dict[str, Any]]:
-    events = []
-    with cluster.audit_log.open() as log:
-        for line in log:
-            event = json.loads(line)
-            if (
-                event.get("stage") == "ResponseComplete"
-                and event["user"]["username"] == OPERATOR_USER
-            ):
-                events.append(event)
-    return events
 
 
 def driver_pods(kube: Kube) -> dict[str, dict[str, Any]]:
@@ -247,7 +234,7 @@ def test_driver_upgrade_rolls_safely(cluster: testenv.Cluster, tmp_path: Path) -
     # so each upgraded node's validator was stale and was restarted, once, after its driver.
     evicted: dict[str, datetime] = {}
     deleted: list[tuple[str, datetime]] = []
-    for event in audit(cluster):
+    for event in audit_requests(cluster, OPERATOR_USER, datetime(2000, 1, 1, tzinfo=UTC)):
         ref = event.get("objectRef") or {}
         stamp = datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
         if ref.get("subresource") == "eviction" and ref.get("name", "").startswith("train-"):
