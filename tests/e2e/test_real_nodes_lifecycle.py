@@ -44,12 +44,25 @@ def _pids_of(state_dir: Path, cluster_id: str) -> list[int]:
     return found
 
 
-def _netns_inodes() -> set[str]:
+def _ticks_now() -> int:
+    """Now, in the units of a process's start time (clock ticks since boot)."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
+
+
+def _netns_inodes(started_before: int) -> set[str]:
+    """The network namespaces of live processes started before ``started_before``.
+
+    Only those: the kernel reuses a freed namespace's inode number, and the real-node tests
+    beside this one create and free pods' namespaces all the time, so a namespace made later
+    may carry the number of one that was gone; one held by a process that was already running
+    cannot have been freed and reused."""
     found = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
+            started = start_time(int(entry.name))
             with contextlib.suppress(OSError):
-                found.add(os.readlink(entry / "ns" / "net"))
+                if started is not None and started < started_before:
+                    found.add(os.readlink(entry / "ns" / "net"))
     return found
 
 
@@ -63,7 +76,7 @@ def test_up_with_real_nodes_and_a_pod_then_down_leaves_nothing_behind(
     iptables_before = subprocess.run(
         ["iptables-save"], capture_output=True, text=True, check=True
     ).stdout
-    netns_before = _netns_inodes()
+    before_up = _ticks_now()
     t0 = time.monotonic()
     up = hack_testenv(state_dir, testenv_bin_dir, "up", "--real-nodes", "2", "--gpu-nodes", "0",
               "--cpu-nodes", "0")  # fmt: skip
@@ -77,7 +90,7 @@ def test_up_with_real_nodes_and_a_pod_then_down_leaves_nothing_behind(
         assert set(links) <= set(os.listdir("/sys/class/net"))
         node_netns = {os.readlink(f"/proc/{p.pid}/ns/net") for p in cluster.processes
                       if p.name.startswith(testenv.realnodes.PROCESS_PREFIX)}  # fmt: skip
-        assert len(node_netns) == 2 and not node_netns & netns_before
+        assert len(node_netns) == 2 and not node_netns & _netns_inodes(started_before=before_up)
         with cluster.api_client() as api:
             core = client.CoreV1Api(api)
             shell = testenv.binaries.node_image_name("shell")
@@ -104,6 +117,7 @@ def test_up_with_real_nodes_and_a_pod_then_down_leaves_nothing_behind(
         assert {"kubelet", "containerd", "kube-proxy", "pause", "sleep"} <= names, names
         assert testenv.realnodes.leftover_cgroups(state_dir, real)
     finally:
+        before_down = _ticks_now()
         t0 = time.monotonic()
         down = hack_testenv(state_dir, testenv_bin_dir, "down")
         down_seconds = time.monotonic() - t0
@@ -113,7 +127,7 @@ def test_up_with_real_nodes_and_a_pod_then_down_leaves_nothing_behind(
     assert str(state_dir) not in mounts
     assert not [line for line in mounts.splitlines() if "/var/lib/kubelet" in line]
     assert not set(links) & set(os.listdir("/sys/class/net"))
-    assert not node_netns & _netns_inodes()
+    assert not node_netns & _netns_inodes(started_before=before_down)
     assert testenv.realnodes.leftover_cgroups(state_dir, real) == []
     iptables_after = subprocess.run(
         ["iptables-save"], capture_output=True, text=True, check=True

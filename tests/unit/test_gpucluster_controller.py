@@ -1,20 +1,30 @@
 """The GPUCluster loop's pure decision: what to apply, which nodes get DRA, what status says,
-and how a node both stacks target is reported instead of advertised twice."""
+and how a node both stacks target is reported instead of advertised twice; and its shell's
+retry of a refused write."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
+
+import pytest
 
 from gpu_operator.api.gpucluster import example_document
 from gpu_operator.controller.gpucluster import (
     CONFLICT,
     FINALIZER,
+    GPUClusterController,
     GpuClusterSnapshot,
     decide_gpucluster,
 )
+from gpu_operator.controller.loop import REFUSED_RETRY_S
+from gpu_operator.controller.metrics import PrometheusMetrics
 from gpu_operator.controller.status import Observation, compute_status
 from gpu_operator.render.gpucluster import DEPLOY_LABELS
 from gpu_operator.views import NodeView
+from tests.unit.controller.builders import CONFIG
+from tests.unit.controller.fakes import FakeKube
 
 NS = "gpu-operator"
 IMAGE = "example.com/gpu-operator:1"
@@ -226,3 +236,21 @@ def test_the_clusterpolicy_status_names_the_conflicting_nodes() -> None:
     assert cond["status"] == "True" and "gpu-a" in cond["message"]
     plain = Observation(namespace=NS, generation=1, gpu_nodes=2, nfd_present=True)
     assert "DRAConflict" not in conditions(compute_status(plain, {}, STAMP))
+
+
+def test_a_refused_apply_is_retried_by_itself_and_not_again_once_applied() -> None:
+    """No watch event follows a refused write: the pass itself asks to be run again."""
+    kube = FakeKube().add(cluster(), {"kind": "Node", "metadata": {"name": "gpu-a"}})
+    stores: dict[str, list[Any]] = {
+        "gpuclusters": [cluster()], "nodes": [node("gpu-a")], "clusterpolicies": [],
+        "daemonsets": [],
+    }  # fmt: skip
+    controller = GPUClusterController(
+        kube, CONFIG, PrometheusMetrics(), lambda index: stores[index], lambda nodes: None
+    )
+    kube.refuse("apply", "DeviceClass", status=409, times=1)
+    start = time.time()
+    retry = asyncio.run(controller.run_pass(False))
+    assert retry is not None and retry - start == pytest.approx(REFUSED_RETRY_S, abs=0.5)
+    assert asyncio.run(controller.run_pass(False)) is None
+    assert kube.obj("DeviceClass", "gpu.nvidia.com") is not None

@@ -7,7 +7,7 @@ needs no knowledge of GPUs, policies or upgrades.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -110,6 +110,11 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.status is None and not self.skipped
+
+
+def refused(outcomes: Iterable[Outcome]) -> list[Outcome]:
+    """The actions the API server answered with an error (not those skipped after one)."""
+    return [o for o in outcomes if not o.ok and not o.skipped]
 
 
 def describe(action: Action) -> str:

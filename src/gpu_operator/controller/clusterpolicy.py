@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_operator.api import KIND
-from gpu_operator.controller.actions import Apply, Key, Outcome, Prune
+from gpu_operator.controller.actions import Apply, Key, Outcome, Prune, refused
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.decide import APPLIED_KINDS, Decision, Gauges, decide
 from gpu_operator.controller.execute import Executor
-from gpu_operator.controller.loop import Loop
+from gpu_operator.controller.loop import Loop, earliest
 from gpu_operator.controller.memory import Memory, remember
 from gpu_operator.controller.metrics import PrometheusMetrics, count_tallies
 from gpu_operator.controller.snapshot import Snapshot
@@ -34,7 +34,6 @@ from gpu_operator.upgrade import IN_PROGRESS, emptying_nodes
 
 log = logging.getLogger(__name__)
 
-NODE_RETRY_S = 1.0  # a node whose patch was refused is looked at again this soon
 MAX_DECIDE_ROUNDS = 3  # decide, read what it asks for, decide again
 
 
@@ -141,13 +140,10 @@ class ClusterPolicyController:
             self.loop.wake.set()
         if any(o.ok and isinstance(o.action, (Apply, Prune)) for o in outcomes):
             self.loop.urgent.set()  # see what the new objects do without waiting to settle
-        requeue = decision.requeue_at
-        if after.retry_nodes:
-            self.inbox.changed_nodes |= after.retry_nodes
-            soon = time.time() + NODE_RETRY_S
-            requeue = soon if requeue is None else min(requeue, soon)
+        self.inbox.changed_nodes |= after.retry_nodes  # the retry looks at them again
         _log_pass(decision, outcomes)
-        return requeue
+        retry = self.loop.refusals.retry_at(bool(refused(outcomes)), time.time())
+        return earliest(decision.requeue_at, retry)
 
     async def observe(self) -> Snapshot:
         nodes = tuple(self._values("nodes"))
@@ -254,6 +250,6 @@ def _log_pass(decision: Decision, outcomes: list[Outcome]) -> None:
             name = type(o.action).__name__.lower()
             kinds[name] = kinds.get(name, 0) + 1
         log.info("pass wrote: %s", ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
-    refused = [o for o in outcomes if not o.ok and not o.skipped]
-    if refused:
-        log.info("pass: %d of %d actions refused", len(refused), len(decision.actions))
+    not_done = refused(outcomes)
+    if not_done:
+        log.info("pass: %d of %d actions refused", len(not_done), len(decision.actions))

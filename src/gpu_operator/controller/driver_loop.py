@@ -15,11 +15,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpu_operator.api import nvidiadriver as api
+from gpu_operator.controller.actions import refused
 from gpu_operator.controller.clusterpolicy import URGENT_KINDS, moves_an_upgrade
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.driver_decide import DRIVER_KINDS, DriverSnapshot, decide_drivers
 from gpu_operator.controller.execute import Executor
-from gpu_operator.controller.loop import Loop
+from gpu_operator.controller.loop import Loop, earliest
 from gpu_operator.controller.metrics import PrometheusMetrics, count_tallies
 from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.controller.watch import ObjectKey, Watched, owned_children
@@ -29,8 +30,6 @@ from gpu_operator.kube import Kube
 from gpu_operator.upgrade import emptying_nodes
 
 log = logging.getLogger(__name__)
-
-RETRY_S = 2.0  # a pass with refused writes looks again this soon
 
 
 class NVIDIADriverController:
@@ -62,13 +61,13 @@ class NVIDIADriverController:
         decision = decide_drivers(snapshot, self.config)
         outcomes = await self.executor.run(decision.stages)
         count_tallies(self.metrics, outcomes)
-        refused = [o for o in outcomes if not o.ok and not o.skipped]
-        if refused:
-            log.info("nvidiadriver pass: %d of %d actions refused", len(refused), len(outcomes))
-            return time.time() + RETRY_S
-        if outcomes:
+        not_done = refused(outcomes)
+        if not_done:
+            log.info("nvidiadriver pass: %d of %d actions refused", len(not_done), len(outcomes))
+        elif outcomes:
             log.info("nvidiadriver pass wrote %d objects", len(outcomes))
-        return decision.requeue_at
+        retry = self.loop.refusals.retry_at(bool(not_done), time.time())
+        return earliest(decision.requeue_at, retry)
 
     async def observe(self) -> DriverSnapshot:
         nodes = tuple(self._values("nodes"))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -323,19 +324,20 @@ class GPUClusterController:
         decision = decide_gpucluster(
             snap, self.config.namespace, self.config.operator_image, self.reported
         )
-        await asyncio.to_thread(self.execute, snap, decision)
+        refused = await asyncio.to_thread(self.execute, snap, decision)
         if decision.conflicts != self.conflicts:
             self.conflicts = decision.conflicts
             self.on_conflicts(decision.conflicts)
-        return None  # woken by the watches
+        return self.loop.refusals.retry_at(refused, time.time())  # else woken by the watches
 
-    def execute(self, snap: GpuClusterSnapshot, decision: GpuClusterDecision) -> None:
+    def execute(self, snap: GpuClusterSnapshot, decision: GpuClusterDecision) -> bool:
+        """Whether an apply was refused (the rest raise, and the loop retries the pass)."""
+        failed = 0
         if decision.applies and decision.applied_hash != self.applied_hash:
-            failed = 0
             for obj in sorted(decision.applies, key=lambda o: o["kind"] == "DaemonSet"):
                 try:
                     self.kube.apply(obj)
-                except ApiException as exc:  # reported; the next pass tries again
+                except ApiException as exc:  # logged; the retry tries again
                     failed += 1
                     log.warning(
                         "apply %s %s: %s", obj["kind"], obj["metadata"]["name"], api_reason(exc)
@@ -364,3 +366,4 @@ class GPUClusterController:
             except ApiException as exc:
                 log.warning("could not record a conflict Event: %s", exc)
         self.reported = self.reported | {e["involvedObject"]["name"] for e in decision.events}
+        return failed > 0

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.metrics import PrometheusMetrics
@@ -27,10 +28,39 @@ MIN_WAIT_S = 1.0
 PASS_CPU_SHARE = 0.02
 ROLLOUT_SETTLE_S = 3.0  # at least, between passes while only pods and DaemonSets move
 MAX_SETTLE_S = 30.0  # the status of a 5,000-node rollout moves at least this often
+REFUSED_RETRY_S = 1.0  # a pass with refused writes looks again this soon, doubling while they go on
+MAX_REFUSED_RETRY_S = 30.0
 
 # A pass gets whether it is the safety-net resync; it returns when to look again (unix
 # seconds) even if nothing changes, or None.
 Pass = Callable[[bool], Awaitable[float | None]]
+
+
+@dataclass
+class Refusals:
+    """When a pass whose writes were refused looks again.
+
+    A refused write brings no watch event (it changed nothing), so without this the next try
+    waits for some unrelated change or the resync, minutes later. Most refusals pass (a
+    conflict, a throttle, a flaky link): the first retry comes at once; while passes go on
+    being refused (a missing RBAC rule, an admission webhook) the retries thin out, so a
+    standing refusal does not become a request a second."""
+
+    in_a_row: int = 0
+
+    def retry_at(self, refused: bool, now: float) -> float | None:
+        """After a pass: when to look again because of its refusals (unix seconds), or None."""
+        if not refused:
+            self.in_a_row = 0
+            return None
+        self.in_a_row += 1
+        return now + min(MAX_REFUSED_RETRY_S, REFUSED_RETRY_S * 2.0 ** (self.in_a_row - 1))
+
+
+def earliest(*times: float | None) -> float | None:
+    """The first of some requeue times, None when there are none."""
+    known = [t for t in times if t is not None]
+    return min(known) if known else None
 
 
 class Loop:
@@ -48,6 +78,7 @@ class Loop:
         self.pass_started: float | None = None  # monotonic, while a pass runs (liveness)
         self.failing_since: float | None = None  # monotonic, first of the failing passes
         self.settle_s = config.debounce_seconds  # before the next pass
+        self.refusals = Refusals()  # the pass tells it whether its writes were refused
 
     async def run(self) -> None:
         await self.ready.wait()

@@ -16,12 +16,9 @@ from typing import Any, ClassVar, TypeVar
 import pytest
 
 from gpu_operator.controller import clusterpolicy
-from gpu_operator.controller.clusterpolicy import (
-    NODE_RETRY_S,
-    ClusterPolicyController,
-    Inbox,
-)
+from gpu_operator.controller.clusterpolicy import ClusterPolicyController, Inbox
 from gpu_operator.controller.decide import FINALIZER, Decision
+from gpu_operator.controller.loop import MAX_REFUSED_RETRY_S, REFUSED_RETRY_S
 from gpu_operator.controller.memory import MONITOR_CRD, MONITOR_CRD_KEY, Memory
 from gpu_operator.controller.metrics import PrometheusMetrics
 from gpu_operator.controller.watch import WATCHED, Watched, index_value
@@ -199,7 +196,7 @@ def test_a_refused_node_patch_is_retried_soon(caplog: pytest.LogCaptureFixture) 
     h.kube.refuse("patch", "Node", "gpu-1", status=409, times=1)
     with caplog.at_level(logging.INFO, "gpu_operator.controller.clusterpolicy"):
         requeue = h.run_pass()
-    assert requeue is not None and requeue <= time.time() + NODE_RETRY_S
+    assert requeue is not None and requeue <= time.time() + REFUSED_RETRY_S
     assert "gpu-1" in h.controller.inbox.changed_nodes
     assert "1 of" in caplog.text and "actions refused" in caplog.text
     gpu = h.kube.obj("Node", "gpu-1")
@@ -207,6 +204,35 @@ def test_a_refused_node_patch_is_retried_soon(caplog: pytest.LogCaptureFixture) 
     h.run_pass()
     gpu = h.kube.obj("Node", "gpu-1")
     assert gpu is not None and gpu["metadata"]["labels"][GPU_PRESENT] == "true"
+
+
+def test_any_refused_write_is_retried_soon_then_less_often_while_refused() -> None:
+    """A refused write brings no watch event: without a requeue the next try would wait for
+    an unrelated change (the chaos suite's 20 % of writes answered 409 once left a driver
+    upgrade idle for minutes)."""
+    h = Harness(cluster())
+    h.converge()
+    h.kube.merge_patch("ClusterPolicy", "cluster-policy", {"spec": {"driver": {"version": "9"}}})
+    refresh(h.kube, h.indexes)
+    h.kube.refuse("apply", "DaemonSet", status=409)  # until lifted
+    delays = []
+    for _ in range(7):
+        start = time.time()
+        requeue = h.run_pass()
+        assert requeue is not None, "a refused pass must look again by itself"
+        delays.append(requeue - start)
+    expected = [min(MAX_REFUSED_RETRY_S, REFUSED_RETRY_S * 2**n) for n in range(7)]
+    assert delays == pytest.approx(expected, abs=0.5)
+    h.kube.refusals.clear()
+    h.run_pass()
+    assert h.controller.loop.refusals.in_a_row == 0
+    images = [
+        c["image"]
+        for ds in h.kube.of_kind("DaemonSet")
+        if ds["metadata"]["name"].startswith("nvidia-driver-daemonset")
+        for c in ds["spec"]["template"]["spec"]["containers"]
+    ]
+    assert images == ["nvcr.io/nvidia/driver:9-ubuntu22.04"]
 
 
 def test_an_apply_failure_is_reported_then_cleared() -> None:

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from gpu_operator.controller import loop as loop_module
-from gpu_operator.controller.loop import Loop
+from gpu_operator.controller.loop import Loop, Refusals, earliest
 from gpu_operator.controller.metrics import PrometheusMetrics
 from tests.unit.controller.builders import CONFIG
 
@@ -147,3 +147,25 @@ def test_a_cancelled_pass_stops_the_loop() -> None:
 
     _, metrics = scenario(body, script=cancelled)
     assert count(metrics, "gpu_operator_reconcile_errors_total") == 0
+
+
+def test_refused_passes_retry_at_once_then_thin_out_and_a_clean_pass_resets() -> None:
+    refusals = Refusals()
+    delays = [refusals.retry_at(True, 100.0) for _ in range(8)]
+    assert [d - 100.0 for d in delays if d is not None] == [
+        1.0,
+        2.0,
+        4.0,
+        8.0,
+        16.0,
+        30.0,
+        30.0,
+        30.0,
+    ]
+    assert refusals.retry_at(False, 100.0) is None
+    assert refusals.retry_at(True, 100.0) == 101.0
+
+
+def test_earliest_of_requeue_times() -> None:
+    assert earliest(None, None) is None
+    assert earliest(5.0, None, 3.0) == 3.0
