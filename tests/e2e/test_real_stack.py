@@ -233,12 +233,16 @@ def test_a_driver_upgrade_rolls_across_the_real_nodes(stack: Stack) -> None:
     # one at a time is what the kwok upgrade e2e (test_upgrade.py) holds to on 8 nodes.
     # The canary (the cluster's kwok GPU node: quick) goes first and soaks; then the real nodes,
     # two at a time.
-    kwok = next(
-        n["metadata"]["name"]
-        for n in stack.kube.list_objects("Node")
-        if n["metadata"]["name"] not in nodes
-        and (n["metadata"].get("labels") or {}).get("nvidia.com/gpu.present") == "true"
-    )
+    def kwok_gpu_node() -> str | NotYet:
+        others = {
+            n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get("nvidia.com/gpu.present")
+            for n in stack.kube.list_objects("Node")
+            if n["metadata"]["name"] not in nodes
+        }
+        labelled = [name for name, present in others.items() if present == "true"]
+        return labelled[0] if labelled else NotYet({"gpu.present on the kwok nodes": others})
+
+    kwok = wait_for("the kwok GPU node labelled gpu.present", kwok_gpu_node, timeout=60)
     selector = {"kubernetes.io/hostname": kwok}
     canary = {"nodeSelector": selector, "soak": "5s", "timeout": "5m"}
     upgrade_policy = {"maxParallelUpgrades": 2, "maxUnavailable": "100%", "canary": canary}
