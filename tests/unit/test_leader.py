@@ -83,18 +83,21 @@ def test_a_hung_api_server_makes_the_holder_stop_before_the_lease_can_move() -> 
     store = Leases()
     a = elector(store, "a")
 
-    async def scenario() -> datetime:
+    async def scenario() -> tuple[datetime, dict[str, Any]]:
         await a.acquire()
         await asyncio.sleep(0.5)  # a renewal or two go through
         store.hang.set()
         await asyncio.wait_for(a.hold(), timeout=10)
         stopped = datetime.now(UTC)
+        # The Lease as another candidate would read it when the holder stopped: the hung
+        # request, once released, still lands and moves renewTime on (CI saw the test read
+        # renewTime before that write and the expiry after it).
+        assert store.obj is not None
+        seen = copy.deepcopy(store.obj["spec"])
         store.released.set()  # let the hung request end (its answer comes too late)
-        return stopped
+        return stopped, seen
 
-    stopped = asyncio.run(scenario())
-    assert store.obj is not None
-    spec = store.obj["spec"]
+    stopped, spec = asyncio.run(scenario())
     renewed = _parse(spec["renewTime"])
     assert renewed is not None
     # The holder stopped while no other candidate could have taken the Lease yet.
