@@ -96,6 +96,16 @@ def real_stack(
         operator = start_operator(service_account_config(cluster, NS, "gpu-operator"), NS)
         stack = Stack(cluster, kube, k8s.CoreV1Api(api), operator, time.monotonic())
         try:
+            # A module before this one whose teardown timed out leaves its policy being deleted:
+            # this operator finishes that deletion first (a create would be refused meanwhile).
+            wait_for(
+                f"the previous {POLICY} gone",
+                lambda: (
+                    (old := kube.get("ClusterPolicy", POLICY)) is None
+                    or NotYet({"deletionTimestamp": old["metadata"].get("deletionTimestamp")})
+                ),
+                timeout=180,
+            )
             kube.create(policy)
             yield stack
         finally:

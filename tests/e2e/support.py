@@ -185,7 +185,9 @@ def start_operator(config: k8s.Configuration, namespace: str, **settings: Any) -
         renew_seconds=2.0,
         lease_seconds=6,
     )
-    return OperatorThread(options, config).start()
+    # Restarted when it stops on its own (a Lease renewal late on a loaded machine), as its
+    # Deployment would be: a test then sees a restart, not an operator gone for the rest of it.
+    return OperatorThread(options, config, restart=True).start()
 
 
 def audit_writes(

@@ -235,12 +235,24 @@ def _failure(done: set[asyncio.Task[Any]]) -> str:
     return "; ".join(sorted(reasons))
 
 
-class OperatorThread:
-    """The operator in a background thread with its own event loop (tests, demo, benchmarks)."""
+RESTART_DELAY_S = 1.0  # OperatorThread(restart=True): between a stop on its own and the next run
 
-    def __init__(self, options: RunOptions, api_config: k8s.Configuration) -> None:
+
+class OperatorThread:
+    """The operator in a background thread with its own event loop (tests, demo, benchmarks).
+
+    With ``restart``, an operator that stops on its own after it led (leadership lost, deaf:
+    :class:`OperatorStopped`) runs again, as the kubelet restarts its Deployment's container;
+    without it, it stays stopped with ``error`` set. Each stop on its own is in ``restarts``.
+    """
+
+    def __init__(
+        self, options: RunOptions, api_config: k8s.Configuration, *, restart: bool = False
+    ) -> None:
         self.options = options
         self.api_config = api_config
+        self.restart = restart
+        self.restarts: list[str] = []
         self.metrics = PrometheusMetrics()
         self.started = threading.Event()
         self.controller: ClusterPolicyController | None = None
@@ -248,31 +260,51 @@ class OperatorThread:
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._main, name="gpu-operator", daemon=True)
         self._stop_asked = False
+        self._asked = threading.Event()  # stop() between two runs
         self.error: BaseException | None = None
 
     def _main(self) -> None:
         name_os_thread("gpu-operator")
-        self._loop = asyncio.new_event_loop()
-        self._stop = asyncio.Event()
-        if self._stop_asked:  # asked before the loop existed (a SIGTERM at start-up)
-            self._stop.set()
+        while self._run_once() and self.restart and not self._stop_asked:
+            self.restarts.append(str(self.error))
+            log.warning(
+                "the operator stopped on its own (%s); running it again in %.0fs, as the kubelet "
+                "would restart its container (restart %d)",
+                self.error,
+                RESTART_DELAY_S,
+                len(self.restarts),
+            )
+            self.error = None
+            if self._asked.wait(RESTART_DELAY_S):
+                break
+
+    def _run_once(self) -> bool:
+        """One run of the operator; whether it stopped on its own after it had led."""
+        loop = self._loop = asyncio.new_event_loop()
+        stop = self._stop = asyncio.Event()
+        if self._stop_asked:  # asked before this loop existed (a SIGTERM at start-up)
+            stop.set()
+        led = self.started.is_set()
         try:
-            self.controller = self._loop.run_until_complete(
+            self.controller = loop.run_until_complete(
                 run_operator(
                     self.options,
                     self.api_config,
-                    stop=self._stop,
+                    stop=stop,
                     started=self.started,
                     metrics=self.metrics,
                 )
             )
         except BaseException as exc:  # surfaced to the test that started it
             self.error = exc
+            led = led or self.started.is_set()
             self.started.set()
+            return led and isinstance(exc, OperatorStopped)
         finally:
             # Join the worker threads of asyncio.to_thread, so none outlives the operator.
-            self._loop.run_until_complete(self._loop.shutdown_default_executor())
-            self._loop.close()
+            loop.run_until_complete(loop.shutdown_default_executor())
+            loop.close()
+        return False
 
     def start(self, timeout: float = 60.0, *, wait: bool = True) -> OperatorThread:
         """Start; with ``wait`` block until it leads and its caches are filled."""
@@ -288,6 +320,7 @@ class OperatorThread:
     def stop(self, timeout: float = 30.0) -> None:
         """Ask for a graceful stop (hand the Lease over); wait up to ``timeout`` for it."""
         self._stop_asked = True
+        self._asked.set()
         loop, stop = self._loop, self._stop
         if loop is not None and stop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(stop.set)

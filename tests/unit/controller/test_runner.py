@@ -27,6 +27,7 @@ from gpu_operator.controller.leader import _fmt
 from gpu_operator.controller.liveness import WATCHER_PREFIX
 from gpu_operator.controller.metrics import PrometheusMetrics
 from gpu_operator.controller.runner import (
+    OperatorStopped,
     OperatorThread,
     RunOptions,
     main_run,
@@ -377,6 +378,55 @@ def test_a_stop_asked_before_the_thread_runs_is_not_lost(monkeypatch: pytest.Mon
     thread.stop(timeout=0)
     thread.start(wait=False)
     assert not thread.join(10)
+
+
+@pytest.mark.parametrize("restart", [True, False])
+def test_an_operator_that_stops_on_its_own_runs_again_only_when_restarted(
+    monkeypatch: pytest.MonkeyPatch, restart: bool
+) -> None:
+    """Leadership lost under load: with ``restart`` (the e2e harness, like a Deployment) it runs
+    again until asked to stop; without, it stays stopped with the reason."""
+    runs: list[int] = []
+
+    async def fake_run(*_: Any, stop: asyncio.Event, started: threading.Event, **__: Any) -> None:
+        runs.append(1)
+        started.set()
+        if len(runs) <= 2:
+            raise OperatorStopped("leadership lost")
+        await stop.wait()
+
+    monkeypatch.setattr(runner, "run_operator", fake_run)
+    monkeypatch.setattr(runner, "RESTART_DELAY_S", 0.01)
+    thread = OperatorThread(options(), k8s.Configuration(), restart=restart).start(wait=False)
+    if restart:
+        for _ in range(1000):  # until the third run waits to be stopped (10 s at most)
+            if len(runs) >= 3:
+                break
+            thread._thread.join(0.01)
+        assert thread.restarts == ["leadership lost", "leadership lost"]
+        assert thread.error is None
+        assert thread.join(0.05), "a restarted operator ended without being asked"
+        thread.stop()
+    else:
+        assert not thread.join(10)
+        assert isinstance(thread.error, OperatorStopped) and thread.restarts == []
+    assert not thread._thread.is_alive()
+    assert len(runs) == (3 if restart else 1)
+
+
+def test_a_failed_start_is_not_restarted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only an operator that led is restarted: one that cannot start says so to its caller."""
+    runs: list[int] = []
+
+    async def fake_run(*_: Any, **__: Any) -> None:
+        runs.append(1)
+        raise OperatorStopped("deaf")
+
+    monkeypatch.setattr(runner, "run_operator", fake_run)
+    thread = OperatorThread(options(), k8s.Configuration(), restart=True)
+    with pytest.raises(RuntimeError, match="failed to start"):
+        thread.start(timeout=30)
+    assert not thread.join(10) and runs == [1]
 
 
 @pytest.mark.parametrize(("failure", "code"), [(None, 0), (RuntimeError("lost"), 1)])
