@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from gpu_operator import testenv
+from gpu_operator.labels import GPU_PRESENT
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
 from gpu_operator.testenv.standins import UPGRADE_DRIVER_VERSION
 from tests.e2e.stack_support import (
@@ -235,7 +236,7 @@ def test_a_driver_upgrade_rolls_across_the_real_nodes(stack: Stack) -> None:
     # two at a time.
     def kwok_gpu_node() -> str | NotYet:
         others = {
-            n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get("nvidia.com/gpu.present")
+            n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(GPU_PRESENT)
             for n in stack.kube.list_objects("Node")
             if n["metadata"]["name"] not in nodes
         }

@@ -259,13 +259,12 @@ class OperatorThread:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._main, name="gpu-operator", daemon=True)
-        self._stop_asked = False
-        self._asked = threading.Event()  # stop() between two runs
+        self._stop_asked = threading.Event()  # also wakes the wait between two runs
         self.error: BaseException | None = None
 
     def _main(self) -> None:
         name_os_thread("gpu-operator")
-        while self._run_once() and self.restart and not self._stop_asked:
+        while self._run_once() and self.restart and not self._stop_asked.is_set():
             self.restarts.append(str(self.error))
             log.warning(
                 "the operator stopped on its own (%s); running it again in %.0fs, as the kubelet "
@@ -275,14 +274,14 @@ class OperatorThread:
                 len(self.restarts),
             )
             self.error = None
-            if self._asked.wait(RESTART_DELAY_S):
+            if self._stop_asked.wait(RESTART_DELAY_S):
                 break
 
     def _run_once(self) -> bool:
         """One run of the operator; whether it stopped on its own after it had led."""
         loop = self._loop = asyncio.new_event_loop()
         stop = self._stop = asyncio.Event()
-        if self._stop_asked:  # asked before this loop existed (a SIGTERM at start-up)
+        if self._stop_asked.is_set():  # asked before this loop existed (a SIGTERM at start-up)
             stop.set()
         led = self.started.is_set()
         try:
@@ -319,8 +318,7 @@ class OperatorThread:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Ask for a graceful stop (hand the Lease over); wait up to ``timeout`` for it."""
-        self._stop_asked = True
-        self._asked.set()
+        self._stop_asked.set()
         loop, stop = self._loop, self._stop
         if loop is not None and stop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(stop.set)
