@@ -34,7 +34,7 @@ from gpu_operator.agent.driver_cdi import discover_host_driver, generate_spec
 from gpu_operator.agent.driverroot import DriverNotFound
 from gpu_operator.agent.nvml import SIM_STATE, Nvml, NvmlError
 from gpu_operator.agent.simnvml import DEFAULT_CUDA, build_simulated_nvml
-from gpu_operator.agent.stubdriver import StubGpu, lay_out, remove
+from gpu_operator.agent.stubdriver import StubGpu, lay_out, remove, replace_file
 from gpu_operator.agent.stubdriver.libraries import Style
 
 BANNER = "SIMULATED"
@@ -107,7 +107,8 @@ def install_driver(
         simulate=spec,
         seed=seed,
     )
-    (driver_root / MANIFEST).write_text(json.dumps(created))
+    # Whole or absent: the manifest's presence is what says the install is done.
+    replace_file(driver_root / MANIFEST, json.dumps(created).encode(), 0o644)
     return {"spec": spec, "driver_version": version, "gpus": str(len(gpus))}
 
 

@@ -22,7 +22,7 @@ A GPU is visible when ``<device dir>/nvidia<minor>`` exists; indices follow asce
 """
 
 from .build import NO_COMPILER, build_stubs, default_cache_dir, source_hash
-from .layout import Entry, lay_out, plan_layout, remove
+from .layout import Entry, lay_out, plan_layout, remove, replace_file
 from .libraries import BIN_DIRS, LIB_DIRS, LIBRARIES, PROBE, PROGRAMS, STYLES, Library, Style
 from .table import (
     DRIVER_MARKER,
@@ -65,5 +65,6 @@ __all__ = [
     "plan_layout",
     "read_table",
     "remove",
+    "replace_file",
     "source_hash",
 ]

@@ -149,11 +149,11 @@ def lay_out(
             lib = by_artefact[entry.source]
             data = (built / entry.source).read_bytes()
             data = patch_table(data, table) if lib.table else data
-            _replace_file(path, set_soname_version(data, lib, version), entry.mode)
+            replace_file(path, set_soname_version(data, lib, version), entry.mode)
         elif entry.kind == "program":
-            _replace_file(path, (built / entry.source).read_bytes(), entry.mode)
+            replace_file(path, (built / entry.source).read_bytes(), entry.mode)
         elif entry.kind == "text":
-            _replace_file(path, entry.text.encode(), entry.mode)
+            replace_file(path, entry.text.encode(), entry.mode)
         elif entry.kind == "link":
             _replace_link(path, entry.target)
         elif not _replace_node(path, *entry.device):
@@ -208,7 +208,8 @@ def _temporary(path: Path) -> Path:
     return tmp
 
 
-def _replace_file(path: Path, data: bytes, mode: int) -> None:
+def replace_file(path: Path, data: bytes, mode: int) -> None:
+    """Write through a temporary and rename: a reader polling ``path`` sees none or all of it."""
     tmp = _temporary(path)
     tmp.write_bytes(data)
     tmp.chmod(mode)
