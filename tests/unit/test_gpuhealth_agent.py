@@ -494,8 +494,8 @@ def test_kwok_capacity_publishes_the_condition_and_takes_a_lost_gpu_off_allocata
         assert {c["type"] for c in api.node["status"]["conditions"]} == {"Ready", "GPUHealthy"}
         sim.clear_faults(2)
         _until(api.status, ("True", "4", "4"))
-        reasons = [e["reason"] for e in api.events]
-        assert reasons == ["GPUUnhealthy", "GPUHealthy"]
+        # The Event follows the condition's patch: wait for it too, not just the condition.
+        _until(lambda: [e["reason"] for e in api.events], ["GPUUnhealthy", "GPUHealthy"])
     finally:
         stop.set()
         run.join(timeout=10)

@@ -221,9 +221,9 @@ def run_toolkit(
     say("NVIDIA container toolkit stand-in from the gpu-operator image")
     drop_in = config_file.parent / "conf.d" / TOOLKIT_DROP_IN
     drop_in.parent.mkdir(parents=True, exist_ok=True)
-    drop_in.write_text(
-        toolkit_drop_in(runtime, "/usr/local/nvidia/toolkit/nvidia-container-runtime")
-    )
+    # Whole or absent (a reader polls for it); the temporary's name is no conf.d/*.toml.
+    text = toolkit_drop_in(runtime, "/usr/local/nvidia/toolkit/nvidia-container-runtime")
+    replace_file(drop_in, text.encode(), 0o644)
     say(f"runtime {runtime!r} declared in {drop_in}")
     written = ""
     while True:

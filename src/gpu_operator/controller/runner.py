@@ -321,7 +321,9 @@ class OperatorThread:
         self._stop_asked.set()
         loop, stop = self._loop, self._stop
         if loop is not None and stop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(stop.set)
+            # It may close between the check and the call: then it has stopped already.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(stop.set)
         if self._thread.ident is not None:
             self._thread.join(timeout)
 
