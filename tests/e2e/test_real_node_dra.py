@@ -153,15 +153,17 @@ def test_a_pod_with_a_claim_sees_its_gpu_through_cdi_on_a_real_node(
             assert f"gpu={uuid_}" in log, log
 
             api.delete("Pod", "cuda", ns, grace_period_seconds=0)
+
+            def unprepared() -> bool | NotYet:
+                spec = node_dir / "cdi" / spec_file_name(claim_uid)
+                if spec.exists():
+                    return NotYet(f"{spec} still there")
+                # The checkpoint lets go of the claim just after the spec goes.
+                return not plugin.checkpoint.uids() or NotYet(f"checkpoint holds {claim_uid}")
+
             wait_for(
                 "NodeUnprepareResources to remove the CDI spec, then the checkpoint's claim",
-                lambda: (
-                    NotYet(f"{spec} still there")
-                    if (spec := node_dir / "cdi" / spec_file_name(claim_uid)).exists()
-                    # the checkpoint lets go of the claim just after the spec goes
-                    else not plugin.checkpoint.uids()
-                    or NotYet(f"checkpoint still holds {claim_uid}")
-                ),
+                unprepared,
                 timeout=90,
             )
         finally:

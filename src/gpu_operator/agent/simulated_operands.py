@@ -250,9 +250,7 @@ def _write_cdi_spec(cdi_dir: Path, driver_root: str, host_driver_root: str, last
     path = cdi_dir / CDI_SPEC
     if text:
         cdi_dir.mkdir(parents=True, exist_ok=True)
-        tmp = cdi_dir / f".{CDI_SPEC}.tmp"
-        tmp.write_text(text)
-        tmp.replace(path)
+        replace_file(path, text.encode(), 0o644)
         say(f"CDI spec for the driver written to {path}")
     else:
         path.unlink(missing_ok=True)
