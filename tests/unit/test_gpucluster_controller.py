@@ -8,8 +8,6 @@ import asyncio
 import time
 from typing import Any
 
-import pytest
-
 from gpu_operator.api.gpucluster import example_document
 from gpu_operator.controller.gpucluster import (
     CONFLICT,
@@ -251,6 +249,7 @@ def test_a_refused_apply_is_retried_by_itself_and_not_again_once_applied() -> No
     kube.refuse("apply", "DeviceClass", status=409, times=1)
     start = time.time()
     retry = asyncio.run(controller.run_pass(False))
-    assert retry is not None and retry - start == pytest.approx(REFUSED_RETRY_S, abs=0.5)
+    end = time.time()
+    assert retry is not None and start + REFUSED_RETRY_S <= retry <= end + REFUSED_RETRY_S
     assert asyncio.run(controller.run_pass(False)) is None
     assert kube.obj("DeviceClass", "gpu.nvidia.com") is not None

@@ -215,14 +215,14 @@ def test_any_refused_write_is_retried_soon_then_less_often_while_refused() -> No
     h.kube.merge_patch("ClusterPolicy", "cluster-policy", {"spec": {"driver": {"version": "9"}}})
     refresh(h.kube, h.indexes)
     h.kube.refuse("apply", "DaemonSet", status=409)  # until lifted
-    delays = []
-    for _ in range(7):
+    expected = [min(MAX_REFUSED_RETRY_S, REFUSED_RETRY_S * 2**n) for n in range(7)]
+    for delay in expected:
         start = time.time()
         requeue = h.run_pass()
+        end = time.time()
         assert requeue is not None, "a refused pass must look again by itself"
-        delays.append(requeue - start)
-    expected = [min(MAX_REFUSED_RETRY_S, REFUSED_RETRY_S * 2**n) for n in range(7)]
-    assert delays == pytest.approx(expected, abs=0.5)
+        # The delay counts from a moment inside the pass, however long a loaded machine makes it.
+        assert start + delay <= requeue <= end + delay, (requeue - start, requeue - end, delay)
     h.kube.refusals.clear()
     h.run_pass()
     assert h.controller.loop.refusals.in_a_row == 0
