@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import threading
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from gpu_operator.agent.driver_cdi import discover_host_driver, generate_spec
 from gpu_operator.agent.driverroot import DriverNotFound
 from gpu_operator.agent.nvml import SIM_STATE, Nvml, NvmlError
 from gpu_operator.agent.simnvml import DEFAULT_CUDA, build_simulated_nvml
+from gpu_operator.agent.stopping import stop_on_signals, wait_until
 from gpu_operator.agent.stubdriver import StubGpu, lay_out, remove, replace_file
 from gpu_operator.agent.stubdriver.libraries import Style
 
@@ -134,12 +134,6 @@ def run_manager(driver_root: Path) -> int:
     return 0
 
 
-def _stop_on_signals(stop: threading.Event) -> None:
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
-
-
 def run_driver(
     profile_file: Path,
     driver_root: Path,
@@ -147,8 +141,7 @@ def run_driver(
     driver_version: str | None = None,
 ) -> int:
     """`nvidia-driver init`: install, then hold the driver until told to stop (SIGTERM)."""
-    stop = stop or threading.Event()
-    _stop_on_signals(stop)
+    stop = stop_on_signals(stop)
     say("NVIDIA driver stand-in from the gpu-operator image; no kernel module is loaded")
     seed = os.environ.get("NODE_NAME") or os.uname().nodename
     try:
@@ -162,7 +155,7 @@ def run_driver(
         f"driver {info['driver_version']} 'installed' with {info['gpus']} simulated GPU(s) "
         f"({info['spec']}); stub driver root {driver_root}"
     )
-    stop.wait()
+    wait_until(stop)
     uninstall_driver(driver_root)
     say("driver 'unloaded'")
     return 0
@@ -216,8 +209,7 @@ def run_toolkit(
     """The toolkit stand-in: declare the runtime in a drop-in beside the containerd config and
     keep the node's CDI spec in step with the driver (written once the driver is there,
     rewritten when it changes); stay up until told to undo it all."""
-    stop = stop or threading.Event()
-    _stop_on_signals(stop)
+    stop = stop_on_signals(stop)
     say("NVIDIA container toolkit stand-in from the gpu-operator image")
     drop_in = config_file.parent / "conf.d" / TOOLKIT_DROP_IN
     drop_in.parent.mkdir(parents=True, exist_ok=True)

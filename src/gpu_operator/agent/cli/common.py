@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -57,14 +55,6 @@ def setup(args: argparse.Namespace) -> None:
         use_driver_root(ready.container)
     elif getattr(args, "driver_root", None):
         use_driver_root(args.driver_root)
-
-
-def stop_on_signals() -> threading.Event:
-    """An event SIGTERM and SIGINT set (a long-running agent's stop)."""
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    return stop
 
 
 def add_driver_root(parser: argparse.ArgumentParser) -> None:

@@ -18,11 +18,11 @@ from gpu_operator.agent.cli.common import (
     config_dir,
     node_name,
     setup,
-    stop_on_signals,
 )
 from gpu_operator.agent.deviceplugin.settings import ENV_NAMES as PLUGIN_ENV
 from gpu_operator.agent.deviceplugin_config import load_device_plugin_config
 from gpu_operator.agent.nvml import Nvml, NvmlError, simulated
+from gpu_operator.agent.stopping import stop_on_signals, wait_until
 
 if TYPE_CHECKING:
     from gpu_operator.agent.gpuhealth import HealthSettings
@@ -140,7 +140,7 @@ def _kwok_capacity(
         poll_s = args.health_poll_ms / 1000.0
         health = (monitor, lambda: inventory[0], xids, refresh, stop, poll_s)
         threading.Thread(target=follow_health, args=health, name="gpu health", daemon=True).start()
-    stop.wait()
+    wait_until(stop)
     nvml.close()
     return code[0] if code else 0
 

@@ -49,6 +49,7 @@ from gpu_operator.agent.gpuhealth.settings import HealthSettings
 from gpu_operator.agent.inventory import Inventory
 from gpu_operator.agent.nvml import Nvml, NvmlError, current_driver_root
 from gpu_operator.agent.podresources import attributions_from_kubelet
+from gpu_operator.agent.stopping import wait_until
 
 if TYPE_CHECKING:
     from gpu_operator.kube import Kube
@@ -503,7 +504,7 @@ def run_device_plugin(
             log.error("%s (failOnInitError is true: exiting)", exc)
             return 1
         log.warning("%s; advertising no devices (failOnInitError is false)", exc)
-        stop.wait()
+        wait_until(stop)
         return 0
     report = None
     if api is not None and node:
@@ -540,7 +541,7 @@ def run_device_plugin(
                 agent.watch_node(watch_api, watch_node, watch_configs)
 
         agent.start(watch=watch)
-        stop.wait()
+        wait_until(stop)
         return 0
     finally:
         agent.stop()
