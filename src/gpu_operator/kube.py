@@ -10,14 +10,13 @@ a failed pass. A POST is asked again only when it cannot have arrived (connectio
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +25,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from gpu_operator.kinds import KINDS, kind_of
+from gpu_operator.watchstream import Repeats, WatchStream
 
 FIELD_MANAGER = "gpu-operator"
 APPLY_PATCH = "application/apply-patch+yaml"
@@ -34,6 +34,7 @@ __all__ = [
     "NO_RETRY",
     "Fenced",
     "Kube",
+    "Repeats",
     "Retry",
     "WatchStream",
     "api_configuration",
@@ -123,69 +124,6 @@ def _body(resp: Any) -> bytes:
         exc.headers = resp.headers
         raise exc
     return data
-
-
-_MANAGED_FIELDS = b',"managedFields":['
-_METADATA_END = b']},"spec":'
-
-
-def without_managed_fields(event: bytes) -> bytes:
-    """A watch event's JSON with its object's ``metadata.managedFields`` cut out, unparsed.
-
-    managedFields is about half the bytes of a pod event and the costliest half to parse (small
-    nested maps), and nothing reads it. The API server writes ObjectMeta in its Go field
-    order, managedFields last, and a Pod's, Node's or DaemonSet's ``spec`` right after
-    metadata. An unescaped ``]},"spec":`` can only be that: quotes inside strings are
-    escaped, and managedFields' own keys are fixed names or ``f:``/``k:``/``v:``/``i:``
-    prefixed. An event without that shape is returned as it came."""
-    start = event.find(_MANAGED_FIELDS)
-    if start < 0:
-        return event
-    end = event.find(_METADATA_END, start)
-    if end < 0:
-        return event
-    return event[:start] + event[end + 1 :]
-
-
-def _parse_event(line: bytes, compact: bool) -> Any:
-    if compact:
-        cut = without_managed_fields(line)
-        if cut is not line:
-            try:
-                return json.loads(cut)
-            except ValueError:  # not the shape it looked like: parse it whole
-                pass
-    return json.loads(line)
-
-
-class WatchStream:
-    """The events of one watch request, parsed; :meth:`close` (from any thread) ends it.
-    ``compact``: the objects' managedFields are dropped before parsing (objects whose spec
-    follows their metadata: see :func:`without_managed_fields`)."""
-
-    def __init__(self, response: Any, *, compact: bool = False) -> None:
-        self._response = response  # urllib3's HTTPResponse, body not yet read
-        self._compact = compact
-
-    def batches(self) -> Iterator[list[dict[str, Any]]]:
-        """The events as they arrive, a batch per chunk read from the stream."""
-        pending = b""
-        try:
-            for chunk in self._response.stream(amt=None, decode_content=False):
-                *lines, pending = (pending + chunk).split(b"\n")
-                events = [_parse_event(line, self._compact) for line in lines if line.strip()]
-                if events:
-                    yield events
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        # shutdown() unblocks a read waiting in another thread; a stream that ended on its own
-        # has given its connection back already (and shutdown() says so, RuntimeError).
-        with contextlib.suppress(RuntimeError, ValueError):
-            self._response.shutdown()
-        self._response.close()
-        self._response.release_conn()
 
 
 def connect(kubeconfig: str | None = None) -> Kube:
@@ -359,9 +297,11 @@ class Kube:
         *,
         label_selector: str | None = None,
         compact: bool = False,
+        repeats: Repeats | None = None,
     ) -> WatchStream:
         """One watch request from ``resource_version`` (with bookmarks), ended by the server
-        after ``timeout_s``; iterate it for the events (``compact``: see :class:`WatchStream`).
+        after ``timeout_s``; iterate it for the events (``compact``, ``repeats``: see
+        :class:`WatchStream`).
         Not asked again here: the informer backs off and resumes (an ApiException carries the
         headers, Retry-After included)."""
         query = {
@@ -379,7 +319,7 @@ class Kube:
                 _body(resp)  # raises
             finally:
                 resp.response.release_conn()
-        return WatchStream(resp.response, compact=compact)
+        return WatchStream(resp.response, compact=compact, repeats=repeats)
 
     # -- writes --------------------------------------------------------------------------------
 

@@ -112,6 +112,11 @@ class NodeView:
     ready: bool = True
     unschedulable: bool = False
     gpu_health: GpuHealth | None = None
+    # What passes derive from this view, remembered on it (:func:`derived`): a view is never
+    # changed, and a pass asks the same of every node (is it a GPU node?) again and again.
+    _derived: dict[Callable[..., Any], Any] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
     @classmethod
     def from_k8s(cls, node: Mapping[str, Any]) -> NodeView:
@@ -171,14 +176,21 @@ class Kept(dict[str, Any]):
     _derived: dict[Callable[..., Any], Any]
 
 
-def derived(obj: Mapping[str, Any], fn: Callable[[Mapping[str, Any]], T]) -> T:
-    """``fn(obj)``, remembered on ``obj`` when it is :class:`Kept` (``fn`` must be pure)."""
-    if not isinstance(obj, Kept):
-        return fn(obj)
-    try:
+S = TypeVar("S")
+
+
+def derived(obj: S, fn: Callable[[S], T]) -> T:
+    """``fn(obj)``, remembered on ``obj`` when it is :class:`Kept` or a :class:`NodeView`
+    (``fn`` must be pure)."""
+    if isinstance(obj, Kept):
+        try:
+            memo = obj._derived
+        except AttributeError:
+            memo = obj._derived = {}
+    elif isinstance(obj, NodeView):
         memo = obj._derived
-    except AttributeError:
-        memo = obj._derived = {}
+    else:
+        return fn(obj)
     if fn not in memo:
         memo[fn] = fn(obj)
     return cast(T, memo[fn])

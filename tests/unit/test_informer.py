@@ -218,6 +218,42 @@ def test_the_thread_hands_the_loop_only_what_changed_what_is_kept() -> None:
     assert updates[0][1].labels["team"] == "ml"
 
 
+def test_a_node_watch_skips_repeated_reports_across_requests_until_it_lists_again() -> None:
+    """One ``Repeats`` for all of a Node watch thread's requests (a resumed watch continues
+    the same story), forgotten when it lists again; other kinds parse every event."""
+    from tests.unit.test_watchstream import node as reported
+    from tests.unit.test_watchstream import report
+
+    answers: list[Any] = []
+
+    def following(w: Watched, script: list[Any]) -> ScriptedKube:
+        """A node report fed to the ``repeats`` each watch request is given, then the script."""
+        kube = ScriptedKube(script)
+        scripted = kube.watch
+
+        def watch(*args: Any, repeats: Any = None, **kw: Any) -> Any:
+            rv = str(len(answers) + 1)
+            answers.append(repeats and repeats.bookmark(report(reported(rv, f"T{rv}"))))
+            return scripted(*args, **kw)
+
+        kube.watch = watch  # type: ignore[method-assign]
+        inf, _, _ = informer((w,), kube)
+        inf._stop = Waits(kube)
+        inf._follow(w)
+        return kube
+
+    expired = {"type": "ERROR", "object": {"code": 410, "message": "too old"}}
+    kube = following(NODES, [[], [[expired]], []])
+    assert kube.calls == ["list", "watch@10", "watch@10", "list", "watch@10"]
+    first, resumed, relisted = answers
+    assert first is None and relisted is None  # parsed: nothing to repeat yet
+    assert resumed == {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "2"}}}
+
+    answers.clear()
+    following(PODS, [[], []])
+    assert answers == [None, None]  # no Repeats given
+
+
 def test_410_gone_lists_again_at_once_then_backs_off_if_it_keeps_coming() -> None:
     expired = {"type": "ERROR", "object": {"code": 410, "message": "too old"}}
     kube, waits = follow([[[expired]], gone(410), gone(410), []])

@@ -32,7 +32,12 @@ from gpu_operator.controller.nodes import NodePolicy, is_gpu_node, plan_node
 from gpu_operator.controller.notices import node_event, object_event
 from gpu_operator.controller.plan import Owner, finalizer_body, plan_changes, stamp
 from gpu_operator.controller.pools import handover_pending
-from gpu_operator.controller.readiness import by_owner, component_readiness
+from gpu_operator.controller.readiness import (
+    NodeKinds,
+    by_owner,
+    component_readiness,
+    daemonset_pod_spec,
+)
 from gpu_operator.controller.remediation_stage import (
     plan_remediation,
     remediation_stage,
@@ -260,6 +265,7 @@ def _decide_active(
     pods_by_owner = by_owner(snap.pods)
     revisions_by_owner = by_owner(snap.revisions)
     labelled = _labelled_after(snap.nodes, labels)
+    kinds = NodeKinds(labelled, map(daemonset_pod_spec, snap.daemonsets))
     # A DaemonSet of ours updated in this pass has a rollout ahead of it, whatever its status
     # says now.
     ours = {o.key for o in snap.managed}
@@ -270,7 +276,7 @@ def _decide_active(
         part.component.name: [
             replace(r, ready=False, message="rollout starting") if r.name in rolling else r
             for r in component_readiness(
-                part.component.name, snap.daemonsets, pods_by_owner, revisions_by_owner, labelled
+                part.component.name, snap.daemonsets, pods_by_owner, revisions_by_owner, kinds
             )
         ]
         for part in parts

@@ -28,7 +28,7 @@ from gpu_operator.labels import (
     STACK_ANNOTATIONS,
     is_true,
 )
-from gpu_operator.views import NodeView
+from gpu_operator.views import NodeView, derived
 
 # Labels other parts of the GPU stack write (feature discovery, MIG manager, upgrades). They
 # mean nothing once the stack is gone, so uninstall removes them too (NVIDIA leaves them).
@@ -145,8 +145,13 @@ def is_gpu_node(node: NodeView) -> bool:
     """A node has NVIDIA GPUs when NFD, GKE, a person or the kubelet says so.
 
     ``nvidia.com/gpu.present`` counts only when someone other than this operator set it,
-    otherwise a node could never stop being a GPU node.
+    otherwise a node could never stop being a GPU node. Asked of every node by several stages
+    of every pass, so answered once per view (:func:`derived`).
     """
+    return derived(node, _has_gpus)
+
+
+def _has_gpus(node: NodeView) -> bool:
     labels = node.labels
     if any(is_true(labels.get(key)) for key in NFD_GPU_LABELS):
         return True

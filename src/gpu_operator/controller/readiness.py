@@ -100,44 +100,66 @@ def component_readiness(
     daemonsets: Iterable[Mapping[str, Any]],
     pods_by_owner: Mapping[str, Sequence[Mapping[str, Any]]],
     revisions_by_owner: Mapping[str, Sequence[Mapping[str, Any]]],
-    nodes: Sequence[NodeView] = (),
+    nodes: Sequence[NodeView] | NodeKinds = (),
 ) -> list[DaemonSetReadiness]:
     """Readiness of each of ``component``'s DaemonSets (one "not created yet" when none),
     each expected to have a pod on every one of ``nodes`` it should run on."""
+    mine = [
+        ds for ds in daemonsets if (ds["metadata"].get("labels") or {}).get(COMPONENT) == component
+    ]
+    kinds = (
+        nodes if isinstance(nodes, NodeKinds) else NodeKinds(nodes, map(daemonset_pod_spec, mine))
+    )
     result = [
         daemonset_readiness(
             ds,
             pods_by_owner.get(ds["metadata"].get("uid", ""), ()),
             revisions_by_owner.get(ds["metadata"].get("uid", ""), ()),
-            eligible=eligible_nodes(_pod_spec(ds), nodes),
+            eligible=kinds.eligible(daemonset_pod_spec(ds)),
         )
-        for ds in daemonsets
-        if (ds["metadata"].get("labels") or {}).get(COMPONENT) == component
+        for ds in mine
     ]
     return result or [DaemonSetReadiness(component, False, 0, 0, 0, "DaemonSet not created yet")]
 
 
+class NodeKinds:
+    """Nodes grouped by what :func:`should_run` reads of them for a set of pod specs (the
+    values of the labels they select on, the NoSchedule/NoExecute taints), so that each
+    question is asked once per kind of node rather than once per node: a fleet's nodes come in
+    a few kinds, and every pass asks it for every operand. Built once per pass for all of them.
+    """
+
+    def __init__(self, nodes: Iterable[NodeView], pod_specs: Iterable[Mapping[str, Any]]) -> None:
+        self._nodes = nodes if isinstance(nodes, Sequence) else tuple(nodes)
+        self._keys = tuple(sorted({k for spec in pod_specs for k in _selected_keys(spec)}))
+        counts: dict[tuple[Any, ...], list[Any]] = {}
+        for node in self._nodes:
+            kind = (tuple(node.labels.get(k) for k in self._keys), _hard_taints(node))
+            entry = counts.get(kind)
+            if entry is None:
+                counts[kind] = [node, 1]
+            else:
+                entry[1] += 1
+        self._kinds: tuple[tuple[NodeView, int], ...] = tuple((n, c) for n, c in counts.values())
+
+    def eligible(self, pod_spec: Mapping[str, Any]) -> int:
+        """How many of the nodes :func:`should_run` a pod of ``pod_spec``."""
+        if not set(_selected_keys(pod_spec)) <= set(self._keys):
+            return NodeKinds(self._nodes, [pod_spec]).eligible(pod_spec)  # not grouped for it
+        return sum(count for node, count in self._kinds if should_run(pod_spec, node))
+
+
 def eligible_nodes(pod_spec: Mapping[str, Any], nodes: Iterable[NodeView]) -> int:
-    """How many of ``nodes`` :func:`should_run` a pod of ``pod_spec``: asked once per kind of
-    node (the same values of the labels it selects on, the same taints), not once per node:
-    a fleet's nodes come in a few kinds, and every pass asks this for every operand."""
-    keys = _selected_keys(pod_spec)
-    answers: dict[tuple[Any, ...], bool] = {}
-    count = 0
-    for node in nodes:
-        kind = (
-            tuple(node.labels.get(k) for k in keys),
-            tuple(
-                (t.get("key"), t.get("value"), t.get("effect"))
-                for t in node.taints
-                if t.get("effect") in ("NoSchedule", "NoExecute")
-            ),
-        )
-        answer = answers.get(kind)
-        if answer is None:
-            answer = answers[kind] = should_run(pod_spec, node)
-        count += answer
-    return count
+    """How many of ``nodes`` :func:`should_run` a pod of ``pod_spec`` (:class:`NodeKinds`)."""
+    return NodeKinds(nodes, [pod_spec]).eligible(pod_spec)
+
+
+def _hard_taints(node: NodeView) -> tuple[tuple[Any, Any, Any], ...]:
+    return tuple(
+        (t.get("key"), t.get("value"), t.get("effect"))
+        for t in node.taints
+        if t.get("effect") in ("NoSchedule", "NoExecute")
+    )
 
 
 def _selected_keys(pod_spec: Mapping[str, Any]) -> tuple[str, ...]:
@@ -170,7 +192,8 @@ def should_run(pod_spec: Mapping[str, Any], node: NodeView) -> bool:
     )
 
 
-def _pod_spec(ds: Mapping[str, Any]) -> Mapping[str, Any]:
+def daemonset_pod_spec(ds: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The pod template's spec of DaemonSet ``ds`` (empty when it has none)."""
     spec: Mapping[str, Any] = ((ds.get("spec") or {}).get("template") or {}).get("spec") or {}
     return spec
 

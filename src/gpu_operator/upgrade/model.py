@@ -79,7 +79,7 @@ EMPTYING_RECHECK_S = 3.0
 
 
 def is_emptying(labels: Mapping[str, str]) -> bool:
-    return labels.get(UPGRADE_STATE, "") in {s.value for s in EMPTYING}
+    return labels.get(UPGRADE_STATE, "") in EMPTYING  # State is a StrEnum: equal to its value
 
 
 @dataclass(frozen=True)

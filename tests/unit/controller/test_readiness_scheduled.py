@@ -13,7 +13,12 @@ from gpu_operator.controller.actions import Apply, Patch
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.decide import FINALIZER, decide
 from gpu_operator.controller.memory import Memory
-from gpu_operator.controller.readiness import component_readiness, eligible_nodes, should_run
+from gpu_operator.controller.readiness import (
+    NodeKinds,
+    component_readiness,
+    eligible_nodes,
+    should_run,
+)
 from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.labels import COMPONENT
 from gpu_operator.views import NodeView
@@ -185,6 +190,28 @@ def test_eligible_nodes_counts_what_should_run_says_node_by_node(
     pod_spec: dict[str, Any], nodes: list[NodeView]
 ) -> None:
     assert eligible_nodes(pod_spec, nodes) == sum(should_run(pod_spec, n) for n in nodes)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(SPECS, min_size=1, max_size=4), fleets())
+def test_nodes_grouped_once_for_several_specs_answer_each_as_node_by_node(
+    pod_specs: list[dict[str, Any]], nodes: list[NodeView]
+) -> None:
+    """One grouping for every operand of a pass: grouping by the union of the labels they
+    select on must not merge two nodes that one of them tells apart."""
+    kinds = NodeKinds(nodes, pod_specs)
+    for spec in pod_specs:
+        assert kinds.eligible(spec) == sum(should_run(spec, n) for n in nodes)
+
+
+def test_a_spec_selecting_on_a_label_the_grouping_ignored_is_still_answered_node_by_node() -> None:
+    nodes = [
+        NodeView("a", labels={DEPLOY: "true", "team": "x"}),
+        NodeView("b", labels={DEPLOY: "true", "team": "y"}),
+    ]
+    kinds = NodeKinds(nodes, [{"nodeSelector": {DEPLOY: "true"}}])  # both nodes one kind
+    assert kinds.eligible({"nodeSelector": {DEPLOY: "true"}}) == 2
+    assert kinds.eligible({"nodeSelector": {"team": "x"}}) == 1
 
 
 # -- decide: the nodes it labels in the same pass count ------------------------------------------

@@ -225,3 +225,24 @@ def test_pods_of_one_daemonset_share_their_equal_parts_and_nothing_else() -> Non
     assert c["metadata"]["labels"] == {"app": "d", "controller-revision-hash": "r2"}
     assert c["status"]["containerStatuses"] == [{"restartCount": 0, "ready": False}]
     assert shared_tree([1]) is not shared_tree([True])  # equal in Python, not the same value
+
+
+def test_what_passes_ask_of_a_node_view_is_answered_once_per_view() -> None:
+    from dataclasses import replace
+
+    from gpu_operator.controller.nodes import is_gpu_node
+    from gpu_operator.views import derived
+
+    view = NodeView("n", capacity={"nvidia.com/gpu": "8"})
+    calls: list[NodeView] = []
+
+    def counted(node: NodeView) -> bool:
+        calls.append(node)
+        return True
+
+    assert derived(view, counted) and derived(view, counted) and len(calls) == 1
+    assert is_gpu_node(view) and is_gpu_node(view)
+    # A changed node is a new view, asked again; the memo is no part of equality.
+    changed = replace(view, capacity={})
+    assert not is_gpu_node(changed)
+    assert view == NodeView("n", capacity={"nvidia.com/gpu": "8"})

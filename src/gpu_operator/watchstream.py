@@ -1,0 +1,144 @@
+"""Watch events read off the wire: parsed with less work than a plain ``json.loads``.
+
+Two savings, both decided on the event's bytes before any parsing. managedFields, about half of
+a pod event and the costliest half to parse, is cut out (nothing reads it). And a Node's status
+report that repeats the last one but for its resourceVersion and heartbeat times (a kubelet, or
+kwok, sends one per node every few minutes even when nothing changed: 1,000 a minute in a fleet
+of 5,000) is not parsed at all: it stands as a bookmark at its resourceVersion.
+
+Both rely on how the API server writes JSON (Go's encoding): struct fields in declaration
+order, map keys sorted, no spaces, and every quote inside a string escaped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+_MANAGED_FIELDS = b',"managedFields":['
+_METADATA_END = b']},"spec":'
+
+
+def without_managed_fields(event: bytes) -> bytes:
+    """A watch event's JSON with its object's ``metadata.managedFields`` cut out, unparsed.
+
+    The API server writes ObjectMeta in its Go field order, managedFields last, and a Pod's,
+    Node's or DaemonSet's ``spec`` right after metadata. An unescaped ``]},"spec":`` can only be
+    that: quotes inside strings are escaped, and managedFields' own keys are fixed names or
+    ``f:``/``k:``/``v:``/``i:`` prefixed. An event without that shape is returned as it came."""
+    start = event.find(_MANAGED_FIELDS)
+    if start < 0:
+        return event
+    end = event.find(_METADATA_END, start)
+    if end < 0:
+        return event
+    return event[:start] + event[end + 1 :]
+
+
+def parse_event(line: bytes, compact: bool) -> Any:
+    """One event; ``compact``: without managedFields (:func:`without_managed_fields`)."""
+    if compact:
+        cut = without_managed_fields(line)
+        if cut is not line:
+            try:
+                return json.loads(cut)
+            except ValueError:  # not the shape it looked like: parse it whole
+                pass
+    return json.loads(line)
+
+
+# ObjectMeta's name, then (namespace, selfLink absent for Nodes) uid and resourceVersion; a
+# NodeCondition's type, status, lastHeartbeatTime. Neither pair can come from a map (labels,
+# annotations): Go sorts map keys, and "resourceVersion" < "uid", "lastHeartbeatTime" < "status".
+_NAME = re.compile(
+    rb'^\{"type":"(MODIFIED|ADDED|DELETED)","object":\{[^{]*"metadata":\{"name":"([^"\\]*)"'
+)
+_IDENTITY = re.compile(rb'"uid":"[^"\\]*","resourceVersion":"([^"\\]*)"')
+_HEARTBEAT = re.compile(rb'("status":"[^"\\]*","lastHeartbeatTime":)"[^"\\]*"')
+
+
+class Repeats:
+    """Which of one watch's events repeat the last event about the same object but for its
+    resourceVersion, uid and heartbeat times: for Nodes, whose kubelets report their status
+    every few minutes whether anything changed or not.
+
+    Kept across the watch requests of one list (a resumed watch continues the same story);
+    :meth:`forget` after a list, whose objects may differ from the last events seen.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[bytes, bytes] = {}  # object name -> digest of its masked last event
+
+    def bookmark(self, line: bytes) -> dict[str, Any] | None:
+        """A BOOKMARK event at ``line``'s resourceVersion when ``line`` (without managedFields)
+        is a MODIFIED event that repeats the last event about its object; else None, and
+        ``line`` is remembered (or, DELETED, its object forgotten)."""
+        head = _NAME.match(line)
+        if head is None:
+            return None
+        kind, name = head.group(1), head.group(2)
+        if kind == b"DELETED":
+            self._last.pop(name, None)
+            return None
+        identity = _IDENTITY.search(line, head.end())
+        if identity is None:
+            self._last.pop(name, None)
+            return None
+        masked = _HEARTBEAT.sub(rb'\1""', line[identity.end() :])
+        digest = hashlib.blake2b(
+            line[head.end() : identity.start()] + masked, digest_size=16
+        ).digest()
+        if kind == b"MODIFIED" and self._last.get(name) == digest:
+            version = identity.group(1).decode()
+            return {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": version}}}
+        self._last[name] = digest
+        return None
+
+    def forget(self) -> None:
+        self._last.clear()
+
+
+class WatchStream:
+    """The events of one watch request, parsed; :meth:`close` (from any thread) ends it.
+    ``compact``: the objects' managedFields are dropped before parsing (objects whose spec
+    follows their metadata: see :func:`without_managed_fields`); ``repeats``: events that
+    repeat the last about their object come as bookmarks, unparsed (:class:`Repeats`)."""
+
+    def __init__(
+        self, response: Any, *, compact: bool = False, repeats: Repeats | None = None
+    ) -> None:
+        self._response = response  # urllib3's HTTPResponse, body not yet read
+        self._compact = compact
+        self._repeats = repeats
+
+    def batches(self) -> Iterator[list[dict[str, Any]]]:
+        """The events as they arrive, a batch per chunk read from the stream."""
+        pending = b""
+        try:
+            for chunk in self._response.stream(amt=None, decode_content=False):
+                *lines, pending = (pending + chunk).split(b"\n")
+                events = [self._event(line) for line in lines if line.strip()]
+                if events:
+                    yield events
+        finally:
+            self.close()
+
+    def _event(self, line: bytes) -> Any:
+        if self._repeats is not None:
+            line = without_managed_fields(line)  # their times change with every report
+            bookmark = self._repeats.bookmark(line)
+            if bookmark is not None:
+                return bookmark
+        return parse_event(line, self._compact)
+
+    def close(self) -> None:
+        # shutdown() unblocks a read waiting in another thread; a stream that ended on its own
+        # has given its connection back already (and shutdown() says so, RuntimeError).
+        with contextlib.suppress(RuntimeError, ValueError):
+            self._response.shutdown()
+        self._response.close()
+        self._response.release_conn()

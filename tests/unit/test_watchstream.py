@@ -1,0 +1,229 @@
+"""Watch events lose managedFields before they are parsed, and nothing else; a Node report
+that repeats the last one is not parsed at all."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpu_operator.watchstream import Repeats, WatchStream, parse_event, without_managed_fields
+
+FIELDS_V1 = {
+    "f:metadata": {"f:labels": {".": {}, "f:app": {}}},
+    "f:spec": {"f:containers": {'k:{"name":"driver"}': {".": {}, "f:env": {}}}},
+    "f:status": {"f:conditions": {'k:{"type":"Ready"}': {"f:status": {}}}},
+}
+
+
+def pod(annotations: dict[str, str] | None = None, **meta: Any) -> dict[str, Any]:
+    """A pod laid out as the API server writes it: ObjectMeta in Go field order."""
+    return {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": "nvidia-driver-daemonset-x",
+            "namespace": "gpu-operator",
+            "uid": "u-1",
+            "labels": {"app": "nvidia-driver-daemonset"},
+            "annotations": annotations or {},
+            "ownerReferences": [{"kind": "DaemonSet", "name": "d", "uid": "ds-1"}],
+            **meta,
+            "managedFields": [
+                {
+                    "manager": "kube-controller-manager",
+                    "operation": "Update",
+                    "apiVersion": "v1",
+                    "time": "2026-11-27T10:00:00Z",
+                    "fieldsType": "FieldsV1",
+                    "fieldsV1": FIELDS_V1,
+                },
+                {"manager": "kubelet", "fieldsV1": FIELDS_V1, "subresource": "status"},
+            ],
+        },
+        "spec": {"nodeName": "gpu-node-0", "containers": [{"name": "driver"}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def line(obj: dict[str, Any], kind: str = "MODIFIED") -> bytes:
+    """One event as the API server streams it (Go's encoding: no spaces)."""
+    return json.dumps({"type": kind, "object": obj}, separators=(",", ":")).encode()
+
+
+def without(obj: dict[str, Any]) -> dict[str, Any]:
+    kept = copy.deepcopy(obj)
+    kept["metadata"].pop("managedFields", None)
+    return kept
+
+
+def test_managed_fields_are_cut_and_everything_else_is_kept() -> None:
+    obj = pod()
+    cut = without_managed_fields(line(obj))
+    assert len(cut) < len(line(obj)) / 2
+    assert json.loads(cut) == {"type": "MODIFIED", "object": without(obj)}
+
+
+def test_look_alikes_inside_strings_change_nothing() -> None:
+    # Quotes inside a string are escaped, so these can never read as the keys they mimic.
+    sneaky = ',"managedFields":[1]},"spec":{"nodeName":"elsewhere"}'
+    obj = pod({"note": sneaky, "x": ']},"spec":'}, finalizers=["a"])
+    event = {"type": "MODIFIED", "object": without(obj)}
+    assert json.loads(without_managed_fields(line(obj))) == event
+    obj["metadata"].pop("managedFields")
+    assert without_managed_fields(line(obj)) == line(obj)  # only look-alikes: unchanged
+
+
+def test_events_of_other_shapes_come_back_unchanged_and_parse_whole() -> None:
+    config_map = {
+        "kind": "ConfigMap",
+        "metadata": {"name": "c", "managedFields": [{"manager": "m"}]},
+        "data": {"spec": "x"},
+    }
+    assert without_managed_fields(line(config_map)) == line(config_map)
+    # A spec further on that is not the object's: the cut would not parse, so it parses whole.
+    revision = {
+        "kind": "ControllerRevision",
+        "metadata": {"name": "r", "managedFields": [{"manager": "m"}]},
+        "data": {"spec": {"template": {"metadata": {"finalizers": ["f"]}, "spec": {}}}},
+    }
+    assert parse_event(line(revision), compact=True)["object"] == revision
+    assert parse_event(line(pod()), compact=False)["object"] == pod()
+
+
+def test_a_stream_parses_compacted_events_across_chunks() -> None:
+    events = [line(pod()), line(pod({"a": "b"}), "ADDED")]
+    data = b"\n".join(events) + b"\n"
+
+    class Response:
+        def stream(self, amt: Any, decode_content: bool) -> Any:
+            yield from (data[i : i + 37] for i in range(0, len(data), 37))
+
+        def shutdown(self) -> None: ...
+        def close(self) -> None: ...
+        def release_conn(self) -> None: ...
+
+    got = [e for batch in WatchStream(Response(), compact=True).batches() for e in batch]
+    assert [e["object"] for e in got] == [without(pod()), without(pod({"a": "b"}))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(st.text(max_size=12), st.text(max_size=40), max_size=4),
+    st.lists(st.text(max_size=20), max_size=3),
+)
+def test_any_annotations_and_finalizers_survive_the_cut(
+    annotations: dict[str, str], finalizers: list[str]
+) -> None:
+    obj = pod(annotations, finalizers=finalizers)
+    assert parse_event(line(obj), compact=True) == {"type": "MODIFIED", "object": without(obj)}
+
+
+# -- Node status reports that repeat the last one -----------------------------------------------
+
+
+def node(rv: str, beat: str, labels: dict[str, str] | None = None, **status: Any) -> dict[str, Any]:
+    """A Node as the API server writes it: Go field order, map keys sorted."""
+    return {
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": "gpu-node-1",
+            "uid": "6b1c",
+            "resourceVersion": rv,
+            "creationTimestamp": "2026-11-27T10:00:00Z",
+            "labels": dict(sorted((labels or {"nvidia.com/gpu.present": "true"}).items())),
+            "managedFields": [{"manager": "kwok", "time": beat, "fieldsV1": FIELDS_V1}],
+        },
+        "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]},
+        "status": {
+            "capacity": {"nvidia.com/gpu": "8"},
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": status.get("ready", "True"),
+                    "lastHeartbeatTime": beat,
+                    "lastTransitionTime": "2026-11-27T10:00:05Z",
+                    "reason": "KubeletReady",
+                }
+            ],
+        },
+    }
+
+
+def report(obj: dict[str, Any], kind: str = "MODIFIED") -> bytes:
+    """An event as :class:`Repeats` sees it: without managedFields (whose times move too)."""
+    return without_managed_fields(line(obj, kind))
+
+
+def bookmark(rv: str) -> dict[str, Any]:
+    return {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": rv}}}
+
+
+def test_a_report_that_repeats_the_last_but_its_times_is_a_bookmark_not_a_parse() -> None:
+    repeats = Repeats()
+    assert repeats.bookmark(report(node("10", "T1"))) is None  # first
+    assert repeats.bookmark(report(node("11", "T2"))) == bookmark("11")
+    # What the operator reads changed: parsed, and the new report is the one to repeat.
+    assert repeats.bookmark(report(node("12", "T3", ready="False"))) is None
+    assert repeats.bookmark(report(node("13", "T4", ready="False"))) == bookmark("13")
+    assert repeats.bookmark(report(node("14", "T5", {"team": "a"}))) is None
+
+
+def test_added_and_deleted_events_are_parsed_and_a_forgotten_node_is_parsed_again() -> None:
+    repeats = Repeats()
+    assert repeats.bookmark(report(node("1", "T1"), "ADDED")) is None
+    assert repeats.bookmark(report(node("2", "T2"), "ADDED")) is None  # never skipped
+    assert repeats.bookmark(report(node("3", "T3"))) == bookmark("3")
+    assert repeats.bookmark(report(node("4", "T4"), "DELETED")) is None
+    assert repeats.bookmark(report(node("5", "T5"))) is None  # deleted: nothing to repeat
+    repeats.forget()
+    assert repeats.bookmark(report(node("6", "T6"))) is None
+    assert repeats.bookmark(report(pod(), "MODIFIED")) is None  # not a node's shape: parsed
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["uid", "resourceVersion", "status", "lastHeartbeatTime", "a"]),
+        st.text(max_size=30),
+        max_size=4,
+    ),
+    st.dictionaries(
+        st.sampled_from(["uid", "resourceVersion", "status", "lastHeartbeatTime", "a"]),
+        st.text(max_size=30),
+        max_size=4,
+    ),
+)
+def test_no_change_to_labels_is_taken_for_a_repeat(
+    before: dict[str, str], after: dict[str, str]
+) -> None:
+    """Labels that spell the masked fields' names, or hold their JSON, are not masked: Go
+    sorts map keys, and quotes inside values are escaped."""
+    repeats = Repeats()
+    repeats.bookmark(report(node("1", "T1", before)))
+    got = repeats.bookmark(report(node("2", "T2", after)))
+    assert (got == bookmark("2")) == (dict(sorted(before.items())) == dict(sorted(after.items())))
+
+
+def test_a_stream_with_repeats_yields_bookmarks_for_repeated_reports() -> None:
+    data = b"\n".join(line(node(str(rv), f"T{rv}")) for rv in (1, 2, 3)) + b"\n"
+
+    class Response:
+        def stream(self, amt: Any, decode_content: bool) -> Any:
+            yield data
+
+        def shutdown(self) -> None: ...
+        def close(self) -> None: ...
+        def release_conn(self) -> None: ...
+
+    repeats = Repeats()
+    (got,) = list(WatchStream(Response(), compact=True, repeats=repeats).batches())
+    assert got[0]["object"] == without(node("1", "T1"))
+    assert got[1:] == [bookmark("2"), bookmark("3")]
+    # The next request of the same watch goes on from there.
+    (again,) = list(WatchStream(Response(), compact=True, repeats=repeats).batches())
+    assert again == [bookmark("1"), bookmark("2"), bookmark("3")]
