@@ -41,13 +41,17 @@ def without_managed_fields(event: bytes) -> bytes:
 
 def parse_event(line: bytes, compact: bool) -> Any:
     """One event; ``compact``: without managedFields (:func:`without_managed_fields`)."""
-    if compact:
-        cut = without_managed_fields(line)
-        if cut is not line:
-            try:
-                return json.loads(cut)
-            except ValueError:  # not the shape it looked like: parse it whole
-                pass
+    return _parsed(line, without_managed_fields(line) if compact else line)
+
+
+def _parsed(line: bytes, cut: bytes) -> Any:
+    """``cut`` (``line`` less its managedFields) parsed; ``line`` whole when the cut is not
+    what it looked like."""
+    if cut is not line:
+        try:
+            return json.loads(cut)
+        except ValueError:  # not the shape it looked like: parse it whole
+            pass
     return json.loads(line)
 
 
@@ -128,12 +132,13 @@ class WatchStream:
             self.close()
 
     def _event(self, line: bytes) -> Any:
+        # Cut once: Repeats needs it too (managedFields' times change with every report).
+        cut = without_managed_fields(line) if self._compact or self._repeats else line
         if self._repeats is not None:
-            line = without_managed_fields(line)  # their times change with every report
-            bookmark = self._repeats.bookmark(line)
+            bookmark = self._repeats.bookmark(cut)
             if bookmark is not None:
                 return bookmark
-        return parse_event(line, self._compact)
+        return _parsed(line, cut)
 
     def close(self) -> None:
         # shutdown() unblocks a read waiting in another thread; a stream that ended on its own
