@@ -191,12 +191,20 @@ async def _run(
     tasks.add(asyncio.create_task(watchdog[0].run(), name="liveness"))
     if elector is not None:
         tasks.add(asyncio.create_task(elector.hold(), name="lease"))
-    filling = asyncio.create_task(filled(), name="filling")
+    # Helpers that end with the operator: cancelled at its stop, not left to be destroyed
+    # pending when the loop closes (asyncio's "Task was destroyed but it is pending!").
+    helpers: list[asyncio.Task[Any]] = [asyncio.create_task(filled(), name="filling")]
     if started is not None:
-        ready = asyncio.create_task(controller.loop.ready.wait())
-        ready.add_done_callback(lambda _: started.set())
+
+        def report(task: asyncio.Task[Any]) -> None:
+            if not task.cancelled():  # ready, not a stop before it
+                started.set()
+
+        helpers.append(asyncio.create_task(controller.loop.ready.wait(), name="started"))
+        helpers[-1].add_done_callback(report)
     done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    filling.cancel()
+    for helper in helpers:
+        helper.cancel()
     # Asked to stop (SIGTERM), kopf may stop its watchers before our stop task runs: that is
     # a graceful stop, not a deaf operator.
     failure = "" if stop.is_set() else _failure(done)
@@ -209,7 +217,9 @@ async def _run(
         if task.get_name() != "kopf":
             task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
-        await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), timeout=10)
+        await asyncio.wait_for(
+            asyncio.gather(*pending, *helpers, return_exceptions=True), timeout=10
+        )
     kube.fence.set()
     if elector is not None and not any(t.get_name() == "lease" for t in done):
         await asyncio.to_thread(elector.release)

@@ -172,6 +172,22 @@ def test_a_failed_watch_ends_the_run_and_hands_the_lease_over(
     assert not metrics.leading
 
 
+def test_a_run_that_ends_before_it_is_ready_leaves_no_task_behind(
+    kube: FakeKube, kopf_fails: list[dict[str, Any]]
+) -> None:
+    """Bug fixed: the task that reports readiness was left pending; an operator thread's loop
+    closed over it ("Task was destroyed but it is pending!", in every e2e run's log)."""
+    started = threading.Event()
+
+    async def main() -> list[asyncio.Task[Any]]:
+        with pytest.raises(runner.OperatorStopped):
+            await run_operator(options(), k8s.Configuration(), started=started)
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    assert asyncio.run(main()) == []
+    assert not started.is_set()  # it never was ready
+
+
 def test_without_leader_election_no_lease_is_touched(
     kube: FakeKube, kopf_fails: list[dict[str, Any]]
 ) -> None:
