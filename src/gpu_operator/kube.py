@@ -298,6 +298,7 @@ class Kube:
         label_selector: str | None = None,
         compact: bool = False,
         repeats: Repeats | None = None,
+        pace_s: float = 0.0,
     ) -> WatchStream:
         """One watch request from ``resource_version`` (with bookmarks), ended by the server
         after ``timeout_s``; iterate it for the events (``compact``, ``repeats``: see
@@ -319,7 +320,7 @@ class Kube:
                 _body(resp)  # raises
             finally:
                 resp.response.release_conn()
-        return WatchStream(resp.response, compact=compact, repeats=repeats)
+        return WatchStream(resp.response, compact=compact, repeats=repeats, pace_s=pace_s)
 
     # -- writes --------------------------------------------------------------------------------
 

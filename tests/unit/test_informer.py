@@ -13,7 +13,12 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from gpu_operator import testenv
-from gpu_operator.controller.informer import ABSENT_RETRY_S, Informer
+from gpu_operator.controller.informer import (
+    ABSENT_RETRY_S,
+    PACE_S,
+    REPORTED_PACE_S,
+    Informer,
+)
 from gpu_operator.controller.watch import INFORMED, ObjectKey, Stores, Watched, index_value
 from gpu_operator.kinds import KINDS
 from gpu_operator.kube import Retry
@@ -149,13 +154,15 @@ class ScriptedKube:
     def __init__(self, watches: list[Any]) -> None:
         self.watches = watches
         self.calls: list[str] = []
+        self.paces: list[float] = []
 
     def list_with_version(self, kind: str, namespace: Any, query: Any, keep: Any = None) -> Any:
         self.calls.append("list")
         return [keep(node()) if keep else node()], "10"
 
-    def watch(self, kind: str, namespace: Any, version: str, timeout_s: int, **_: Any) -> Any:
+    def watch(self, kind: str, namespace: Any, version: str, timeout_s: int, **kw: Any) -> Any:
         self.calls.append(f"watch@{version}")
+        self.paces.append(kw.get("pace_s", 0.0))
         answer = self.watches.pop(0) if self.watches else []
         if isinstance(answer, Exception):
             raise answer
@@ -179,12 +186,21 @@ class Waits(threading.Event):
         return self.is_set()
 
 
-def follow(watches: list[Any]) -> tuple[ScriptedKube, Waits]:
+def follow(watches: list[Any], watched: Watched = NODES) -> tuple[ScriptedKube, Waits]:
     kube = ScriptedKube(watches)
-    inf, _, _ = informer((NODES,), kube)
+    inf, _, _ = informer((watched,), kube)
     inf._stop = waits = Waits(kube)
-    inf._follow(NODES)
+    inf._follow(watched)
     return kube, waits
+
+
+def test_node_watches_are_paced_longest_and_every_watch_is_paced() -> None:
+    """A fleet's node reports trickle in all the time; pods move upgrades and wait less."""
+    nodes, _ = follow([[], []])
+    pods, _ = follow([[]], PODS)
+    assert nodes.paces == [REPORTED_PACE_S, REPORTED_PACE_S]
+    assert pods.paces == [PACE_S]
+    assert 0 < PACE_S < REPORTED_PACE_S
 
 
 def test_a_watch_resumes_from_the_last_version_it_saw() -> None:

@@ -3,10 +3,18 @@ that repeats the last one is not parsed at all."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
+import urllib3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -227,3 +235,127 @@ def test_a_stream_with_repeats_yields_bookmarks_for_repeated_reports() -> None:
     # The next request of the same watch goes on from there.
     (again,) = list(WatchStream(Response(), compact=True, repeats=repeats).batches())
     assert again == [bookmark("1"), bookmark("2"), bookmark("3")]
+
+
+# -- Pacing: events that trickle in are read together -------------------------------------------
+
+
+class ChunkedServer:
+    """A local HTTP server that answers one request with a chunked body, an event a chunk,
+    sending each part when the test says."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._parts: queue.Queue[bytes | None] = queue.Queue()
+        self.sent = threading.Event()  # every part given so far is in the sockets
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def response(self) -> Any:
+        url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/api/v1/nodes?watch=true"
+        return urllib3.PoolManager().request("GET", url, preload_content=False)
+
+    def send(self, *events: bytes) -> None:
+        self.sent.clear()
+        self._parts.put(b"".join(b"%x\r\n%s\n\r\n" % (len(e) + 1, e) for e in events))
+
+    def end(self) -> None:
+        self._parts.put(None)
+
+    def _serve(self) -> None:
+        conn, _ = self._listener.accept()
+        with conn, self._listener:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            while (part := self._parts.get()) is not None:
+                conn.sendall(part)
+                self.sent.set()
+            conn.sendall(b"0\r\n\r\n")
+            with contextlib.suppress(OSError):
+                conn.recv(1)  # until the client hangs up
+
+
+class Pause:
+    """Stands in for the stream's paced wait: records how many events were read by then."""
+
+    def __init__(self, read: list[Any], then: Callable[[], None]) -> None:
+        self.read, self.then, self.waits = read, then, list[tuple[float, int]]()
+
+    def wait(self, timeout: float) -> bool:
+        self.waits.append((timeout, len(self.read)))
+        self.then()
+        return False
+
+    def set(self) -> None: ...
+
+
+def test_a_paced_stream_waits_after_each_event_that_came_alone() -> None:
+    server, read = ChunkedServer(), list[dict[str, Any]]()
+    reports = [line(node(str(rv), f"T{rv}")) for rv in range(5)]
+    stream = WatchStream(server.response(), pace_s=0.5)
+    sent = iter(reports[1:])
+    stream._closed = pause = Pause(
+        read, lambda: server.send(next(sent)) if len(read) < 5 else server.end()
+    )
+    server.send(reports[0])
+    for batch in stream.batches():
+        read.extend(batch)
+    assert [e["object"]["metadata"]["resourceVersion"] for e in read] == ["0", "1", "2", "3", "4"]
+    assert pause.waits == [(0.5, 1), (0.5, 2), (0.5, 3), (0.5, 4), (0.5, 5)]
+
+
+def test_a_paced_stream_does_not_wait_while_the_socket_holds_events() -> None:
+    """Everything the server sent is read before the stream waits, but for what one buffer of
+    the HTTP client had taken off the socket already (read a pace later)."""
+    server, read = ChunkedServer(), list[dict[str, Any]]()
+    reports = [line(node(str(rv), f"T{rv}")) for rv in range(10)]  # 44 KB: fits the sockets
+    stream = WatchStream(server.response(), pace_s=0.5)
+    stream._closed = pause = Pause(read, server.end)
+    server.send(*reports)
+    assert server.sent.wait(30), "the server could not send 10 reports"
+    for batch in stream.batches():
+        read.extend(batch)
+    assert len(read) == 10
+    buffered = io.DEFAULT_BUFFER_SIZE // len(reports[0]) + 1
+    assert pause.waits[0][1] >= 10 - buffered, pause.waits
+
+
+def test_closing_a_paced_stream_ends_its_wait() -> None:
+    server, read = ChunkedServer(), list[dict[str, Any]]()
+    stream = WatchStream(server.response(), pace_s=600)
+    server.send(line(node("1", "T1")))
+
+    def consume() -> None:
+        for batch in stream.batches():
+            read.extend(batch)
+
+    reader = threading.Thread(target=consume, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 30
+    while not read and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(read) == 1, "the first event was not read"
+    stream.close()  # from another thread, as the informer's stop does
+    reader.join(30)
+    assert not reader.is_alive(), "the stream still waited its pace after close()"
+    server.end()
+
+
+def test_a_stream_whose_socket_cannot_be_seen_is_never_paced() -> None:
+    data = b"\n".join(line(node(str(rv), f"T{rv}")) for rv in (1, 2)) + b"\n"
+
+    class Response:  # no connection to look into
+        def stream(self, amt: Any, decode_content: bool) -> Any:
+            yield from (data[:100], data[100:])
+
+        def shutdown(self) -> None: ...
+        def close(self) -> None: ...
+        def release_conn(self) -> None: ...
+
+    read: list[dict[str, Any]] = []
+    stream = WatchStream(Response(), pace_s=600)
+    stream._closed = pause = Pause(read, lambda: None)
+    for batch in stream.batches():
+        read.extend(batch)
+    assert len(read) == 2 and pause.waits == []
