@@ -301,8 +301,8 @@ class Kube:
         pace_s: float = 0.0,
     ) -> WatchStream:
         """One watch request from ``resource_version`` (with bookmarks), ended by the server
-        after ``timeout_s``; iterate it for the events (``compact``, ``repeats``: see
-        :class:`WatchStream`).
+        after ``timeout_s``; iterate it for the events (``compact``, ``repeats``, ``pace_s``:
+        see :class:`WatchStream`).
         Not asked again here: the informer backs off and resumes (an ApiException carries the
         headers, Retry-After included)."""
         query = {

@@ -44,11 +44,6 @@ def without_managed_fields(event: bytes) -> bytes:
     return event[:start] + event[end + 1 :]
 
 
-def parse_event(line: bytes, compact: bool) -> Any:
-    """One event; ``compact``: without managedFields (:func:`without_managed_fields`)."""
-    return _parsed(line, without_managed_fields(line) if compact else line)
-
-
 def _parsed(line: bytes, cut: bytes) -> Any:
     """``cut`` (``line`` less its managedFields) parsed; ``line`` whole when the cut is not
     what it looked like."""

@@ -18,7 +18,13 @@ import urllib3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_operator.watchstream import Repeats, WatchStream, parse_event, without_managed_fields
+from gpu_operator.watchstream import Repeats, WatchStream, _parsed, without_managed_fields
+
+
+def parse_event(line: bytes, compact: bool) -> Any:
+    """One event as a stream parses it; ``compact``: without managedFields."""
+    return _parsed(line, without_managed_fields(line) if compact else line)
+
 
 FIELDS_V1 = {
     "f:metadata": {"f:labels": {".": {}, "f:app": {}}},
