@@ -6,6 +6,7 @@ import asyncio
 import logging
 import threading
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -236,3 +237,28 @@ def test_a_failed_release_is_only_logged(caplog: pytest.LogCaptureFixture) -> No
     with caplog.at_level(logging.WARNING, "gpu_operator.controller.leader"):
         leader.release()
     assert "could not release the lease" in caplog.text
+
+
+@pytest.mark.skipif(not Path("/proc/thread-self/comm").exists(), reason="not Linux")
+def test_the_lease_is_taken_and_renewed_in_a_thread_named_lease_in_the_kernel() -> None:
+    """So ``top -H`` (and bench_operator's CPU by thread) shows what leading costs."""
+    kube = FakeKube()
+    threads: list[str] = []
+    get, merge_patch = kube.get, kube.merge_patch
+
+    def where(fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            threads.append(Path("/proc/thread-self/comm").read_text().strip())
+            return fn(*args, **kwargs)
+
+        return call
+
+    kube.get, kube.merge_patch = where(get), where(merge_patch)  # type: ignore[method-assign]
+    e = elector(kube)
+
+    async def take_and_renew() -> None:
+        await e.acquire()
+        await e._call_try()
+
+    asyncio.run(take_and_renew())
+    assert threads and set(threads) == {"lease"}
