@@ -103,8 +103,6 @@ class ClusterPolicyController:
         heartbeats, never get here)."""
         if watched.kind.kind == "Node":
             self.inbox.changed_nodes.add(key[1])
-        if not watched.wakes:
-            return
         urgent = self._urgent(watched, key)
         for loop in (self.loop, *self.also_wake):
             if urgent:

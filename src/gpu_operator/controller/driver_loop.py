@@ -50,8 +50,6 @@ class NVIDIADriverController:
 
     def notify(self, watched: Watched, key: ObjectKey) -> None:
         """Something the operator reads changed (never a mere heartbeat)."""
-        if not watched.wakes:
-            return
         if watched.kind.kind in URGENT_KINDS or moves_an_upgrade(self.indexes, watched, key):
             self.loop.urgent.set()
         self.loop.wake.set()

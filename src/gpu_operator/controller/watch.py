@@ -42,7 +42,6 @@ OUR_GROUP = KINDS[KIND].group
 class Watched:
     kind: Kind
     selector: str | None = None  # server-side label selector
-    wakes: bool = True  # a change wakes the loop (revisions only matter with their pods)
     # Its CRD may be absent, or not granted to this operator: then it is watched as empty and
     # looked for again now and then, and the operator runs without it.
     optional: bool = False
@@ -70,7 +69,10 @@ WATCHED: tuple[Watched, ...] = (
     Watched(KINDS["Node"]),
     Watched(KINDS["ConfigMap"]),  # user configs too: their edits roll operand pods
     Watched(KINDS["DaemonSet"], MANAGED_SELECTOR),
-    Watched(KINDS["ControllerRevision"], MANAGED_SELECTOR, wakes=False),
+    # Wakes the loops like every kind: an OnDelete DaemonSet's new template moves no pod, and
+    # its new revision may come after the DaemonSet's own change (another watch), so a pass
+    # woken by the DaemonSet alone can find no pod out of date and never look again.
+    Watched(KINDS["ControllerRevision"], MANAGED_SELECTOR),
     Watched(KINDS["Pod"], MANAGED_SELECTOR),
     Watched(KINDS["Service"], MANAGED_SELECTOR),
     Watched(KINDS["ServiceAccount"], MANAGED_SELECTOR),

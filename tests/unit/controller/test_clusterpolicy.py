@@ -18,6 +18,7 @@ import pytest
 from gpu_operator.controller import clusterpolicy
 from gpu_operator.controller.clusterpolicy import ClusterPolicyController, Inbox
 from gpu_operator.controller.decide import FINALIZER, Decision
+from gpu_operator.controller.driver_loop import NVIDIADriverController
 from gpu_operator.controller.loop import MAX_REFUSED_RETRY_S, REFUSED_RETRY_S
 from gpu_operator.controller.memory import MONITOR_CRD, MONITOR_CRD_KEY, Memory
 from gpu_operator.controller.metrics import PrometheusMetrics
@@ -320,10 +321,23 @@ def test_changes_wake_the_loop_and_name_the_node() -> None:
     assert h.controller.inbox.changed_nodes == {"gpu-1"}
     loop.wake.clear()
     loop.urgent.clear()
-    h.controller.notify(Watched(KINDS["ControllerRevision"], wakes=False), ("ns", "r"))
-    assert not loop.wake.is_set()
     h.controller.notify(Watched(KINDS["DaemonSet"]), ("ns", "ds"))
     assert loop.wake.is_set() and not loop.urgent.is_set()  # a rollout's events settle
+
+
+def test_a_new_revision_wakes_both_loops() -> None:
+    """An OnDelete DaemonSet's new template moves no pod: its new ControllerRevision (which can
+    arrive after the DaemonSet's change, on another watch) is what puts pods out of date. Seen
+    in CI: a pass woken by the DaemonSet alone found every driver pod current, and the upgrade
+    waited four minutes for an unrelated change."""
+    h = Harness(FakeKube())
+    drivers = NVIDIADriverController(FakeKube(), CONFIG, PrometheusMetrics())
+    drivers.watching(h.controller.indexes)
+    revisions = next(w for w in WATCHED if w.kind.kind == "ControllerRevision")
+    for controller in (h.controller, drivers):
+        controller.loop.wake.clear()
+        controller.notify(revisions, ("gpu-operator", "nvidia-driver-daemonset-7f44cfdcfd"))
+        assert controller.loop.wake.is_set(), type(controller).__name__
 
 
 @pytest.mark.parametrize(("state", "urgent"), [("", False), ("upgrade-done", False),

@@ -100,9 +100,8 @@ def test_an_unscheduled_daemonset_pod_keeps_its_node_affinity() -> None:
 def test_what_is_watched() -> None:
     kinds = {w.kind.kind: w for w in WATCHED}
     # the operator's own objects by label; policies, nodes and (user) ConfigMaps all
-    assert kinds["DaemonSet"].selector == MANAGED_SELECTOR
+    assert kinds["DaemonSet"].selector == kinds["ControllerRevision"].selector == MANAGED_SELECTOR
     assert kinds["Node"].selector is None and kinds["ConfigMap"].selector is None
-    assert not kinds["ControllerRevision"].wakes
     assert kinds["Node"].resource == ("v1", "nodes")
     assert kinds[KIND].resource == ("nvidia.com", "v1", "clusterpolicies")
     assert {w.index for w in WATCHED} == INDEXES
