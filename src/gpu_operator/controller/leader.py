@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from gpu_operator.controller.process import name_os_thread
+from gpu_operator.controller.process import named_pool
 from gpu_operator.kube import NO_RETRY, Kube
 
 log = logging.getLogger(__name__)
@@ -78,12 +77,7 @@ class LeaderElector:
         # Its own thread: behind the reconcilers' blocking calls in the loop's shared executor,
         # a renewal can wait out its deadline in the queue (seen with 2 s per request: every
         # worker thread busy, the Lease lost with the API server answering).
-        self._thread = ThreadPoolExecutor(
-            max_workers=1,
-            thread_name_prefix="lease",
-            initializer=name_os_thread,
-            initargs=("lease",),
-        )
+        self._thread = named_pool("lease", max_workers=1)
 
     async def _call_try(self) -> datetime | None:
         return await asyncio.get_running_loop().run_in_executor(self._thread, self._try)

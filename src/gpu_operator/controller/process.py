@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+from concurrent.futures import ThreadPoolExecutor
 
 M_ARENA_MAX = -8  # glibc's mallopt parameter
 PR_SET_NAME = 15  # prctl option: the calling thread's name
@@ -27,6 +28,14 @@ def name_os_thread(name: str) -> None:
     """Give the calling thread ``name`` in the kernel too (15 bytes kept), so ``top -H`` and
     ``/proc/PID/task/*/comm`` say which watch, or the event loop, spends the CPU."""
     _libc_call("prctl", PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+
+
+def named_pool(name: str, max_workers: int | None = None) -> ThreadPoolExecutor:
+    """A thread pool whose threads carry ``name`` in the kernel too (see
+    :func:`name_os_thread`)."""
+    return ThreadPoolExecutor(
+        max_workers, thread_name_prefix=name, initializer=name_os_thread, initargs=(name,)
+    )
 
 
 def one_malloc_arena() -> None:

@@ -10,7 +10,6 @@ import logging
 import os
 import socket
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +27,7 @@ from gpu_operator.controller.informer import Informer
 from gpu_operator.controller.leader import LeaderElector
 from gpu_operator.controller.liveness import OK, Verdict, Watchdog
 from gpu_operator.controller.metrics import PrometheusMetrics
-from gpu_operator.controller.process import name_os_thread
+from gpu_operator.controller.process import name_os_thread, named_pool
 from gpu_operator.controller.watch import (
     INFORMED,
     ObjectKey,
@@ -293,11 +292,7 @@ class OperatorThread:
         loop = self._loop = asyncio.new_event_loop()
         # asyncio's own pool, its threads named in the kernel: the requests' CPU apart from
         # the event loop's in ``top -H`` (and in benchmarks/bench_operator.py).
-        loop.set_default_executor(
-            ThreadPoolExecutor(
-                thread_name_prefix="requests", initializer=name_os_thread, initargs=("requests",)
-            )
-        )
+        loop.set_default_executor(named_pool("requests"))
         stop = self._stop = asyncio.Event()
         if self._stop_asked.is_set():  # asked before this loop existed (a SIGTERM at start-up)
             stop.set()
