@@ -29,9 +29,15 @@ def taint_ops(
 
 
 def map_ops(
-    path: str, changes: Mapping[str, str | None], read: Mapping[str, str]
+    path: str, changes: Mapping[str, str | None], read: Mapping[str, str], *, guard: bool = False
 ) -> list[dict[str, Any]]:
-    """JSON-patch operations setting (value) or removing (None) keys of a string map."""
+    """JSON-patch operations setting (value) or removing (None) keys of a string map.
+
+    ``guard``: each key changes only if it still holds what ``read`` saw (a ``test`` of that
+    value, null for an absent key, before each operation), so a plan made from an older read
+    cannot overwrite or remove what someone else wrote to that key meanwhile; writes to other
+    keys (a kubelet's, discovery's) do not make it fail.
+    """
     if not changes:
         return []
     if not read:  # the map may be absent: create it, unless someone did meanwhile
@@ -42,13 +48,18 @@ def map_ops(
             {"op": "test", "path": path, "value": None},
             {"op": "add", "path": path, "value": value},
         ]
-    return [
-        {"op": "remove", "path": f"{path}/{pointer(k)}"}
-        if v is None
-        else {"op": "add", "path": f"{path}/{pointer(k)}", "value": v}
-        for k, v in changes.items()
-        if v is not None or k in read
-    ]
+    ops: list[dict[str, Any]] = []
+    for key, new in changes.items():
+        if new is None and key not in read:
+            continue
+        at = f"{path}/{pointer(key)}"
+        if guard:
+            ops.append({"op": "test", "path": at, "value": read.get(key)})
+        if new is None:
+            ops.append({"op": "remove", "path": at})
+        else:
+            ops.append({"op": "add", "path": at, "value": new})
+    return ops
 
 
 def pointer(key: str) -> str:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from kubernetes.client.exceptions import ApiException
+
 from gpu_operator.controller.nodes import NodePolicy, Owned, Taint, is_gpu_node, plan_node
 from gpu_operator.labels import OWNED_ANNOTATION
 from gpu_operator.views import NodeView
+from tests.unit.controller.fakes import FakeKube
 
 TAINT = Taint("nvidia.com/gpu", "present", "NoSchedule")
 POLICY = NodePolicy(
@@ -186,9 +190,8 @@ def test_taint_can_be_disabled_and_is_then_removed() -> None:
     assert untainted.taints == ()
     patch = plan_node(labelled, NodePolicy(deploy=POLICY.deploy, taint=None))
     assert patch is not None
-    kind, ops = patch.request()
+    ops = patch.to_json_patch()
     # Removed in place, checked to still be there: no resourceVersion, no whole-list replace.
-    assert kind == "json"
     assert ops[-2:] == [
         {"op": "test", "path": "/spec/taints/0", "value": TAINT.to_k8s()},
         {"op": "remove", "path": "/spec/taints/0"},
@@ -199,28 +202,91 @@ def test_taint_can_be_disabled_and_is_then_removed() -> None:
 
 
 def test_node_patch_never_carries_a_resource_version() -> None:
-    """Labels alone go as a merge patch; with the taint, as a JSON patch that creates absent
-    maps only if they are still absent."""
-    labelled = apply(node(NFD), POLICY)
-    kind, body = plan_node(labelled, NodePolicy(deploy=(), taint=TAINT)).request()  # type: ignore[union-attr]
-    assert kind == "merge" and "resourceVersion" not in body["metadata"]
-    kind, ops = plan_node(node(NFD), POLICY).request()  # type: ignore[union-attr]
-    assert kind == "json"
-    assert ops[0] == {
-        "op": "add",
-        "path": "/metadata/labels/nvidia.com~1gpu.present",
-        "value": "true",
-    }
+    """A JSON patch that tests only what it changes: each label it sets or removes, absent maps
+    and lists it creates, the taint it removes; never the object's resourceVersion."""
+    ops = plan_node(node(NFD), POLICY).to_json_patch()  # type: ignore[union-attr]
+    assert not [op for op in ops if "resourceVersion" in op["path"]]
+    assert ops[:2] == [
+        {"op": "test", "path": "/metadata/labels/nvidia.com~1gpu.present", "value": None},
+        {"op": "add", "path": "/metadata/labels/nvidia.com~1gpu.present", "value": "true"},
+    ]
     assert {"op": "test", "path": "/metadata/annotations", "value": None} in ops
     assert ops[-2:] == [
         {"op": "test", "path": "/spec/taints", "value": None},
         {"op": "add", "path": "/spec/taints", "value": [TAINT.to_k8s()]},
     ]
+    # Labels alone: the taint list is not touched.
+    labelled = apply(node(NFD), POLICY)
+    ops = plan_node(labelled, NodePolicy(deploy=(), taint=TAINT)).to_json_patch()  # type: ignore[union-attr]
+    assert ops and not [op for op in ops if op["path"].startswith("/spec")]
     # Someone else's taint (the node lifecycle controller's not-ready) is left where it is.
     not_ready = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
-    kind, ops = plan_node(node(NFD, taints=[not_ready]), POLICY).request()  # type: ignore[union-attr]
+    ops = plan_node(node(NFD, taints=[not_ready]), POLICY).to_json_patch()  # type: ignore[union-attr]
     assert ops[-1] == {"op": "add", "path": "/spec/taints/-", "value": TAINT.to_k8s()}
     assert not [op for op in ops if op["path"] == "/spec/taints"]
+
+
+def _stored(view: NodeView) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": view.name,
+            "labels": dict(view.labels),
+            "annotations": dict(view.annotations),
+        },
+        "spec": {"taints": [dict(t) for t in view.taints]},
+    }
+
+
+MIG_NODE = {**NFD, "nvidia.com/mig.capable": "true"}
+
+
+@pytest.mark.parametrize(
+    ("key", "theirs"),
+    [
+        ("nvidia.com/mig.config", "all-1g.5gb"),  # a layout chosen as discovery said mig.capable
+        ("nvidia.com/gpu.deploy.device-plugin", "false"),  # NVIDIA issue 2288's choice
+    ],
+)
+def test_a_label_written_after_the_operators_read_is_not_overwritten(key: str, theirs: str) -> None:
+    """The operator sets these labels only where absent. Planned from a read that predates a
+    person's write of the same key (the watch is a few hundred ms behind), its patch is refused
+    whole and the person's value stays; the next plan, from a read that shows it, keeps it."""
+    stale = node(MIG_NODE)
+    kube = FakeKube().add(_stored(node({**MIG_NODE, key: theirs})))
+    ops = plan_node(stale, POLICY).to_json_patch()  # type: ignore[union-attr]
+    with pytest.raises(ApiException) as refused:
+        kube.json_patch("Node", "n1", ops)
+    assert refused.value.status == 422
+    assert kube.obj("Node", "n1")["metadata"]["labels"][key] == theirs  # type: ignore[index]
+    fresh = node({**MIG_NODE, key: theirs})
+    kube.json_patch("Node", "n1", plan_node(fresh, POLICY).to_json_patch())  # type: ignore[union-attr]
+    stored = kube.obj("Node", "n1")["metadata"]  # type: ignore[index]
+    assert stored["labels"][key] == theirs
+    assert key not in Owned.parse(stored["annotations"]).labels
+
+
+def test_writes_to_other_labels_after_the_read_do_not_refuse_the_patch() -> None:
+    """Discovery labels the node while the operator plans: different keys, no conflict."""
+    kube = FakeKube().add(_stored(node({**MIG_NODE, "nvidia.com/gpu.product": "A100"})))
+    kube.json_patch("Node", "n1", plan_node(node(MIG_NODE), POLICY).to_json_patch())  # type: ignore[union-attr]
+    labels = kube.obj("Node", "n1")["metadata"]["labels"]  # type: ignore[index]
+    assert labels["nvidia.com/gpu.product"] == "A100"
+    assert labels["nvidia.com/mig.config"] == "all-disabled"
+
+
+def test_an_owned_label_changed_after_the_read_is_not_removed() -> None:
+    """Removing a label the operator owns checks it still holds the value the plan read."""
+    labelled = apply(node(NFD), POLICY)
+    kube = FakeKube().add(
+        _stored(_view({**labelled.labels, "nvidia.com/gpu.deploy.driver": "false"}, labelled))
+    )
+    gone = plan_node(labelled, None)
+    assert gone is not None and gone.labels["nvidia.com/gpu.deploy.driver"] is None
+    with pytest.raises(ApiException):
+        kube.json_patch("Node", "n1", gone.to_json_patch())
+    assert kube.obj("Node", "n1")["metadata"]["labels"]["nvidia.com/gpu.deploy.driver"] == "false"  # type: ignore[index]
 
 
 def test_mangled_ownership_annotation_owns_nothing() -> None:

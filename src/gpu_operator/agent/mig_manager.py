@@ -283,6 +283,38 @@ def reconcile(
     max_steps: int = 10_000,
 ) -> Step:
     """Run steps until the manager is idle (or only waiting and ``stop`` is set)."""
+    return _reconcile(
+        api,
+        node_name,
+        config,
+        nvml,
+        first_pass=first_pass,
+        namespace=namespace,
+        wait_timeout_s=wait_timeout_s,
+        poll_interval_s=poll_interval_s,
+        stop=stop,
+        clock=clock,
+        max_steps=max_steps,
+    )[0]
+
+
+def _reconcile(
+    api: Kube,
+    node_name: str,
+    config: ConfigSource,
+    nvml: MigBackend,
+    *,
+    first_pass: bool,
+    namespace: str,
+    wait_timeout_s: float,
+    poll_interval_s: float,
+    stop: threading.Event | None,
+    clock: Callable[[], float],
+    max_steps: int,
+) -> tuple[Step, str]:
+    """:func:`reconcile`, and the resourceVersion of the Node its last decision was made from:
+    the watch for the next change starts there, so a change made just after that read is not
+    missed (read again after the pass, it would be taken for already seen)."""
     stop = stop or threading.Event()
     apply_error = ""
     for _ in range(max_steps):
@@ -338,10 +370,10 @@ def reconcile(
             else:
                 waiting = True
         if result.idle:
-            return result
+            return result, node.resource_version
         first_pass = False
         if waiting and stop.wait(poll_interval_s):
-            return result
+            return result, node.resource_version
     raise RuntimeError(f"node {node_name}: MIG manager did not settle in {max_steps} steps")
 
 
@@ -362,7 +394,7 @@ def run_mig_manager(
     first = True
     while not stop.is_set():
         try:
-            reconcile(
+            _, version = _reconcile(
                 api,
                 node_name,
                 config,
@@ -372,9 +404,10 @@ def run_mig_manager(
                 wait_timeout_s=wait_timeout_s,
                 poll_interval_s=poll_interval_s,
                 stop=stop,
+                clock=time.time,
+                max_steps=10_000,
             )
             first = False
-            version = kube.read_node(api, node_name).resource_version
         except Exception as exc:  # API hiccups: log, back off, retry
             log.warning("node %s: MIG manager pass failed: %s", node_name, exc)
             stop.wait(poll_interval_s)

@@ -385,8 +385,8 @@ def _node_stage(
             continue
         patch = plan_node(node, policy, uninstall=uninstall)
         if patch is not None:
-            patch_type, body = patch.request()
-            patches.append(Patch("Node", node.name, body, "labels", patch_type=patch_type))
+            body = patch.to_json_patch()
+            patches.append(Patch("Node", node.name, body, "labels", patch_type="json"))
             unseen[node.name] = node.resource_version
     remembered = replace(
         memory, node_policy=policy, node_policy_known=not uninstall, patched_nodes=unseen

@@ -12,7 +12,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from gpu_operator.jsonpatch import map_ops, taint_ops
 from gpu_operator.labels import (
@@ -102,42 +102,32 @@ class NodePolicy:
 
 @dataclass(frozen=True)
 class NodePatch:
-    """One write that brings a node to what the operator wants of it.
+    """One write that brings a node to what the operator wants of it: a JSON patch (RFC 6902).
 
-    It carries no resourceVersion: a kubelet heartbeat or another controller's label or taint
-    between the read and the write must not turn it into a 409 and a retry. Labels and
-    annotations are set key by key; the operator's taint is appended to the list as it is on the
-    server, and removed at its index only if a JSON-patch ``test`` finds it still there (the
-    list is the API's, shared with the node lifecycle controller and people). Asked again after
-    a lost answer, an append that had landed is refused (the API server keeps taints unique by
-    key and effect): a 422, and the next pass plans from what the watch shows.
+    It carries no resourceVersion: a kubelet heartbeat or another controller's write to other
+    keys between the read and the write must not turn it into a 409 and a retry. Each label
+    changes only if it still holds what the plan read (a ``test`` before it): the operator sets
+    ``nvidia.com/mig.config`` and the deploy labels only where they are absent, and a person's
+    value written after the operator's read must win, not be overwritten from a stale view (a
+    test's ``all-1g.5gb`` became ``all-disabled`` that way, 320 ms after it was set). The
+    operator's taint is appended to the list as it is on the server, and removed at its index
+    only if a ``test`` finds it still there (the list is the API's, shared with the node
+    lifecycle controller and people). Asked again after a lost answer, an append that had
+    landed is refused (the API server keeps taints unique by key and effect). A refused patch
+    is a 422, and the next pass plans from what the watch shows.
     """
 
     labels: dict[str, str | None] = field(default_factory=dict)
     annotations: dict[str, str | None] = field(default_factory=dict)
     taints: list[dict[str, Any]] | None = None  # the whole new list, when it changes
-    read: NodeView | None = None  # what the plan saw (guards the taint list)
-
-    def request(self) -> tuple[Literal["merge", "json"], Any]:
-        """(``"merge"`` or ``"json"``, the patch body)."""
-        if self.taints is None:
-            return "merge", self.to_merge_patch()
-        return "json", self.to_json_patch()
-
-    def to_merge_patch(self) -> dict[str, Any]:
-        meta: dict[str, Any] = {}
-        if self.labels:
-            meta["labels"] = self.labels
-        if self.annotations:
-            meta["annotations"] = self.annotations
-        return {"metadata": meta}
+    read: NodeView | None = None  # what the plan saw (guards labels and the taint list)
 
     def to_json_patch(self) -> list[dict[str, Any]]:
         read = self.read or NodeView("")
         return [
-            *map_ops("/metadata/labels", self.labels, read.labels),
+            *map_ops("/metadata/labels", self.labels, read.labels, guard=True),
             *map_ops("/metadata/annotations", self.annotations, read.annotations),
-            *taint_ops(read.taints, self.taints or []),
+            *(taint_ops(read.taints, self.taints) if self.taints is not None else ()),
         ]
 
 

@@ -409,6 +409,52 @@ def test_reconcile_applies_restores_and_then_writes_nothing(
         assert sim.calls["nvmlGpuInstanceDestroy"] == 0
 
 
+class ChangedAfterReadKube(FakeKube):
+    """The Node's layout label is changed by someone just after the manager's ``read``-th read;
+    a watch returns at once when the Node has changed since the version it is given, else
+    ends the test (nothing more will change)."""
+
+    def __init__(self, labels: dict[str, str], read: int, layout: str, stop: Any) -> None:
+        super().__init__(labels)
+        self.reads, self.read_no, self.layout, self.stop = 0, read, layout, stop
+
+    def get(self, kind: str, name: str) -> dict[str, Any]:
+        node = super().get(kind, name)
+        self.reads += 1
+        if self.reads == self.read_no:
+            self.labels[MIG_CONFIG] = self.layout
+            self.version += 1
+        return node
+
+    def wait_for_change(self, kind: str, name: str, resource_version: str, timeout_s: int) -> None:
+        if int(resource_version) >= self.version:
+            self.stop.set()
+
+
+def test_a_layout_chosen_just_after_the_managers_last_read_is_applied(
+    simulate: Simulate, nvidia_mig_config: MigPartedConfig
+) -> None:
+    """The manager watches from the version its last decision was read at: a change between
+    that read and the watch is a change, not something already seen (ci-h4 waited for it)."""
+    import threading
+
+    simulate("a100-40gb:2")
+    stop = threading.Event()
+    # read 1: all-disabled, success written; read 2: idle, and the label changes right after
+    api = ChangedAfterReadKube({**DEPLOY, MIG_CONFIG: "all-disabled"}, 2, "all-1g.5gb", stop)
+    with Nvml() as nvml:
+        mm.run_mig_manager(
+            api, "gpu-node-1", lambda: nvidia_mig_config, nvml, stop=stop, poll_interval_s=0.01
+        )
+        assert all(dict(g.instance_counts()) == {"1g.5gb": 7} for g in nvml.inventory().gpus)
+    assert api.labels[MIG_CONFIG_STATE] == "success"
+    assert [e["message"] for e in api.events] == [
+        "MIG config all-disabled applied",
+        "MIG config all-1g.5gb: pausing GPU operands to repartition the GPUs",
+        "MIG config all-1g.5gb applied",
+    ]
+
+
 def test_reconcile_reports_an_nvml_failure_and_restores(
     simulate: Simulate, nvidia_mig_config: MigPartedConfig
 ) -> None:
