@@ -34,6 +34,7 @@ def fleet_from_objects(
 ) -> Fleet:
     """The fleet as the planner sees it: driver and validator pods, and each driver
     DaemonSet's newest revision hash (what an up-to-date driver pod carries)."""
+    daemonsets = tuple(daemonsets)
     drivers = {
         d["metadata"]["uid"]: d["metadata"]["name"]
         for d in daemonsets
@@ -55,10 +56,47 @@ def fleet_from_objects(
         for uid, name in drivers.items()
         if (hash_ := newest_revision_hash(revisions_of.get(uid, ())))
     }
+    driver_views = tuple(derived(p, POD_VIEW) for p in driver_pods)
+    validator_views = tuple(derived(p, POD_VIEW) for p in validators)
     return Fleet(
         nodes=tuple(Node(n.name, n.labels, n.annotations, n.unschedulable, n.ready) for n in nodes),
-        driver_pods=tuple(derived(p, POD_VIEW) for p in driver_pods),
+        driver_pods=driver_views,
         workload_pods=tuple(Pod.from_k8s(p) for p in workload_pods),
-        validator_pods=tuple(derived(p, POD_VIEW) for p in validators),
+        validator_pods=validator_views,
         newest_hash=newest,
+        unobserved=unobserved(
+            daemonsets, (*driver_views, *validator_views), {n.name for n in nodes}
+        ),
     )
+
+
+def unobserved(
+    daemonsets: Iterable[Mapping[str, Any]], pods: Iterable[Pod], nodes: set[str]
+) -> frozenset[str]:
+    """The DaemonSets whose status counts fewer of ``nodes`` with a pod than ``pods`` are on
+    (pods on a node that is gone count nowhere in its status, as in the controller's).
+
+    The DaemonSet controller counts each pod it creates as expected until its own watch shows
+    it; while any is, it only writes status and creates nothing. A pod it created and someone
+    deleted before its watch showed it (the controller's watch down, as after an API server
+    restart) is never shown, and that DaemonSet creates no pod for 5 minutes, when
+    kube-controller-manager gives up waiting (seen in a chaos run: 3 driver pods deleted for an
+    upgrade, none recreated for 4 minutes). Its status, counted from its own cache, says
+    whether it has seen the pods this observation has: until it counts them, they are not
+    deleted.
+    """
+    on: dict[str, set[str]] = {}
+    for pod in pods:
+        if pod.is_daemonset_pod and pod.node in nodes and not pod.deleting:
+            on.setdefault(pod.owner, set()).add(pod.node)
+    behind = set()
+    for ds in daemonsets:
+        name = ds["metadata"]["name"]
+        if name not in on:
+            continue
+        status = ds.get("status") or {}
+        counted = int(status.get("currentNumberScheduled") or 0)
+        counted += int(status.get("numberMisscheduled") or 0)
+        if len(on[name]) > counted:
+            behind.add(name)
+    return frozenset(behind)

@@ -246,6 +246,9 @@ class Fleet:
     validator_pods: tuple[Pod, ...] = ()
     # driver DaemonSet name -> controller-revision-hash of its newest ControllerRevision
     newest_hash: Mapping[str, str] = field(default_factory=dict)
+    # DaemonSets whose controller has not seen pods seen here (:func:`.fleet.unobserved`):
+    # their pods are not deleted until it has.
+    unobserved: frozenset[str] = frozenset()
 
     @classmethod
     def from_k8s(

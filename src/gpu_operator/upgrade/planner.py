@@ -22,7 +22,7 @@ Budget rules (reference/gpu-facts.md section 6, with NVIDIA's two known flaws av
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpu_operator.labels import VALIDATOR_APP
@@ -76,6 +76,7 @@ class _Ctx:
     now: float
     newest: dict[str, str]
     validators_deployed: bool
+    unobserved: frozenset[str] = frozenset()  # Fleet.unobserved
     deadlines: list[float] = field(default_factory=list)  # when a waiting node times out
 
     @property
@@ -88,6 +89,15 @@ class _Ctx:
         newest = self.newest.get(pod.owner)
         return newest is None or pod.revision_hash == newest
 
+    def delete(self, view: _NodeView, pods: Iterable[Pod]) -> list[Action]:
+        """Deletions of ``pods``, but none while their DaemonSet's controller has not seen
+        every pod of it this observation has (its status will say, and wake a pass)."""
+        return [
+            DeletePod(p.name, p.namespace, False, view.name)
+            for p in pods
+            if p.owner not in self.unobserved
+        ]
+
 
 def plan(
     fleet: Fleet, policy: Policy, now: float, allowed: frozenset[str] | None = None
@@ -97,7 +107,7 @@ def plan(
     ``allowed`` (a canary rollout's gate, :mod:`.canary`): only these nodes are marked for,
     start or restart an upgrade; the others are not written at all (None: every node)."""
     views, notes = _views(fleet)
-    ctx = _Ctx(policy, now, dict(fleet.newest_hash), bool(fleet.validator_pods))
+    ctx = _Ctx(policy, now, dict(fleet.newest_hash), bool(fleet.validator_pods), fleet.unobserved)
     max_unavailable = scaled_max_unavailable(policy.max_unavailable, len(views))
     reserved = sum(1 for v in views if v.reserved)
     in_progress = sum(1 for v in views if v.state in IN_PROGRESS)
@@ -148,7 +158,7 @@ def plan(
                 recovered, restart = _validity(view, ctx)
                 if recovered:
                     recoverable.append(view)
-                actions.extend(DeletePod(p.name, p.namespace, False, view.name) for p in restart)
+                actions.extend(ctx.delete(view, restart))
         elif view.state is State.REQUIRED:
             waiting.append(view)
         elif view.needs_upgrade:  # "" or upgrade-done
@@ -465,7 +475,7 @@ def _pod_restart(view: _NodeView, ctx: _Ctx) -> list[Action]:
                 f"new driver pod not Ready after {ctx.policy.restart_timeout_s}s: {detail}",
             )
         ]
-    return [DeletePod(p.name, p.namespace, False, view.name) for p in stale]
+    return ctx.delete(view, stale)
 
 
 def _target(view: _NodeView, ctx: _Ctx) -> str:
@@ -522,7 +532,7 @@ def _validation(view: _NodeView, ctx: _Ctx) -> list[Action]:
             else "no Ready driver pod of the new version"
         )
         return [_fail(view, ctx, f"{what} after {timeout}s")]
-    return [DeletePod(p.name, p.namespace, False, view.name) for p in stale]
+    return ctx.delete(view, stale)
 
 
 def _uncordon(view: _NodeView, ctx: _Ctx) -> list[Action]:

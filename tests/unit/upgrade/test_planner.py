@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -30,8 +31,10 @@ from gpu_operator.upgrade import (
     Uncordon,
     plan,
 )
+from gpu_operator.upgrade.fleet import unobserved
 from tests.unit.upgrade.fleets import (
     AUTO,
+    DS,
     NEW,
     NOW,
     OLD,
@@ -337,6 +340,56 @@ def test_pod_restart_restarts_a_current_pod_older_than_the_state() -> None:
     old_current = driver("n1", NEW, created=NOW - 1000)
     result = plan(fleet([restarting(10)], [old_current]), AUTO, NOW)
     assert kinds(result.actions) == ["DeletePod"]
+
+
+def test_pods_the_daemonset_controller_has_not_seen_are_not_deleted() -> None:
+    """ci-i1: after an API server restart kube-controller-manager's pod watch was down for 12 s;
+    it created a driver pod from its stale cache, the operator deleted it (and two others) for
+    the upgrade before that watch came back, and the DaemonSet created nothing for 5 minutes.
+    While the DaemonSet's status does not count every pod seen here, its pods are left."""
+    stale = fleet([restarting()], [driver("n1", OLD)], validators=[validator("n1")])
+    held = replace(stale, unobserved=frozenset({DS}))
+    assert plan(held, AUTO, NOW).actions == ()
+    assert plan(stale, AUTO, NOW).actions == (
+        DeletePod("driver-n1-old-hash", "gpu-operator", False, "n1"),
+    )
+    # The same for the validators a recovering node restarts, DaemonSet by DaemonSet.
+    f = fleet(
+        [failed()],
+        [driver("n1", NEW, created=RESTARTED)],
+        validators=[validator("n1", ready_since=RESTARTED - 1)],
+    )
+    assert (
+        plan(replace(f, unobserved=frozenset({"nvidia-operator-validator"})), AUTO, NOW).actions
+        == ()
+    )
+    assert kinds(plan(replace(f, unobserved=frozenset({DS})), AUTO, NOW).actions) == ["DeletePod"]
+
+
+def _ds(name: str, scheduled: int | None, misscheduled: int = 0) -> dict[str, Any]:
+    status = {} if scheduled is None else {"currentNumberScheduled": scheduled}
+    if misscheduled:
+        status["numberMisscheduled"] = misscheduled
+    return {"metadata": {"name": name}, "status": status}
+
+
+@pytest.mark.parametrize(
+    ("status", "pods", "behind"),
+    [
+        (_ds(DS, 2), [driver("n1"), driver("n2")], False),
+        (_ds(DS, 1), [driver("n1"), driver("n2")], True),  # a pod its cache does not hold
+        (_ds(DS, 1, misscheduled=1), [driver("n1"), driver("n2")], False),
+        (_ds(DS, None), [driver("n1")], True),  # created, no status written yet
+        (_ds(DS, 1), [driver("n1"), driver("n2", deleting=True)], False),
+        (_ds(DS, 1), [driver("n1"), driver("gone")], False),  # its node deleted: counted nowhere
+        (_ds(DS, 1), [driver("n1"), driver("n1", NEW)], False),  # nodes are counted, not pods
+        (_ds("other", 0), [driver("n1")], False),  # another DaemonSet's status says nothing
+    ],
+)
+def test_a_daemonset_is_behind_while_its_status_counts_fewer_nodes_than_pods_are_on(
+    status: dict[str, Any], pods: list[Pod], behind: bool
+) -> None:
+    assert (DS in unobserved([status], pods, {"n1", "n2"})) is behind
 
 
 @pytest.mark.parametrize(("restarts", "fails"), [(10, False), (11, True)])
