@@ -7,6 +7,7 @@ TLS, one chunk each, ``--gap-ms`` apart (a server subprocess), and reads it with
 clock in four ways:
 
 - ``recv``: a bare TLS socket's ``recv_into`` counting bytes: the floor for any reader in Python;
+- ``recvpaced``: ``recv``, paced as the informer paces nodes: the floor for a paced reader;
 - ``chunks``: the operator's request (``Kube.watch``), its chunks read and nothing parsed;
 - ``repeats``: the operator's node watch as it runs (managedFields cut, repeats unparsed);
 - ``parsed``: every event parsed and made a ``NodeView`` (what a changed report costs);
@@ -24,6 +25,7 @@ import argparse
 import contextlib
 import json
 import os
+import select
 import socket
 import ssl
 import subprocess
@@ -38,7 +40,7 @@ from gpu_operator.controller.informer import REPORTED_PACE_S
 from gpu_operator.kube import Kube, Repeats
 from gpu_operator.views import NodeView
 
-MODES = ("recv", "chunks", "repeats", "parsed", "paced")
+MODES = ("recv", "recvpaced", "chunks", "repeats", "parsed", "paced")
 
 
 def report(version: int, beat: str) -> bytes:
@@ -125,7 +127,7 @@ def serve(port_file: Path, cert: Path, key: Path, events: int, gap_s: float) -> 
 
 def read(mode: str, port: int, ca: Path) -> tuple[int, float]:
     """(events read, thread CPU-seconds spent reading them)."""
-    if mode == "recv":
+    if mode in ("recv", "recvpaced"):
         ctx = ssl.create_default_context(cafile=ca)
         with ctx.wrap_socket(
             socket.create_connection(("127.0.0.1", port)), server_hostname="127.0.0.1"
@@ -138,6 +140,12 @@ def read(mode: str, port: int, ca: Path) -> tuple[int, float]:
                 if not n:
                     break
                 received = bytes(buf[max(0, n - 5) : n])
+                if (
+                    mode == "recvpaced"
+                    and not tls.pending()
+                    and not select.select([tls], [], [], 0)[0]
+                ):
+                    time.sleep(REPORTED_PACE_S)  # as WatchStream.batches waits
             # each event's chunk holds exactly one line: counted by the server's arithmetic
             return -1, time.thread_time() - start
     config = k8s.Configuration()

@@ -366,7 +366,7 @@ def test_steady_state_is_silent(env: Env) -> None:
     leases = {w["objectRef"].get("name") for w in writes} - {None}
     assert leases <= {"gpu-operator-leader"}  # leadership renewals only
     # Watches end and resume every 5 minutes (kopf's with a list of its CRD). A resync (here
-    # every RESYNC_S, by default every 10 minutes) reads again the one kind it cannot watch:
+    # every RESYNC_S, by default every 30 minutes) reads again the one kind it cannot watch:
     # whether the Prometheus operator's ServiceMonitor CRD exists. Nothing else.
     reads = [
         r

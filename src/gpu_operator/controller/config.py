@@ -19,5 +19,9 @@ class OperatorConfig:
     simulate_gpus: str | None = None
     identity: str = field(default_factory=socket.gethostname)  # the Events' reporting instance
     debounce_seconds: float = 0.5  # let a burst of watch events settle into one pass
-    resync_seconds: float = 600.0  # the safety net; events drive everything else
+    # The safety net: a full pass that also reads the one unwatched kind (ServiceMonitor) again.
+    # Events drive everything else, so this bounds only how long a deleted ServiceMonitor or a
+    # missed event can last. Each costs a full pass (0.5 CPU-s at 5,000 nodes): every 30
+    # minutes is 0.017 CPU-s a minute there (every 10, 0.05: half of a converged minute).
+    resync_seconds: float = 1800.0
     write_concurrency: int = 8
