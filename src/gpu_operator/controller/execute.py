@@ -37,11 +37,23 @@ _EXPECTED = {404, 409, 429}
 
 
 def api_reason(exc: ApiException) -> str:
-    """The API server's message for a refusal, else its status line."""
+    """The API server's message for a refusal, with its causes (a JSON patch's failed
+    ``test`` is only told there), else its status line."""
     try:
-        return str(json.loads(exc.body or "").get("message") or exc.reason)
+        status = json.loads(exc.body or "")
+        message = str(status.get("message") or exc.reason)
+        causes = ((status.get("details") or {}).get("causes")) or ()
     except (TypeError, ValueError, AttributeError):
         return f"{exc.status} {exc.reason}"
+    told = [str(c["message"]) for c in causes if isinstance(c, dict) and c.get("message")]
+    return ": ".join([message, "; ".join(told)]) if told else message
+
+
+def expected(exc: ApiException, reason: str) -> bool:
+    """A refusal that says only that the object changed since it was read (a stale
+    resourceVersion, a JSON patch's ``test``), it is gone, or the server is busy: the next
+    pass plans again from the watch."""
+    return exc.status in _EXPECTED or (exc.status == 422 and "testing value" in reason)
 
 
 class Executor:
@@ -90,7 +102,7 @@ class Executor:
             result = await self.call(self._request, action)
         except ApiException as exc:
             reason = api_reason(exc)
-            level = logging.DEBUG if exc.status in _EXPECTED else logging.WARNING
+            level = logging.DEBUG if expected(exc, reason) else logging.WARNING
             log.log(level, "%s refused: %s %s", describe(action), exc.status, reason)
             return Outcome(action, exc.status or 0, reason)
         self.metrics.writes.labels(verb, kind).inc()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from typing import Any
 
 import pytest
@@ -170,6 +172,33 @@ def test_concurrency_is_bounded() -> None:
     assert 1 <= peak[0] <= 2
 
 
+# How the API server refuses a JSON patch whose ``test`` fails (apimachinery's
+# NewGenericServerResponse: a generic message, the patch library's error as the cause).
+TEST_FAILED = json.dumps(
+    {
+        "kind": "Status",
+        "status": "Failure",
+        "message": "the server rejected our request due to an error in our request",
+        "reason": "Invalid",
+        "details": {
+            "kind": "nodes",
+            "name": "gpu-1",
+            "causes": [
+                {
+                    "reason": "UnexpectedServerResponse",
+                    "message": "testing value /metadata/labels/nvidia.com~1mig.config failed",
+                }
+            ],
+        },
+        "code": 422,
+    }
+)
+TEST_FAILED_REASON = (
+    "the server rejected our request due to an error in our request: "
+    "testing value /metadata/labels/nvidia.com~1mig.config failed"
+)
+
+
 @pytest.mark.parametrize(
     ("exc", "reason"),
     [
@@ -178,10 +207,36 @@ def test_concurrency_is_bounded() -> None:
         (ApiException(status=502, reason="Bad Gateway", body="<html>"), "502 Bad Gateway"),
         (ApiException(status=500, reason="Internal"), "500 Internal"),
         (ApiException(status=500, reason="Internal", body="[1]"), "500 Internal"),
+        (ApiException(status=422, reason="Unprocessable", body=TEST_FAILED), TEST_FAILED_REASON),
     ],
 )
 def test_api_reason(exc: ApiException, reason: str) -> None:
     assert api_reason(exc) == reason
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "level"),
+    [
+        (422, TEST_FAILED, logging.DEBUG),  # changed since it was read: planned again
+        (409, '{"message": "changed"}', logging.DEBUG),
+        (422, '{"message": "metadata.labels: Invalid value"}', logging.WARNING),
+        (500, '{"message": "etcd"}', logging.WARNING),
+    ],
+)
+def test_a_patch_refused_because_the_node_changed_is_not_a_warning(
+    status: int, body: str, level: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    kube = world()
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise ApiException(status=status, reason="refused", body=body)
+
+    kube.json_patch = refused  # type: ignore[method-assign]
+    with caplog.at_level(logging.DEBUG, logger="gpu_operator.controller.execute"):
+        labels = Patch("Node", "gpu-1", [], "labels", patch_type="json")
+        (outcome,), _ = execute(kube, Stage((labels,)))
+    assert outcome.status == status and not outcome.ok
+    assert [r.levelno for r in caplog.records if "refused" in r.getMessage()] == [level]
 
 
 def test_every_action_has_a_metric_name_and_a_description() -> None:
