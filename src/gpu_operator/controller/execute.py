@@ -37,23 +37,24 @@ _EXPECTED = {404, 409, 429}
 
 
 def api_reason(exc: ApiException) -> str:
-    """The API server's message for a refusal, with its causes (a JSON patch's failed
-    ``test`` is only told there), else its status line."""
+    """The API server's message for a refusal, else its status line."""
     try:
-        status = json.loads(exc.body or "")
-        message = str(status.get("message") or exc.reason)
-        causes = ((status.get("details") or {}).get("causes")) or ()
+        return str(json.loads(exc.body or "").get("message") or exc.reason)
     except (TypeError, ValueError, AttributeError):
         return f"{exc.status} {exc.reason}"
-    told = [str(c["message"]) for c in causes if isinstance(c, dict) and c.get("message")]
-    return ": ".join([message, "; ".join(told)]) if told else message
 
 
-def expected(exc: ApiException, reason: str) -> bool:
-    """A refusal that says only that the object changed since it was read (a stale
-    resourceVersion, a JSON patch's ``test``), it is gone, or the server is busy: the next
-    pass plans again from the watch."""
-    return exc.status in _EXPECTED or (exc.status == 422 and "testing value" in reason)
+def unapplied(exc: ApiException) -> bool:
+    """Whether a JSON patch was refused because it could not apply to the object as it is now
+    (a ``test`` found another value, a key to remove was gone): the API server says so with a
+    422 that names no field, where a validation error names each field it refuses."""
+    if exc.status != 422:
+        return False
+    try:
+        details = json.loads(exc.body or "").get("details") or {}
+        return not details.get("causes")
+    except (TypeError, ValueError, AttributeError):
+        return False
 
 
 class Executor:
@@ -102,8 +103,12 @@ class Executor:
             result = await self.call(self._request, action)
         except ApiException as exc:
             reason = api_reason(exc)
-            level = logging.DEBUG if expected(exc, reason) else logging.WARNING
-            log.log(level, "%s refused: %s %s", describe(action), exc.status, reason)
+            if isinstance(action, Patch) and action.patch_type == "json" and unapplied(exc):
+                # Planned from an older read: the next pass plans from what the watch shows.
+                log.debug("%s refused: changed since it was read", describe(action))
+            else:
+                level = logging.DEBUG if exc.status in _EXPECTED else logging.WARNING
+                log.log(level, "%s refused: %s %s", describe(action), exc.status, reason)
             return Outcome(action, exc.status or 0, reason)
         self.metrics.writes.labels(verb, kind).inc()
         meta = (result.get("metadata") or {}) if isinstance(result, dict) else {}
