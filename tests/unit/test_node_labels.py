@@ -10,6 +10,7 @@ from kubernetes.client.exceptions import ApiException
 from gpu_operator.controller.nodes import NodePolicy, Owned, Taint, is_gpu_node, plan_node
 from gpu_operator.labels import OWNED_ANNOTATION
 from gpu_operator.views import NodeView
+from tests.unit.controller.builders import node_object
 from tests.unit.controller.fakes import FakeKube
 
 TAINT = Taint("nvidia.com/gpu", "present", "NoSchedule")
@@ -226,19 +227,6 @@ def test_node_patch_never_carries_a_resource_version() -> None:
     assert not [op for op in ops if op["path"] == "/spec/taints"]
 
 
-def _stored(view: NodeView) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": view.name,
-            "labels": dict(view.labels),
-            "annotations": dict(view.annotations),
-        },
-        "spec": {"taints": [dict(t) for t in view.taints]},
-    }
-
-
 MIG_NODE = {**NFD, "nvidia.com/mig.capable": "true"}
 
 
@@ -254,7 +242,7 @@ def test_a_label_written_after_the_operators_read_is_not_overwritten(key: str, t
     person's write of the same key (the watch is a few hundred ms behind), its patch is refused
     whole and the person's value stays; the next plan, from a read that shows it, keeps it."""
     stale = node(MIG_NODE)
-    kube = FakeKube().add(_stored(node({**MIG_NODE, key: theirs})))
+    kube = FakeKube().add(node_object(node({**MIG_NODE, key: theirs})))
     ops = plan_node(stale, POLICY).to_json_patch()  # type: ignore[union-attr]
     with pytest.raises(ApiException) as refused:
         kube.json_patch("Node", "n1", ops)
@@ -269,7 +257,7 @@ def test_a_label_written_after_the_operators_read_is_not_overwritten(key: str, t
 
 def test_writes_to_other_labels_after_the_read_do_not_refuse_the_patch() -> None:
     """Discovery labels the node while the operator plans: different keys, no conflict."""
-    kube = FakeKube().add(_stored(node({**MIG_NODE, "nvidia.com/gpu.product": "A100"})))
+    kube = FakeKube().add(node_object(node({**MIG_NODE, "nvidia.com/gpu.product": "A100"})))
     kube.json_patch("Node", "n1", plan_node(node(MIG_NODE), POLICY).to_json_patch())  # type: ignore[union-attr]
     labels = kube.obj("Node", "n1")["metadata"]["labels"]  # type: ignore[index]
     assert labels["nvidia.com/gpu.product"] == "A100"
@@ -280,7 +268,7 @@ def test_an_owned_label_changed_after_the_read_is_not_removed() -> None:
     """Removing a label the operator owns checks it still holds the value the plan read."""
     labelled = apply(node(NFD), POLICY)
     kube = FakeKube().add(
-        _stored(_view({**labelled.labels, "nvidia.com/gpu.deploy.driver": "false"}, labelled))
+        node_object(_view({**labelled.labels, "nvidia.com/gpu.deploy.driver": "false"}, labelled))
     )
     gone = plan_node(labelled, None)
     assert gone is not None and gone.labels["nvidia.com/gpu.deploy.driver"] is None

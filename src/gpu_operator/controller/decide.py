@@ -147,7 +147,7 @@ def decide(snap: Snapshot, memory: Memory, config: OperatorConfig) -> Decision:
 
     active = next((p for p in snap.policies if p["metadata"]["name"] == active_name), None)
     if active is None:
-        labels, memory = _node_stage(snap, memory, None, uninstall=uninstall)
+        labels, memory, _ = _node_stage(snap, memory, None, uninstall=uninstall)
         # Node cleanup must be complete before the finalizer that guards it comes off.
         stages = [labels, Stage(tuple(status), concurrent=False)]
         stages.append(Stage(tuple(releases), concurrent=False, after_success=uninstall))
@@ -250,7 +250,7 @@ def _decide_active(
         Stage(tuple(Apply(o) for o in applies if o["kind"] == "DaemonSet")),
         Stage(tuple(Prune(k) for k in changes.prune)),
     ]
-    labels, memory = _node_stage(snap, memory, node_policy(spec), uninstall=False)
+    labels, memory, relabelled = _node_stage(snap, memory, node_policy(spec), uninstall=False)
     upgrade = None
     upgrade_stage = Stage(())
     if rollout is not None:
@@ -264,7 +264,7 @@ def _decide_active(
 
     pods_by_owner = by_owner(snap.pods)
     revisions_by_owner = by_owner(snap.revisions)
-    labelled = _labelled_after(snap.nodes, labels)
+    labelled = _labelled_after(snap.nodes, relabelled)
     kinds = NodeKinds(labelled, map(daemonset_pod_spec, snap.daemonsets))
     # A DaemonSet of ours updated in this pass has a rollout ahead of it, whatever its status
     # says now.
@@ -365,10 +365,11 @@ def _key(obj: Mapping[str, Any]) -> Key:
 
 def _node_stage(
     snap: Snapshot, memory: Memory, policy: NodePolicy | None, *, uninstall: bool
-) -> tuple[Stage, Memory]:
+) -> tuple[Stage, Memory, dict[str, Mapping[str, str | None]]]:
     """Label and taint patches: for every node when the node policy changed (or on a full
     look), else only for nodes that changed since the last pass; never for a node whose last
-    patch the watch has not shown yet (one write per node, not one per pass)."""
+    patch the watch has not shown yet (one write per node, not one per pass). With them, the
+    labels each patched node gets (a value) or loses (None)."""
     same_policy = memory.node_policy_known and memory.node_policy == policy
     everything = uninstall or not same_policy or snap.changed_nodes is None
     changed = snap.changed_nodes or frozenset()
@@ -378,6 +379,7 @@ def _node_stage(
         if memory.patched_nodes.get(n.name) == n.resource_version
     }
     patches = []
+    relabelled: dict[str, Mapping[str, str | None]] = {}
     for node in snap.nodes:
         if node.name in unseen and not uninstall:  # (the finalizer waits for every node)
             continue
@@ -387,50 +389,32 @@ def _node_stage(
         if patch is not None:
             body = patch.to_json_patch()
             patches.append(Patch("Node", node.name, body, "labels", patch_type="json"))
+            relabelled[node.name] = patch.labels
             unseen[node.name] = node.resource_version
     remembered = replace(
         memory, node_policy=policy, node_policy_known=not uninstall, patched_nodes=unseen
     )
-    return Stage(tuple(patches)), remembered
+    return Stage(tuple(patches)), remembered, relabelled
 
 
-def _labelled_after(nodes: Sequence[NodeView], stage: Stage) -> tuple[NodeView, ...]:
+def _labelled_after(
+    nodes: Sequence[NodeView], relabelled: Mapping[str, Mapping[str, str | None]]
+) -> tuple[NodeView, ...]:
     """The nodes with the labels this pass's patches give them: readiness expects a pod on
     every node labelled for a component, including the nodes labelled just now."""
-    patched = {
-        a.name: _label_changes(a)
-        for a in stage.actions
-        if isinstance(a, Patch) and a.kind == "Node"
-    }
-    if not patched:
+    if not relabelled:
         return tuple(nodes)
     return tuple(
         replace(
             node,
             labels={
-                k: v for k, v in {**node.labels, **patched[node.name]}.items() if v is not None
+                k: v for k, v in {**node.labels, **relabelled[node.name]}.items() if v is not None
             },
         )
-        if node.name in patched
+        if node.name in relabelled
         else node
         for node in nodes
     )
-
-
-def _label_changes(patch: Patch) -> Mapping[str, str | None]:
-    """The labels a node patch sets (a value) or removes (None), merge or JSON patch."""
-    if isinstance(patch.body, Mapping):
-        labels: Mapping[str, str | None] = patch.body.get("metadata", {}).get("labels") or {}
-        return labels
-    changes: dict[str, str | None] = {}
-    for op in patch.body:
-        path = str(op.get("path", ""))
-        if path == "/metadata/labels" and op.get("op") == "add":
-            changes.update(op.get("value") or {})
-        elif path.startswith("/metadata/labels/") and op.get("op") in ("add", "remove"):
-            key = path.removeprefix("/metadata/labels/").replace("~1", "/").replace("~0", "~")
-            changes[key] = op.get("value") if op.get("op") == "add" else None
-    return changes
 
 
 def _upgrade_stage(
