@@ -3,6 +3,15 @@ missing prerequisite (``tests/prerequisites.py``)."""
 
 from __future__ import annotations
 
+import os
+
+# Before any test imports grpc: its fork handlers restart gRPC's poller threads in a forked
+# child, and a child that runs Python before exec (subprocess's preexec_fn: testenv's
+# processes, chroot) closes their epoll descriptor under them; the child then aborts (SIGABRT,
+# "epoll_wait error: Bad file descriptor"), about once in 150 spawns from a pytest worker that
+# ran a gRPC server. No test uses gRPC in a forked child.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 from collections import Counter
 from pathlib import Path
 from typing import Any
