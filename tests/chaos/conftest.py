@@ -4,6 +4,8 @@ cannot build the binaries skips the suite with one line; under CI that fails."""
 
 from __future__ import annotations
 
+import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -36,13 +38,21 @@ def chaos_bin_dir() -> Path:
 
 
 @pytest.fixture(scope="module")
-def env(chaos_bin_dir: Path) -> Iterator[ChaosEnv]:
-    """A converged 6-GPU-node cluster with one operator; torn down after the module."""
+def env(chaos_bin_dir: Path, request: pytest.FixtureRequest) -> Iterator[ChaosEnv]:
+    """A converged 6-GPU-node cluster with one operator; torn down after the module. Its logs
+    (operators', components', the audit log) are kept only when a test failed meanwhile."""
     workdir = Path(tempfile.mkdtemp(prefix=f"chaos-{uuid.uuid4().hex[:8]}-"))
+    failed_before = request.session.testsfailed
     chaos = ChaosEnv(chaos_bin_dir, workdir)
+    broke = True  # until the module's tests ran: a failed start keeps its logs too
     try:
         chaos.start_operator("a")
         chaos.converge("the first convergence", timeout=300)
         yield chaos
+        broke = False
     finally:
         chaos.close()
+        if not broke and request.session.testsfailed == failed_before:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            sys.stderr.write(f"chaos logs kept in {workdir}\n")
