@@ -340,8 +340,9 @@ class OperatorThread:
         if self._thread.ident is not None:
             self._thread.join(timeout)
 
-    def join(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` for the operator to end; whether it still runs."""
+    def join(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` (None: until it ends) for the operator to end; whether it
+        still runs."""
         self._thread.join(timeout)
         return self._thread.is_alive()
 
@@ -409,8 +410,9 @@ def main_run(
     before = {sig: signal.signal(sig, graceful) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         operator.start(wait=False)
-        while operator.join(1.0):  # short waits: the signal handler runs between them
-            pass
+        # A signal interrupts the wait (POSIX, Python >= 3.2) and its handler runs at once: no
+        # need to wake every second to let it run.
+        operator.join(None)
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)

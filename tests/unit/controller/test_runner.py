@@ -8,8 +8,11 @@ elector, the controller, the health server, the watchdog) is the real thing.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 import threading
+import time
 import urllib.request
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -475,3 +478,32 @@ def test_main_run_configures_from_flags_and_env(
     assert opts.health_endpoint is None and opts.metrics_port == 9999
     assert (opts.lease_seconds, opts.renew_seconds) == (15, 2.5)
     assert not opts.apply_crd
+
+
+@pytest.mark.timeout(30)
+def test_main_run_stops_gracefully_on_sigterm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The main thread waits for the operator without waking: a SIGTERM still reaches its
+    handler at once, which asks the operator to stop, and the run ends with 0."""
+    stopping = threading.Event()
+
+    async def fake_run(*_: Any, stop: asyncio.Event, **__: Any) -> None:
+        await stop.wait()
+        stopping.set()
+
+    monkeypatch.setattr(runner, "run_operator", fake_run)
+    monkeypatch.setattr(runner, "api_configuration", lambda _path: k8s.Configuration())
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def terminate_once_waiting() -> None:
+        while signal.getsignal(signal.SIGTERM) is previous:  # main_run installs its handler
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    sender = threading.Thread(target=terminate_once_waiting, daemon=True)
+    sender.start()
+    result = main_run(
+        kubeconfig=None, namespace="gpus", apply_crd=False, leader_election=False,
+        health_port=0, metrics_port=0,
+    )  # fmt: skip
+    assert result == 0 and stopping.is_set()
+    assert signal.getsignal(signal.SIGTERM) is previous
