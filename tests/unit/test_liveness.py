@@ -7,11 +7,13 @@ import inspect
 import json
 import urllib.error
 import urllib.request
+from types import SimpleNamespace
+from typing import Any
 
 from kopf._core.reactor import orchestration
 
 from gpu_operator.controller.health import HealthServer
-from gpu_operator.controller.liveness import WATCHER_PREFIX, Verdict, judge
+from gpu_operator.controller.liveness import WATCHER_PREFIX, Verdict, Watchdog, judge
 
 from .test_health import free_port
 
@@ -43,6 +45,26 @@ def test_a_dead_watch_thread_is_deaf_like_a_dead_kopf_watcher() -> None:
     assert verdict({"watch-nodes": True, "watch-pods": True}).state == "ok"
     dead = verdict({"watch-nodes": True, "watch-pods": False})
     assert dead.state == "deaf" and dead.reason == "watch-pods ended (1 of 4 watches dead)"
+
+
+def test_a_probe_that_finds_the_operator_deaf_stops_it_at_once() -> None:
+    """The watchdog's own looks are 10 s apart (an idle loop wakes for little else); a probe's
+    look in between that finds a watch thread dead ends ``run`` then, not at the next look."""
+    threads = {"watch-nodes": True}
+
+    async def scenario() -> tuple[str, Verdict]:
+        loop: Any = SimpleNamespace(ready=asyncio.Event(), pass_started=None, failing_since=None)
+        loop.ready.set()
+        dog = Watchdog(loop, interval_s=3600, threads=lambda: threads)
+        running = asyncio.create_task(dog.run())
+        await asyncio.sleep(0.05)
+        assert not running.done()
+        threads["watch-nodes"] = False
+        probed = dog.look()  # what /healthz does
+        return await asyncio.wait_for(running, timeout=10), probed
+
+    reason, probed = asyncio.run(scenario())
+    assert reason == "watch-nodes ended (1 of 1 watches dead)" and probed.state == "deaf"
 
 
 def test_kopf_still_names_its_watch_tasks_as_the_watchdog_expects() -> None:

@@ -5,9 +5,10 @@ kopf (watching the CRDs) retries a failing API request a fixed number of times
 on, answering its liveness probe, with a store that never changes again (the fleets NVIDIA's
 users report stalled). The informer's watch threads (the built-in kinds) never give up, but one
 could still end on a bug. The watchdog keeps the names of kopf's watcher tasks once the stores
-are filled, and judges, at each look: a kopf watcher or a watch thread gone, or a pass running
-for longer than ``stall_s``, is *deaf* (``/healthz`` answers 503 with the reason and the
-operator exits non-zero, for its Deployment to restart it); failing passes with every watch
+are filled, and judges, at each look (every 10 s, and on each ``/healthz``): a kopf watcher or
+a watch thread gone, or a pass running for longer than ``stall_s``, is *deaf* (``/healthz``
+answers 503 with the reason and the operator exits non-zero, for its Deployment to restart
+it); failing passes with every watch
 alive is *retrying* (200: it recovers on its own when the API server is back). The judgement
 is a pure function; the task only gathers what it reads.
 """
@@ -15,6 +16,7 @@ is a pure function; the task only gathers what it reads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -83,7 +85,7 @@ class Watchdog:
         self,
         loop: Loop,
         *,
-        interval_s: float = 2.0,
+        interval_s: float = 10.0,
         stall_s: float = 900.0,
         threads: ThreadsAlive = dict,
     ) -> None:
@@ -93,8 +95,10 @@ class Watchdog:
         self.stall_s = stall_s
         self.watchers: frozenset[str] = frozenset()
         self.verdict = OK
+        self._deaf = asyncio.Event()
 
     def look(self) -> Verdict:
+        """Judge now (on the loop: ``/healthz`` asks for a fresh verdict on each probe)."""
         self.verdict = judge(
             self.watchers,
             running_watchers(),
@@ -104,12 +108,17 @@ class Watchdog:
             stall_s=self.stall_s,
             threads=self.threads(),
         )
+        if not self.verdict.alive:
+            self._deaf.set()
         return self.verdict
 
     async def run(self) -> str:
-        """The reason the operator is deaf, once it is."""
+        """The reason the operator is deaf, once it is: found by a look of its own every
+        ``interval_s``, or at once by a probe's. An idle operator's event loop wakes for little
+        else, so the interval is the kubelet's default probe period rather than seconds."""
         await self.loop.ready.wait()  # every kind is listed: all watchers and threads run
         self.watchers = frozenset(running_watchers())
         while self.look().alive:
-            await asyncio.sleep(self.interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._deaf.wait(), timeout=self.interval_s)
         return self.verdict.reason

@@ -79,7 +79,7 @@ async def run_operator(
     watchdog: list[Watchdog] = []  # the leader's, once it leads
 
     def verdict() -> Verdict:
-        return watchdog[0].verdict if watchdog else OK
+        return watchdog[0].look() if watchdog else OK
 
     try:
         if options.health_endpoint is not None:
