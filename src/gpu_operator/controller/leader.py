@@ -197,11 +197,19 @@ class LeaderElector:
                 await asyncio.wait([renewing], timeout=left)
         finally:
             stop.set()
+        if renewing.done() and renewing.exception() is not None:
+            log.error("lease renewals stopped: %r", renewing.exception())
         log.error(
             "leadership lost: no renewal confirmed for %.1fs (Lease %ss)",
             self.renew_deadline_s,
             self.lease_seconds,
         )
+
+    async def hand_over(self) -> None:
+        """:meth:`release`, in the Lease's thread: after a renewal still in flight when
+        :meth:`hold` ended, never beside it (that renewal landing between the release's read
+        and its write would refuse the release, and the Lease would stay taken a whole term)."""
+        await asyncio.get_running_loop().run_in_executor(self._thread, self.release)
 
     def _renew(self, stop: threading.Event) -> None:
         """In the Lease's thread: renew a period after the renew time last written, until

@@ -222,7 +222,7 @@ async def _run(
         )
     kube.fence.set()
     if elector is not None and not any(t.get_name() == "lease" for t in done):
-        await asyncio.to_thread(elector.release)
+        await elector.hand_over()
     if failure:
         raise OperatorStopped(failure)
     return controller

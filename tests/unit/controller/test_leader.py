@@ -279,9 +279,11 @@ def test_the_lease_is_taken_and_renewed_in_a_thread_named_lease_in_the_kernel() 
     kube.get, kube.merge_patch = where(get), where(merge_patch)  # type: ignore[method-assign]
     e = elector(kube)
 
-    async def take_and_renew() -> None:
+    async def take_renew_and_hand_over() -> None:
         await e.acquire()
         await e._call_try()
+        await e.hand_over()  # after any renewal in flight: the same single thread
 
-    asyncio.run(take_and_renew())
+    asyncio.run(take_renew_and_hand_over())
     assert threads and set(threads) == {"lease"}
+    assert spec_of(kube).get("holderIdentity") is None
