@@ -8,9 +8,8 @@ could still end on a bug. The watchdog keeps the names of kopf's watcher tasks o
 are filled, and judges, at each look (every 10 s, and on each ``/healthz``): a kopf watcher or
 a watch thread gone, or a pass running for longer than ``stall_s``, is *deaf* (``/healthz``
 answers 503 with the reason and the operator exits non-zero, for its Deployment to restart
-it); failing passes with every watch
-alive is *retrying* (200: it recovers on its own when the API server is back). The judgement
-is a pure function; the task only gathers what it reads.
+it); failing passes with every watch alive is *retrying* (200: it recovers on its own when the
+API server is back). The judgement is a pure function; the task only gathers what it reads.
 """
 
 from __future__ import annotations
@@ -98,7 +97,11 @@ class Watchdog:
         self._deaf = asyncio.Event()
 
     def look(self) -> Verdict:
-        """Judge now (on the loop: ``/healthz`` asks for a fresh verdict on each probe)."""
+        """Judge now (on the loop: ``/healthz`` asks for a fresh verdict on each probe). Deaf
+        stays deaf: the run is ending, and a stall that clears meanwhile must not leave
+        :meth:`run` waking at once, forever, on the event already set."""
+        if self._deaf.is_set():
+            return self.verdict
         self.verdict = judge(
             self.watchers,
             running_watchers(),
