@@ -14,7 +14,9 @@ from kubernetes.client.exceptions import ApiException
 
 from gpu_operator import testenv
 from gpu_operator.controller.informer import (
+    ABSENT_FIRST_S,
     ABSENT_RETRY_S,
+    KIND_KEY,
     PACE_S,
     REPORTED_PACE_S,
     Informer,
@@ -300,19 +302,70 @@ GPUCLUSTERS = next(w for w in INFORMED if w.kind is KINDS["GPUCluster"])
 
 
 @pytest.mark.parametrize("code", [404, 403])  # the CRD not installed, or not granted
-def test_an_optional_kind_not_served_is_empty_and_looked_for_later(code: int) -> None:
+def test_an_optional_kind_not_served_has_no_store_and_is_looked_for_later(code: int) -> None:
     kube = ScriptedKube([gone(code), []])
     inf, _, _ = informer((GPUCLUSTERS,), kube)
     inf._stop = waits = Waits(kube)
     posted: list[Any] = []
     inf._post = lambda fn, w, arg: posted.append((fn.__name__, arg))  # type: ignore[method-assign]
     inf._follow(GPUCLUSTERS)
-    assert posted[1] == ("_replace", {})  # emptied: the loops do not wait for it
-    assert waits.delays == [ABSENT_RETRY_S]
+    assert posted[1] == ("_replace", None)  # not served: the loops do not wait for it
+    assert waits.delays == [ABSENT_FIRST_S]
     assert kube.calls == ["list", "watch@10", "list", "watch@10"]  # then listed again
     # A kind the operator cannot run without just backs off.
     kube, waits = follow([gone(404), []])
     assert waits.delays[0] < ABSENT_RETRY_S
+
+
+def test_an_absent_kind_is_looked_for_less_and_less_often_until_it_is_served() -> None:
+    """Soon at first (a CRD installed with the operator may not be served yet), then at most
+    every ABSENT_RETRY_S; once served, absent again starts from soon."""
+
+    class Absent(ScriptedKube):
+        """Lists answer from their own script: an error, or None for the kind's objects."""
+
+        lists: list[Exception | None] = [gone(404)] * 9 + [None, gone(403), None]
+
+        def list_with_version(self, *args: Any, **kw: Any) -> Any:
+            self.calls.append("list")
+            error = self.lists.pop(0)
+            if error is not None:
+                raise error
+            return [], "10"
+
+    kube = Absent([gone(410), []])  # the watch of the served kind ends: it is listed again
+    inf, _, _ = informer((GPUCLUSTERS,), kube)
+    inf._stop = waits = Waits(kube)
+    inf._post = lambda fn, w, arg: None  # type: ignore[method-assign]
+    inf._follow(GPUCLUSTERS)
+    first = ABSENT_FIRST_S
+    assert waits.delays == [first, 2 * first, 4 * first, 8 * first, 16 * first, 32 * first,
+                            ABSENT_RETRY_S, ABSENT_RETRY_S, ABSENT_RETRY_S, first]  # fmt: skip
+    assert 32 * first < ABSENT_RETRY_S < 64 * first
+
+
+def test_an_optional_kind_coming_and_going_is_reported_and_its_store_follows() -> None:
+    inf, seen, stores = informer((NODES, GPUCLUSTERS))
+    cluster = {"metadata": {"name": "c"}, "spec": {}}
+    c_key = ("", "c")
+
+    def feed() -> None:
+        inf._replace(NODES, {})
+        inf._replace(GPUCLUSTERS, None)  # not served at start: ready all the same
+        assert inf.ready.is_set() and "gpuclusters" not in stores
+        inf._replace(GPUCLUSTERS, {c_key: index_value("gpuclusters", cluster)})
+        assert set(stores["gpuclusters"]) == {c_key}
+        inf._replace(GPUCLUSTERS, {c_key: index_value("gpuclusters", cluster)})  # a relist
+        inf._replace(GPUCLUSTERS, None)  # the CRD deleted
+        assert "gpuclusters" not in stores
+        inf._replace(GPUCLUSTERS, {})  # back, empty
+
+    on_a_loop(feed)
+    assert seen.changes == [
+        ("gpuclusters", c_key), ("gpuclusters", KIND_KEY),  # came, with one object
+        ("gpuclusters", c_key), ("gpuclusters", KIND_KEY),  # went, and the object with it
+        ("gpuclusters", KIND_KEY),  # came, empty
+    ]  # fmt: skip
 
 
 def test_posts_reach_the_loop_in_order_with_one_wake_up_per_drain() -> None:

@@ -11,14 +11,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_operator.api import KIND
-from gpu_operator.controller.actions import Apply, Key, Outcome, Prune, refused
+from gpu_operator.controller.actions import Apply, Outcome, Prune, refused
 from gpu_operator.controller.config import OperatorConfig
-from gpu_operator.controller.decide import APPLIED_KINDS, Decision, Gauges, decide
+from gpu_operator.controller.decide import (
+    APPLIED_KINDS,
+    OPTIONAL_KINDS,
+    Decision,
+    Gauges,
+    decide,
+)
 from gpu_operator.controller.execute import Executor
 from gpu_operator.controller.loop import Loop, earliest
 from gpu_operator.controller.memory import Memory, remember
@@ -28,13 +34,11 @@ from gpu_operator.controller.watch import ObjectKey, Watched, owned_children
 from gpu_operator.events import now_iso
 from gpu_operator.kinds import KINDS
 from gpu_operator.kube import Kube
-from gpu_operator.labels import APPLIED_HASH, UPGRADE_STATE
+from gpu_operator.labels import UPGRADE_STATE
 from gpu_operator.remediation import draining_nodes
 from gpu_operator.upgrade import IN_PROGRESS, emptying_nodes
 
 log = logging.getLogger(__name__)
-
-MAX_DECIDE_ROUNDS = 3  # decide, read what it asks for, decide again
 
 
 # Changes acted on without waiting for a rollout's events to settle (pods and DaemonSet
@@ -126,9 +130,8 @@ class ClusterPolicyController:
     async def run_pass(self, resync: bool) -> float | None:
         if resync:
             self.inbox.look_at_all = True
-            self.memory = self.memory.forget_unwatched()
         snapshot = await self.observe()
-        decision = await self.decide(snapshot)
+        decision = decide(snapshot, self.memory, self.config)
         outcomes = await self.executor.run(decision.stages)
         after = remember(decision.memory, outcomes, reconciled=decision.reconciled)
         self.memory = after.memory
@@ -178,35 +181,17 @@ class ClusterPolicyController:
                 if cm["metadata"].get("namespace") == namespace
             },
             managed=tuple(
-                owned_children({k: self._values(KINDS[k].plural) for k in APPLIED_KINDS})
+                owned_children(
+                    {k: self._values(KINDS[k].plural) for k in APPLIED_KINDS | OPTIONAL_KINDS}
+                )
             ),
+            served_optional=frozenset(k for k in OPTIONAL_KINDS if KINDS[k].plural in self.indexes),
             daemonsets=tuple(self._values("daemonsets")),
             pods=tuple(self._values("pods")),
             revisions=tuple(self._values("controllerrevisions")),
             workload_pods=tuple(p for pods in listed for p in pods),
             dra_conflicts=self.dra_conflicts,
         )
-
-    async def decide(self, snapshot: Snapshot) -> Decision:
-        """``decide``, after reading the unwatched objects it asks about."""
-        decision = decide(snapshot, self.memory, self.config)
-        for _ in range(MAX_DECIDE_ROUNDS):
-            if not decision.reads:
-                return decision
-            self.memory = self.memory.learn(await self._read(decision.reads))
-            decision = decide(snapshot, self.memory, self.config)
-        raise RuntimeError(f"decide kept asking to read {decision.reads}")
-
-    async def _read(self, keys: Iterable[Key]) -> dict[Key, str | None]:
-        async def one(key: Key) -> tuple[Key, str | None]:
-            kind, namespace, name = key
-            # None when absent (an unserved kind answers 404 too, which ``get`` maps to None).
-            obj = await self.executor.call(self.kube.get, kind, name, namespace or None)
-            if obj is None:
-                return key, None
-            return key, ((obj.get("metadata") or {}).get("annotations") or {}).get(APPLIED_HASH, "")
-
-        return dict(await asyncio.gather(*(one(k) for k in keys)))
 
     # -- helpers -------------------------------------------------------------------------------
 

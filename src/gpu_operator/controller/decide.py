@@ -20,17 +20,16 @@ from gpu_operator.controller.actions import (
     Create,
     DeletePod,
     Evict,
-    Key,
     Patch,
     Prune,
     Stage,
 )
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.facts import gather_facts, nfd_present, node_policy
-from gpu_operator.controller.memory import MONITOR_CRD_KEY, Memory
+from gpu_operator.controller.memory import Memory
 from gpu_operator.controller.nodes import NodePolicy, is_gpu_node, plan_node
 from gpu_operator.controller.notices import node_event, object_event
-from gpu_operator.controller.plan import Owner, finalizer_body, plan_changes, stamp
+from gpu_operator.controller.plan import Owner, finalizer_body, key_of, plan_changes, stamp
 from gpu_operator.controller.pools import handover_pending
 from gpu_operator.controller.readiness import (
     NodeKinds,
@@ -55,7 +54,6 @@ from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.controller.status import Observation, active_policy, compute_status
 from gpu_operator.events import iso_time
 from gpu_operator.jsonpatch import merge_patch_to
-from gpu_operator.labels import APPLIED_HASH
 from gpu_operator.remediation import (
     HealthSummary,
 )
@@ -79,8 +77,8 @@ from gpu_operator.upgrade.planner import progress
 from gpu_operator.views import NodeView
 
 FINALIZER = "nvidia.com/gpu-operator-node-cleanup"
-# Kinds the operator applies and watches (so it can diff and prune them), plus ServiceMonitor,
-# which it applies where the Prometheus operator's CRD exists but cannot watch.
+# Kinds the operator applies and watches (so it can diff and prune them); OPTIONAL_KINDS too, but
+# only where their CRD is served (the Prometheus operator's ServiceMonitor).
 APPLIED_KINDS = frozenset(
     {
         "ConfigMap",
@@ -94,7 +92,7 @@ APPLIED_KINDS = frozenset(
         "RuntimeClass",
     }
 )
-UNWATCHED_KINDS = frozenset({"ServiceMonitor"})
+OPTIONAL_KINDS = frozenset({"ServiceMonitor"})
 
 
 @dataclass(frozen=True)
@@ -112,7 +110,6 @@ class Gauges:
 class Decision:
     memory: Memory  # before this pass's outcomes are folded in
     stages: tuple[Stage, ...] = ()
-    reads: tuple[Key, ...] = ()  # read these unwatched objects, learn them, decide again
     requeue_at: float | None = None  # look again by then even if nothing changes
     gauges: Gauges = field(default_factory=Gauges)
     reconciled: bool = False  # the active policy's objects were decided
@@ -213,9 +210,8 @@ def _decide_active(
         chosen = _on_settings(spec, previous.stable_spec) if stable and previous else spec
         parts = render_components(chosen, facts)
         desired = stamp((o for p in parts for o in p.objects), owner)
-        watched = [o for o in desired if o["kind"] not in UNWATCHED_KINDS]
         changes = plan_changes(
-            watched, snap.managed, memory.applied_generations, APPLIED_KINDS | UNWATCHED_KINDS
+            desired, snap.managed, memory.applied_generations, APPLIED_KINDS | snap.served_optional
         )
         return desired, changes, parts
 
@@ -238,12 +234,7 @@ def _decide_active(
         )
         if rollout.render_stable != on_stable:
             desired, changes, parts = render(rollout.render_stable)
-    unwatched = [o for o in desired if o["kind"] in UNWATCHED_KINDS]
-    reads, unwatched_applies = _unwatched_changes(unwatched, memory)
-    if reads:
-        return Decision(memory, reads=reads, gauges=Gauges(gpu_nodes=gpu_nodes))
-
-    applies = [*changes.apply, *unwatched_applies]
+    applies = changes.apply
     object_stages = [
         Stage(tuple(Apply(o) for o in applies if o["kind"] != "DaemonSet")),
         # DaemonSets after what they use (ServiceAccounts, RBAC, ConfigMaps).
@@ -270,7 +261,7 @@ def _decide_active(
     # says now.
     ours = {o.key for o in snap.managed}
     rolling = {
-        o["metadata"]["name"] for o in applies if o["kind"] == "DaemonSet" and _key(o) in ours
+        o["metadata"]["name"] for o in applies if o["kind"] == "DaemonSet" and key_of(o) in ours
     }
     components = {
         part.component.name: [
@@ -334,33 +325,6 @@ def _nonempty(stages: Iterable[Stage]) -> tuple[Stage, ...]:
 def _finalizer_patch(policy: Mapping[str, Any], *, add: bool) -> Patch:
     body = finalizer_body(policy, FINALIZER, add=add)
     return Patch(KIND, policy["metadata"]["name"], body, "finalizer")
-
-
-def _unwatched_changes(
-    desired: Sequence[Mapping[str, Any]], memory: Memory
-) -> tuple[tuple[Key, ...], list[Mapping[str, Any]]]:
-    """What to read before deciding, else which unwatched objects to apply: only where their
-    CRD exists, and only when the server's copy differs from what is desired."""
-    if not desired:
-        return (), []
-    if not memory.knows(MONITOR_CRD_KEY):
-        return (MONITOR_CRD_KEY,), []
-    if memory.unwatched[MONITOR_CRD_KEY] is None:
-        return (), []  # no Prometheus operator: nothing to apply
-    keys = {_key(o): o for o in desired}
-    unknown = tuple(k for k in keys if not memory.knows(k))
-    if unknown:
-        return unknown, []
-    return (), [
-        o
-        for k, o in keys.items()
-        if memory.unwatched[k] != o["metadata"]["annotations"][APPLIED_HASH]
-    ]
-
-
-def _key(obj: Mapping[str, Any]) -> Key:
-    meta = obj["metadata"]
-    return (obj["kind"], meta.get("namespace") or "", meta["name"])
 
 
 def _node_stage(

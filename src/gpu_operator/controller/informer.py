@@ -14,9 +14,12 @@ invocation) cost milliseconds per event, which a fleet of thousands of pods turn
 the operator's CPU (``benchmarks/README.md`` has the profiles).
 
 A failed list or watch is tried again with the client's backoff (a 429's Retry-After honoured),
-for as long as it takes: the thread never gives up. An optional kind (GPUCluster: its CRD may
-be absent, or not granted) that answers 404 or 403 is held as empty and looked for again every
-five minutes. A 410 Gone lists again. A thread that ends
+for as long as it takes: the thread never gives up. An optional kind (GPUCluster, ServiceMonitor:
+its CRD may be absent, or not granted) that answers 404 or 403 has no store at all, which is how
+the loops tell "not served" from "none there", and is looked for again after 5 s, then less and
+less often, at most every five minutes (a CRD installed just before the operator started may
+not be served yet; one installed for good later is found within five minutes). The kind coming
+or going is reported as a change of its key ``KIND_KEY``. A 410 Gone lists again. A thread that ends
 anyway (a bug) is what the liveness watchdog calls deaf (:meth:`Informer.threads_alive`).
 """
 
@@ -42,7 +45,12 @@ log = logging.getLogger(__name__)
 
 WATCH_TIMEOUT_S = 300
 DRAIN_DELAY_S = 0.05  # from a watch thread's first queued change to the loop taking them
-ABSENT_RETRY_S = 300.0  # an optional kind that is not served (404) or not granted (403)
+# An optional kind that is not served (404) or not granted (403) is looked for again after
+# ABSENT_FIRST_S, doubling up to ABSENT_RETRY_S.
+ABSENT_FIRST_S = 5.0
+ABSENT_RETRY_S = 300.0
+# The key an optional kind's coming (its first list) or going (a 404 or 403) is reported under.
+KIND_KEY: ObjectKey = ("", "")
 # Kinds whose spec follows their metadata: their watch events lose managedFields unparsed.
 COMPACT_KINDS = frozenset({"Pod", "Node", "DaemonSet", "Service"})
 # Kinds whose status is reported periodically whether it changed or not: a report that repeats
@@ -77,7 +85,8 @@ class Informer:
         self.stores = stores
         self.on_change = on_change
         for w in self.watched:
-            stores.setdefault(w.index, {})
+            if not w.optional:  # an optional kind's store is made by its first list
+                stores.setdefault(w.index, {})
         self.ready = asyncio.Event()  # every kind listed once
         self.threads: tuple[threading.Thread, ...] = ()
         self._listed: set[str] = set()
@@ -121,7 +130,7 @@ class Informer:
 
     def _follow(self, w: Watched) -> None:
         name_os_thread(f"watch-{w.index}")
-        failures = 0
+        failures = absences = 0
         version = ""
         sent: dict[ObjectKey, Any] = {}  # the last value handed to the loop, per object
         repeats = Repeats() if w.kind.kind in REPORTED_KINDS else None
@@ -131,18 +140,21 @@ class Informer:
                     version, sent = self._list(w)
                     if repeats is not None:
                         repeats.forget()  # the list may differ from the last events seen
+                absences = 0
                 version = self._watch(w, version, sent, repeats)
                 failures = 0
             except Exception as exc:
                 if self._stop.is_set():
                     return
                 if w.optional and isinstance(exc, ApiException) and exc.status in (403, 404):
-                    # Nothing of it to act on: listed as empty, looked for again later.
-                    log.info("%s not served or not granted (%s); looking again in %.0fs",
-                             w.index, exc.status, ABSENT_RETRY_S)  # fmt: skip
-                    version, failures = "", 0
-                    self._post(self._replace, w, {})
-                    self._stop.wait(ABSENT_RETRY_S)
+                    # Nothing of it to act on: no store, looked for again later.
+                    delay = min(ABSENT_FIRST_S * 2**absences, ABSENT_RETRY_S)
+                    log_absent = log.info if absences == 0 else log.debug
+                    log_absent("%s not served or not granted (%s); looking again in %.0fs",
+                               w.index, exc.status, delay)  # fmt: skip
+                    version, failures, absences = "", 0, absences + 1
+                    self._post(self._replace, w, None)
+                    self._stop.wait(delay)
                     continue
                 gone = isinstance(exc, Gone) or (
                     isinstance(exc, ApiException) and exc.status == 410
@@ -247,12 +259,20 @@ class Informer:
         for fn, args in queued:
             fn(*args)
 
-    def _replace(self, w: Watched, listed: dict[ObjectKey, Any]) -> None:
-        """A (re)list: report what differs from what was stored."""
-        store = self.stores[w.index]
-        changed = [k for k in store.keys() | listed.keys() if store.get(k) != listed.get(k)]
+    def _replace(self, w: Watched, listed: dict[ObjectKey, Any] | None) -> None:
+        """A (re)list: report what differs from what was stored. ``listed`` None: an optional
+        kind that is not served (its store goes)."""
+        served = w.index in self.stores
+        if listed is None:
+            store = self.stores.pop(w.index, {})
+        else:
+            store = self.stores.setdefault(w.index, {})
+        new = listed or {}
+        changed = [k for k in store.keys() | new.keys() if store.get(k) != new.get(k)]
+        if served != (listed is not None):
+            changed.append(KIND_KEY)
         store.clear()
-        store.update(listed)
+        store.update(new)
         self._listed.add(w.index)
         if not self.ready.is_set():
             if len(self._listed) == len(self.watched):

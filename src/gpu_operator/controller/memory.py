@@ -2,9 +2,9 @@
 
 Nothing here must survive a restart (everything that must is in the cluster): a fresh process
 starts from an empty :class:`Memory` and at worst makes one extra check. Memory only saves
-writes and reads: the generation seen right after an apply (a later one means someone edited
-the object), the node policy last applied to every node, the last apply failure for status, and
-what is known about ServiceMonitors (their kind is not watched: it may not exist).
+writes: the generation seen right after an apply (a later one means someone edited the object),
+the node policy last applied to every node, the last apply failure for status, and the node
+patches the watch has not shown yet.
 """
 
 from __future__ import annotations
@@ -14,10 +14,6 @@ from dataclasses import dataclass, field, replace
 
 from gpu_operator.controller.actions import Apply, Key, Outcome, Patch, Prune, describe
 from gpu_operator.controller.nodes import NodePolicy
-from gpu_operator.labels import APPLIED_HASH
-
-MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
-MONITOR_CRD_KEY: Key = ("CustomResourceDefinition", "", MONITOR_CRD)
 
 
 @dataclass(frozen=True)
@@ -27,22 +23,9 @@ class Memory:
     node_policy: NodePolicy | None = None
     node_policy_known: bool = False
     apply_error: str | None = None  # the last pass's apply failures, for status
-    # Objects of unwatched kinds: key -> applied hash on the server ("" when present without
-    # one, None when absent). Unknown keys are read before deciding.
-    unwatched: Mapping[Key, str | None] = field(default_factory=dict)
     # Nodes patched, by the resourceVersion the patch was planned from: while the watch still
     # shows that version, the write is not seen yet and planning it again would repeat it.
     patched_nodes: Mapping[str, str] = field(default_factory=dict)
-
-    def knows(self, key: Key) -> bool:
-        return key in self.unwatched
-
-    def forget_unwatched(self) -> Memory:
-        """The safety-net resync: read unwatched objects again."""
-        return replace(self, unwatched={})
-
-    def learn(self, reads: Mapping[Key, str | None]) -> Memory:
-        return replace(self, unwatched={**self.unwatched, **reads})
 
 
 @dataclass(frozen=True)
@@ -74,7 +57,6 @@ def remember(memory: Memory, outcomes: Iterable[Outcome], *, reconciled: bool) -
     """Fold a pass's outcomes into memory. ``reconciled``: the pass decided the active policy's
     objects, so its apply failures (or their absence) are the news for status."""
     generations = dict(memory.applied_generations)
-    unwatched = dict(memory.unwatched)
     errors: list[tuple[str, str]] = []
     retry: set[str] = set()
     for outcome in outcomes:
@@ -82,15 +64,11 @@ def remember(memory: Memory, outcomes: Iterable[Outcome], *, reconciled: bool) -
         if isinstance(action, Apply):
             if outcome.ok:
                 generations[action.key] = outcome.generation
-                if action.key in unwatched:
-                    unwatched[action.key] = action.obj["metadata"]["annotations"][APPLIED_HASH]
             elif not outcome.skipped:
                 errors.append((describe(action), outcome.reason))
         elif isinstance(action, Prune):
             if outcome.ok or outcome.status == 404:
                 generations.pop(action.key, None)
-                if action.key in unwatched:
-                    unwatched[action.key] = None
             elif not outcome.skipped:
                 errors.append((describe(action), outcome.reason))
         elif (
@@ -101,7 +79,6 @@ def remember(memory: Memory, outcomes: Iterable[Outcome], *, reconciled: bool) -
     new = replace(
         memory,
         applied_generations=generations,
-        unwatched=unwatched,
         apply_error=apply_error,
         patched_nodes={k: v for k, v in memory.patched_nodes.items() if k not in retry},
     )

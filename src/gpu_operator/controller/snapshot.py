@@ -33,3 +33,5 @@ class Snapshot:
     workload_pods: tuple[Mapping[str, Any], ...] = ()  # on nodes being emptied for an upgrade
     # GPU nodes a GPUCluster's DRA stack also targets (the GPUCluster loop finds them).
     dra_conflicts: frozenset[str] = frozenset()
+    # Of the kinds applied only where their CRD is served (decide.OPTIONAL_KINDS), those served.
+    served_optional: frozenset[str] = frozenset()

@@ -81,6 +81,8 @@ WATCHED: tuple[Watched, ...] = (
     Watched(KINDS["ClusterRole"], MANAGED_SELECTOR),
     Watched(KINDS["ClusterRoleBinding"], MANAGED_SELECTOR),
     Watched(KINDS["RuntimeClass"], MANAGED_SELECTOR),
+    # Applied only where the Prometheus operator's CRD is served: no store while it is not.
+    Watched(KINDS["ServiceMonitor"], MANAGED_SELECTOR, optional=True),
 )
 INDEXES = frozenset(w.index for w in WATCHED)
 KOPF_WATCHED = tuple(w for w in WATCHED if w.by_kopf)

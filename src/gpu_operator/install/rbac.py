@@ -47,7 +47,7 @@ CRD_RULES: tuple[Rule, ...] = (
         "apiextensions.k8s.io",
         ("customresourcedefinitions",),
         ("get",),
-        "see whether its CRD is current and whether ServiceMonitors exist",
+        "see whether its CRDs are current",
     ),
     Rule(
         "apiextensions.k8s.io",
@@ -133,7 +133,8 @@ NAMESPACE_RULES: tuple[Rule, ...] = (
          "namespaced operand permissions"),
     Rule("coordination.k8s.io", ("leases",), ("get", "create", "patch"),
          "leader election, so two replicas never both act"),
-    Rule("monitoring.coreos.com", ("servicemonitors",), ("get", "create", "patch", "delete"),
+    Rule("monitoring.coreos.com", ("servicemonitors",),
+         ("list", "watch", "create", "patch", "delete"),
          "the exporter's ServiceMonitor when Prometheus operator is installed"),
 )  # fmt: skip
 

@@ -15,14 +15,12 @@ from typing import Any, ClassVar, TypeVar
 
 import pytest
 
-from gpu_operator.controller import clusterpolicy
 from gpu_operator.controller.clusterpolicy import ClusterPolicyController, Inbox
-from gpu_operator.controller.decide import FINALIZER, Decision
+from gpu_operator.controller.decide import FINALIZER
 from gpu_operator.controller.driver_loop import NVIDIADriverController
 from gpu_operator.controller.loop import MAX_REFUSED_RETRY_S, REFUSED_RETRY_S
-from gpu_operator.controller.memory import MONITOR_CRD, MONITOR_CRD_KEY, Memory
 from gpu_operator.controller.metrics import PrometheusMetrics
-from gpu_operator.controller.watch import WATCHED, Watched, index_value
+from gpu_operator.controller.watch import OUR_GROUP, WATCHED, Watched, index_value
 from gpu_operator.kinds import KINDS
 from gpu_operator.labels import (
     DEPLOY_PREFIX,
@@ -52,6 +50,11 @@ def refresh(kube: FakeKube, indexes: Indexes) -> Indexes:
     """What the informer's stores hold for the fake's current objects (updated in place: the
     controller keeps the live stores)."""
     for w in WATCHED:
+        # An optional kind is served once its CRD is there (the operator installs its own).
+        crd = kube.obj("CustomResourceDefinition", f"{w.kind.plural}.{w.kind.group}")
+        if w.optional and w.kind.group != OUR_GROUP and crd is None:
+            indexes.pop(w.index, None)  # not served: no store, as the informer keeps it
+            continue
         namespace = NAMESPACE if w.kind.namespaced else None
         objects = kube.list_objects(w.kind.kind, namespace, label_selector=w.selector)
         index = indexes.setdefault(w.index, {})
@@ -252,6 +255,7 @@ def test_an_apply_failure_is_reported_then_cleared() -> None:
 
 
 MONITOR_SPEC = {"dcgmExporter": {"serviceMonitor": {"enabled": True}}}
+MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
 MONITOR_CRD_OBJECT = {"kind": "CustomResourceDefinition", "metadata": {"name": MONITOR_CRD}}
 
 
@@ -259,35 +263,37 @@ def test_without_the_prometheus_operator_no_service_monitor_is_applied() -> None
     h = Harness(cluster(MONITOR_SPEC))
     h.converge()
     assert h.kube.of_kind("ServiceMonitor") == []
-    assert h.controller.memory.unwatched == {MONITOR_CRD_KEY: None}
+    assert "servicemonitors" not in h.indexes
+    cp = h.kube.obj("ClusterPolicy", "cluster-policy")
+    assert cp is not None and cp["status"]["conditions"][0]["reason"] != "ReconcileFailed"
 
 
-def test_service_monitors_are_applied_once_where_their_crd_exists() -> None:
+def test_service_monitors_are_applied_once_where_their_crd_is_served() -> None:
     h = Harness(cluster(MONITOR_SPEC, MONITOR_CRD_OBJECT))
     h.converge()
     (sm,) = h.kube.of_kind("ServiceMonitor")
     applies = [w for w in h.kube.writes if w[1] == "ServiceMonitor"]
     assert len(applies) == 1
-    # the resync reads it again, finds it as applied, and writes nothing
+    # a resync finds it, from the watch, as applied, and writes nothing
     count = len(h.kube.writes)
     h.run_pass(resync=True)
     assert len(h.kube.writes) == count
-    # someone deleted it: the next resync finds out and applies it again
+    # someone deleted it: the watch says so, and the next pass applies it again
     h.kube.delete("ServiceMonitor", sm["metadata"]["name"], NAMESPACE)
-    h.run_pass(resync=True)
+    refresh(h.kube, h.indexes)
+    h.run_pass()
     assert len(h.kube.of_kind("ServiceMonitor")) == 1
 
 
-def test_a_decision_that_keeps_asking_to_read_fails_the_pass(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    def asks(snapshot: Any, memory: Memory, config: Any) -> Decision:
-        return Decision(memory, reads=(("ServiceMonitor", NAMESPACE, "x"),))
-
-    monkeypatch.setattr(clusterpolicy, "decide", asks)
-    h = Harness(cluster())
-    with pytest.raises(RuntimeError, match="kept asking to read"):
-        h.run_pass()
+def test_a_service_monitor_follows_the_prometheus_operator_installed_later() -> None:
+    h = Harness(cluster(MONITOR_SPEC))
+    h.converge()
+    h.kube.add(MONITOR_CRD_OBJECT)
+    refresh(h.kube, h.indexes)  # the informer lists the kind once it is served
+    h.run_pass()
+    assert [o["metadata"]["name"] for o in h.kube.of_kind("ServiceMonitor")] == [
+        "nvidia-dcgm-exporter"
+    ]
 
 
 def test_observe_lists_workload_pods_only_on_nodes_being_emptied() -> None:

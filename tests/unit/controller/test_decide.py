@@ -13,12 +13,12 @@ from gpu_operator.controller.actions import Apply, Create, DeletePod, Evict, Pat
 from gpu_operator.controller.decide import (
     APPLIED_KINDS,
     FINALIZER,
-    UNWATCHED_KINDS,
+    OPTIONAL_KINDS,
     Decision,
     decide,
 )
 from gpu_operator.controller.facts import gather_facts
-from gpu_operator.controller.memory import MONITOR_CRD_KEY, Memory
+from gpu_operator.controller.memory import Memory
 from gpu_operator.controller.plan import Observed
 from gpu_operator.controller.watch import WATCHED
 from gpu_operator.labels import (
@@ -322,46 +322,48 @@ def test_an_apply_error_in_memory_is_reported_as_a_failed_reconcile() -> None:
     assert decision.gauges.policy_ready is False
 
 
-# -- ServiceMonitors (a kind the operator cannot watch) --------------------------------------
+# -- ServiceMonitors (applied only where the Prometheus operator's CRD is served) -------------
+
+SERVED = frozenset({"ServiceMonitor"})
 
 
-def monitor_key(decision_objects: list[Mapping[str, Any]]) -> tuple[str, str, str]:
+def monitor(decision_objects: list[Mapping[str, Any]]) -> Mapping[str, Any]:
     (sm,) = [o for o in decision_objects if o["kind"] == "ServiceMonitor"]
-    return ("ServiceMonitor", sm["metadata"]["namespace"], sm["metadata"]["name"])
+    return sm
 
 
-def test_service_monitors_are_read_before_deciding() -> None:
-    snap = snapshot([policy(spec=SERVICE_MONITOR)], [gpu_node()])
-    first = decide(snap, Memory(), CONFIG)
-    assert first.reads == (MONITOR_CRD_KEY,)
-    assert first.stages == ()
-
+def test_service_monitors_are_applied_only_where_their_kind_is_served() -> None:
+    policies, nodes = [policy(spec=SERVICE_MONITOR)], [gpu_node()]
     # no Prometheus operator: nothing of that kind is applied, everything else is
-    no_crd = decide(snap, Memory(unwatched={MONITOR_CRD_KEY: None}), CONFIG)
-    assert no_crd.reads == ()
-    assert all(o["kind"] != "ServiceMonitor" for o in applied(no_crd))
-    assert applied(no_crd)
-
-    # the CRD exists: the ServiceMonitor itself is read next
-    with_crd = Memory(unwatched={MONITOR_CRD_KEY: ""})
-    second = decide(snap, with_crd, CONFIG)
-    assert len(second.reads) == 1 and second.reads[0][0] == "ServiceMonitor"
-
-    key = second.reads[0]
-    absent = decide(snap, with_crd.learn({key: None}), CONFIG)
-    assert monitor_key(applied(absent)) == key
+    without = decide(snapshot(policies, nodes), Memory(), CONFIG)
+    assert all(o["kind"] != "ServiceMonitor" for o in applied(without))
+    assert applied(without)
+    served = decide(snapshot(policies, nodes, served_optional=SERVED), Memory(), CONFIG)
+    assert monitor(applied(served))["metadata"]["name"] == "nvidia-dcgm-exporter"
 
 
-def test_a_service_monitor_already_applied_is_not_applied_again() -> None:
-    snap = snapshot([policy(spec=SERVICE_MONITOR)], [gpu_node()])
-    memory = Memory(unwatched={MONITOR_CRD_KEY: ""})
-    key = decide(snap, memory, CONFIG).reads[0]
-    first = decide(snap, memory.learn({key: None}), CONFIG)
-    sm = next(o for o in applied(first) if o["kind"] == "ServiceMonitor")
-    same = decide(snap, memory.learn({key: sm["metadata"]["annotations"][APPLIED_HASH]}), CONFIG)
+def test_a_service_monitor_is_applied_when_the_server_differs_and_pruned_when_unwanted() -> None:
+    policies, nodes = [policy(spec=SERVICE_MONITOR)], [gpu_node()]
+    first = decide(snapshot(policies, nodes, served_optional=SERVED), Memory(), CONFIG)
+    sm = monitor(applied(first))
+    key = ("ServiceMonitor", sm["metadata"]["namespace"], sm["metadata"]["name"])
+
+    def on_server(applied_hash: str) -> Decision:
+        managed = (Observed(key, applied_hash, 1),)
+        snap = snapshot(policies, nodes, served_optional=SERVED, managed=managed)
+        return decide(snap, Memory(), CONFIG)
+
+    same = on_server(sm["metadata"]["annotations"][APPLIED_HASH])
     assert all(o["kind"] != "ServiceMonitor" for o in applied(same))
-    other = decide(snap, memory.learn({key: "someone-elses"}), CONFIG)
-    assert monitor_key(applied(other)) == key
+    assert monitor(applied(on_server("someone-elses")))["metadata"]["name"] == key[2]
+    # turned off in the policy: the one on the server goes
+    off = snapshot(
+        [policy(spec={"dcgmExporter": {"serviceMonitor": {"enabled": False}}})],
+        nodes,
+        served_optional=SERVED,
+        managed=(Observed(key, "h", 1),),
+    )
+    assert Prune(key) in decide(off, Memory(), CONFIG).actions
 
 
 # -- driver upgrades ----------------------------------------------------------------------------
@@ -461,7 +463,7 @@ def test_decision_actions_flatten_the_stages_in_order() -> None:
 
 
 def test_every_kind_the_renderer_produces_is_one_the_operator_applies() -> None:
-    """A rendered kind outside APPLIED_KINDS | UNWATCHED_KINDS would be skipped without a word
+    """A rendered kind outside APPLIED_KINDS | OPTIONAL_KINDS would be skipped without a word
     (plan_changes' ``skipped`` is not reported), so a template adding a kind must add it here."""
     everything: dict[str, Any] = {c.spec_field: {"enabled": True} for c in REGISTRY}
     everything["dcgmExporter"]["serviceMonitor"] = {"enabled": True}
@@ -470,9 +472,11 @@ def test_every_kind_the_renderer_produces_is_one_the_operator_applies() -> None:
     facts = gather_facts(nodes, spec, namespace=CONFIG.namespace, configmap_hashes={})
     rendered = {o["kind"] for part in render_components(spec, facts) for o in part.objects}
     assert "DaemonSet" in rendered and "ServiceMonitor" in rendered
-    assert rendered <= APPLIED_KINDS | UNWATCHED_KINDS
-    # and everything applied is watched (so it can be diffed and pruned)
-    assert {w.kind.kind for w in WATCHED} >= APPLIED_KINDS
+    assert rendered <= APPLIED_KINDS | OPTIONAL_KINDS
+    # and everything applied is watched (so it can be diffed and pruned), the optional kinds as
+    # optional (the operator runs without them)
+    assert {w.kind.kind for w in WATCHED} >= APPLIED_KINDS | OPTIONAL_KINDS
+    assert {w.kind.kind for w in WATCHED if w.optional} >= OPTIONAL_KINDS
 
 
 # -- GPU health remediation -------------------------------------------------------------------

@@ -10,8 +10,6 @@ from gpu_operator.labels import APPLIED_HASH
 
 DS = {"kind": "DaemonSet", "metadata": {"name": "ds", "namespace": "ns",
                                         "annotations": {APPLIED_HASH: "h1"}}}  # fmt: skip
-SM = {"kind": "ServiceMonitor", "metadata": {"name": "sm", "namespace": "ns",
-                                             "annotations": {APPLIED_HASH: "h2"}}}  # fmt: skip
 DS_KEY = ("DaemonSet", "ns", "ds")
 SM_KEY = ("ServiceMonitor", "ns", "sm")
 
@@ -26,18 +24,11 @@ def test_an_apply_records_the_generation_it_produced() -> None:
     assert not after.look_again and after.retry_nodes == frozenset()
 
 
-def test_an_applied_unwatched_object_is_known_by_its_hash() -> None:
-    memory = Memory(unwatched={SM_KEY: None})
-    after = remember(memory, [applied(SM)], reconciled=True)
-    assert after.memory.unwatched[SM_KEY] == "h2"
-
-
 def test_a_pruned_object_is_forgotten_also_when_already_gone() -> None:
-    memory = Memory(applied_generations={DS_KEY: 2, SM_KEY: 1}, unwatched={SM_KEY: "h2"})
+    memory = Memory(applied_generations={DS_KEY: 2, SM_KEY: 1})
     outcomes = [Outcome(Prune(DS_KEY)), Outcome(Prune(SM_KEY), status=404, reason="gone")]
     after = remember(memory, outcomes, reconciled=True)
     assert after.memory.applied_generations == {}
-    assert after.memory.unwatched == {SM_KEY: None}
     assert after.memory.apply_error is None
 
 
@@ -83,13 +74,6 @@ def test_refused_label_patches_are_retried_other_patches_are_not() -> None:
     after = remember(Memory(), outcomes, reconciled=True)
     assert after.retry_nodes == frozenset({"a"})
     assert after.memory.apply_error is None
-
-
-def test_learning_and_forgetting_unwatched_objects() -> None:
-    memory = Memory().learn({SM_KEY: "h"})
-    assert memory.knows(SM_KEY) and not memory.knows(DS_KEY)
-    assert memory.learn({DS_KEY: None}).unwatched == {SM_KEY: "h", DS_KEY: None}
-    assert not memory.forget_unwatched().knows(SM_KEY)
 
 
 def test_errors_name_a_few_objects_per_reason() -> None:
