@@ -327,6 +327,7 @@ class Kube:
         timeout_s: int,
         *,
         label_selector: str | None = None,
+        field_selector: str | None = None,
         compact: bool = False,
         repeats: Repeats | None = None,
         pace_s: float = 0.0,
@@ -344,6 +345,8 @@ class Kube:
         }
         if label_selector:
             query["labelSelector"] = label_selector
+        if field_selector:
+            query["fieldSelector"] = field_selector
         path = KINDS[kind].collection(namespace)
         resp = self._send("GET", path, query, None, "application/json", timeout_s + 30)
         if resp.status >= 400:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-import pytest
 from kubernetes.client.exceptions import ApiException
 
 from gpu_operator import testenv
@@ -301,47 +300,101 @@ def test_threads_alive_names_each_watch_thread() -> None:
 GPUCLUSTERS = next(w for w in INFORMED if w.kind is KINDS["GPUCluster"])
 
 
-@pytest.mark.parametrize("code", [404, 403])  # the CRD not installed, or not granted
-def test_an_optional_kind_not_served_has_no_store_and_is_looked_for_later(code: int) -> None:
-    kube = ScriptedKube([gone(code), []])
+class OptionalKube(ScriptedKube):
+    """Lists of the kind, and lists and watches of its CRD, answer from scripts of their own:
+    an exception raised, else (the kind) its objects or (the CRD) its resourceVersion or None
+    for no CRD, and the batches of a CRD watch."""
+
+    def __init__(
+        self,
+        watches: list[Any],
+        kind: Sequence[Any],
+        crd: Sequence[Any] = (),
+        crd_watches: Sequence[Any] = (),
+    ) -> None:
+        super().__init__(watches)
+        self.kind, self.crd, self.crd_watches = list(kind), list(crd), list(crd_watches)
+
+    def list_with_version(self, kind: str, namespace: Any, query: Any, keep: Any = None) -> Any:
+        is_crd = kind == "CustomResourceDefinition"
+        self.calls.append("list crd" if is_crd else "list")
+        answer = (self.crd if is_crd else self.kind).pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        if is_crd:
+            assert query == {"fieldSelector": "metadata.name=gpuclusters.nvidia.com"}
+            return ([answer] if answer else []), "50"
+        return answer, "10"
+
+    def watch(self, kind: str, namespace: Any, version: str, timeout_s: int, **kw: Any) -> Any:
+        if kind != "CustomResourceDefinition":
+            return super().watch(kind, namespace, version, timeout_s, **kw)
+        assert kw["field_selector"] == "metadata.name=gpuclusters.nvidia.com"
+        self.calls.append(f"watch crd@{version}")
+        answer = self.crd_watches.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return Stream(answer)
+
+
+def crd_event(kind: str, version: str) -> dict[str, Any]:
+    return {"type": kind, "object": {"metadata": {"resourceVersion": version}}}
+
+
+def follow_optional(kube: OptionalKube) -> tuple[list[Any], Waits]:
+    """The GPUCluster thread on ``kube`` until its watches are spent: what it posted."""
     inf, _, _ = informer((GPUCLUSTERS,), kube)
     inf._stop = waits = Waits(kube)
     posted: list[Any] = []
-    inf._post = lambda fn, w, arg: posted.append((fn.__name__, arg))  # type: ignore[method-assign]
+    inf._post = lambda fn, w, arg: posted.append(arg)  # type: ignore[method-assign]
     inf._follow(GPUCLUSTERS)
-    assert posted[1] == ("_replace", None)  # not served: the loops do not wait for it
-    assert waits.delays == [ABSENT_FIRST_S]
-    assert kube.calls == ["list", "watch@10", "list", "watch@10"]  # then listed again
+    return posted, waits
+
+
+def test_a_kind_not_served_has_no_store_and_is_listed_again_when_its_crd_changes() -> None:
+    """Nothing polled while it is absent: its CRD is watched by name. Just created, the CRD is
+    not served yet (404 again): its next change (Established) is awaited, not its presence."""
+    kube = OptionalKube(
+        [[]],
+        kind=[gone(404), gone(404), []],
+        crd=[None, "7"],
+        crd_watches=[
+            [[crd_event("ADDED", "7")]],
+            [[crd_event("BOOKMARK", "8")], [crd_event("MODIFIED", "9")]],
+        ],
+    )
+    posted, waits = follow_optional(kube)
+    assert posted == [None, None, {}]  # no store until it is listed: the loops do not wait
+    assert kube.calls == [
+        "list", "list crd", "watch crd@50",  # not served, no CRD: watch for one
+        "list", "list crd", "watch crd@50",  # not served yet, the CRD as it was: watch on
+        "list", "watch@10",
+    ]  # fmt: skip
+    assert waits.delays == []
     # A kind the operator cannot run without just backs off.
-    kube, waits = follow([gone(404), []])
+    _, waits = follow([gone(404), []])
     assert waits.delays[0] < ABSENT_RETRY_S
 
 
-def test_an_absent_kind_is_looked_for_less_and_less_often_until_it_is_served() -> None:
-    """Soon at first (a CRD installed with the operator may not be served yet), then at most
-    every ABSENT_RETRY_S; once served, absent again starts from soon."""
+def test_a_kind_whose_crd_may_not_be_watched_is_looked_for_now_and_then() -> None:
+    kube = OptionalKube([[]], kind=[gone(404), gone(404), []], crd=[gone(403)])
+    posted, waits = follow_optional(kube)
+    assert kube.calls == ["list", "list crd", "list", "list", "watch@10"]
+    assert waits.delays == [ABSENT_FIRST_S]
+    assert posted == [None, None, {}]
 
-    class Absent(ScriptedKube):
-        """Lists answer from their own script: an error, or None for the kind's objects."""
 
-        lists: list[Exception | None] = [gone(404)] * 9 + [None, gone(403), None]
-
-        def list_with_version(self, *args: Any, **kw: Any) -> Any:
-            self.calls.append("list")
-            error = self.lists.pop(0)
-            if error is not None:
-                raise error
-            return [], "10"
-
-    kube = Absent([gone(410), []])  # the watch of the served kind ends: it is listed again
-    inf, _, _ = informer((GPUCLUSTERS,), kube)
-    inf._stop = waits = Waits(kube)
-    inf._post = lambda fn, w, arg: None  # type: ignore[method-assign]
-    inf._follow(GPUCLUSTERS)
+def test_a_kind_not_granted_is_looked_for_less_and_less_often_until_it_is() -> None:
+    """Soon at first, then at most every ABSENT_RETRY_S; refused again after it was listed,
+    the looks start from soon."""
+    script: list[Any] = [gone(403)] * 9 + [[], gone(403), []]
+    kube = OptionalKube([gone(410), []], kind=script)  # the served kind's watch ends: relist
+    _, waits = follow_optional(kube)
     first = ABSENT_FIRST_S
     assert waits.delays == [first, 2 * first, 4 * first, 8 * first, 16 * first, 32 * first,
                             ABSENT_RETRY_S, ABSENT_RETRY_S, ABSENT_RETRY_S, first]  # fmt: skip
     assert 32 * first < ABSENT_RETRY_S < 64 * first
+    assert "list crd" not in kube.calls  # a 403: the CRD is there
 
 
 def test_an_optional_kind_coming_and_going_is_reported_and_its_store_follows() -> None:

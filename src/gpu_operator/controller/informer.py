@@ -16,10 +16,12 @@ the operator's CPU (``benchmarks/README.md`` has the profiles).
 A failed list or watch is tried again with the client's backoff (a 429's Retry-After honoured),
 for as long as it takes: the thread never gives up. An optional kind (GPUCluster, ServiceMonitor:
 its CRD may be absent, or not granted) that answers 404 or 403 has no store at all, which is how
-the loops tell "not served" from "none there", and is looked for again after 5 s, then less and
-less often, at most every five minutes (a CRD installed just before the operator started may
-not be served yet; one installed for good later is found within five minutes). The kind coming
-or going is reported as a change of its key ``KIND_KEY``. A 410 Gone lists again. A thread that ends
+the loops tell "not served" from "none there". Not served (404), its thread watches its CRD by
+name and lists the kind again when the CRD changes (the Prometheus operator installed later is
+found at once, and nothing is polled meanwhile); not granted (403), or where the CRD may not be
+watched, it is looked for again after 5 s, then less and less often, at most every five
+minutes. The kind coming or going is reported as a change of its key ``KIND_KEY``. A 410 Gone
+lists again. A thread that ends
 anyway (a bug) is what the liveness watchdog calls deaf (:meth:`Informer.threads_alive`).
 """
 
@@ -28,7 +30,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -39,18 +42,20 @@ from gpu_operator.controller.process import (
     one_malloc_arena,
 )
 from gpu_operator.controller.watch import ObjectKey, OnChange, Stores, Watched, index_value
+from gpu_operator.kinds import Kind
 from gpu_operator.kube import Kube, Repeats, WatchStream
 
 log = logging.getLogger(__name__)
 
 WATCH_TIMEOUT_S = 300
 DRAIN_DELAY_S = 0.05  # from a watch thread's first queued change to the loop taking them
-# An optional kind that is not served (404) or not granted (403) is looked for again after
-# ABSENT_FIRST_S, doubling up to ABSENT_RETRY_S.
+# An optional kind that is not granted (403), or not served (404) where its CRD may not be
+# watched, is looked for again after ABSENT_FIRST_S, doubling up to ABSENT_RETRY_S.
 ABSENT_FIRST_S = 5.0
 ABSENT_RETRY_S = 300.0
 # The key an optional kind's coming (its first list) or going (a 404 or 403) is reported under.
 KIND_KEY: ObjectKey = ("", "")
+CRD = "CustomResourceDefinition"
 # Kinds whose spec follows their metadata: their watch events lose managedFields unparsed.
 COMPACT_KINDS = frozenset({"Pod", "Node", "DaemonSet", "Service"})
 # Kinds whose status is reported periodically whether it changed or not: a report that repeats
@@ -66,6 +71,21 @@ REPORTED_PACE_S = 1.0
 
 class Gone(Exception):
     """The watch's resourceVersion is too old (410): list again."""
+
+
+@dataclass
+class Absence:
+    """How an optional kind's thread looks for it while it is not there."""
+
+    awaiting_crd: bool = False  # it answered 404: list it again once its CRD changes
+    crd_version: str | None = None  # the CRD's resourceVersion then (None: no CRD)
+    crd_watchable: bool = True  # False once watching the CRD was refused: look now and then
+    looks: int = 0  # timed looks in a row (each waits twice as long as the last)
+
+    def next_delay(self) -> float:
+        delay: float = min(ABSENT_FIRST_S * 2**self.looks, ABSENT_RETRY_S)
+        self.looks += 1
+        return delay
 
 
 class Informer:
@@ -130,30 +150,48 @@ class Informer:
 
     def _follow(self, w: Watched) -> None:
         name_os_thread(f"watch-{w.index}")
-        failures = absences = 0
+        failures = 0
         version = ""
         sent: dict[ObjectKey, Any] = {}  # the last value handed to the loop, per object
         repeats = Repeats() if w.kind.kind in REPORTED_KINDS else None
+        absence = Absence()
         while not self._stop.is_set():
             try:
+                if absence.awaiting_crd:
+                    absence.crd_version = self._await_crd(w.kind, absence.crd_version)
+                    absence.awaiting_crd = False
                 if not version:
                     version, sent = self._list(w)
                     if repeats is not None:
                         repeats.forget()  # the list may differ from the last events seen
-                absences = 0
+                absence.looks = 0
                 version = self._watch(w, version, sent, repeats)
                 failures = 0
             except Exception as exc:
                 if self._stop.is_set():
                     return
-                if w.optional and isinstance(exc, ApiException) and exc.status in (403, 404):
+                status = exc.status if isinstance(exc, ApiException) else None
+                if absence.awaiting_crd and status == 403:
+                    log.info("%s: watching its CRD refused (403); looking for it now and then",
+                             w.index)  # fmt: skip
+                    absence.awaiting_crd = absence.crd_watchable = False
+                    continue
+                if w.optional and status in (403, 404) and not absence.awaiting_crd:
                     # Nothing of it to act on: no store, looked for again later.
-                    delay = min(ABSENT_FIRST_S * 2**absences, ABSENT_RETRY_S)
-                    log_absent = log.info if absences == 0 else log.debug
-                    log_absent("%s not served or not granted (%s); looking again in %.0fs",
-                               w.index, exc.status, delay)  # fmt: skip
-                    version, failures, absences = "", 0, absences + 1
+                    version, failures = "", 0
                     self._post(self._replace, w, None)
+                    first = absence.looks == 0 and absence.crd_version is None
+                    if status == 404 and absence.crd_watchable:
+                        absence.awaiting_crd = True
+                        (log.info if first else log.debug)(
+                            "%s not served; listing it again when its CRD changes", w.index
+                        )
+                        continue
+                    delay = absence.next_delay()
+                    (log.info if first else log.debug)(
+                        "%s not served or not granted (%s); looking again in %.0fs",
+                        w.index, status, delay,
+                    )  # fmt: skip
                     self._stop.wait(delay)
                     continue
                 gone = isinstance(exc, Gone) or (
@@ -196,38 +234,65 @@ class Informer:
             repeats=repeats,
             pace_s=REPORTED_PACE_S if w.kind.kind in REPORTED_KINDS else PACE_S,
         )
+        for events in self._batches(stream):
+            changes: list[tuple[ObjectKey, Any]] = []
+            for event in events:
+                kind, obj = _checked(event)
+                version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                if kind == "BOOKMARK":
+                    continue
+                key = _key(obj)
+                value = None if kind == "DELETED" else index_value(w.index, obj)
+                if sent.get(key) == value:
+                    continue  # nothing kept changed (or an unknown object deleted)
+                if value is None:
+                    del sent[key]
+                else:
+                    sent[key] = value
+                changes.append((key, value))
+            if changes:
+                self._post(self._update, w, changes)
+        return version
+
+    def _await_crd(self, kind: Kind, known: str | None) -> str | None:
+        """Wait until the CRD that serves ``kind`` differs from ``known`` (its resourceVersion
+        when the kind answered 404; None: there was none), watching it by name; its
+        resourceVersion then. A CRD just created is not served at once: the kind then answers
+        404 again, and the next change (Established) is awaited from this one."""
+        selector = f"metadata.name={kind.plural}.{kind.group}"
+        while not self._stop.is_set():
+            found, version = self.kube.list_with_version(
+                CRD, None, {"fieldSelector": selector}, keep=_resource_version
+            )
+            if found and found[0] != known:
+                return str(found[0])
+            try:
+                while not self._stop.is_set():  # watch again from where the last one ended
+                    stream = self.kube.watch(
+                        CRD, None, version, WATCH_TIMEOUT_S, field_selector=selector
+                    )
+                    for events in self._batches(stream):
+                        for event in events:
+                            type_, obj = _checked(event)
+                            version = _resource_version(obj) or version
+                            if type_ in ("ADDED", "MODIFIED"):
+                                return version
+            except Gone:
+                continue  # list again
+        return known
+
+    def _batches(self, stream: WatchStream) -> Iterator[list[dict[str, Any]]]:
+        """``stream``'s batches of events, ended by :meth:`stop` from any thread."""
         with self._lock:
             if self._stop.is_set():
                 stream.close()
-                return version
+                return
             self._streams.add(stream)
         try:
-            for events in stream.batches():
-                changes: list[tuple[ObjectKey, Any]] = []
-                for event in events:
-                    kind, obj = event.get("type"), event.get("object") or {}
-                    if kind == "ERROR":
-                        if obj.get("code") == 410:
-                            raise Gone(obj.get("message") or "410 Gone")
-                        raise RuntimeError(f"watch error: {obj.get('message') or obj}")
-                    version = (obj.get("metadata") or {}).get("resourceVersion") or version
-                    if kind == "BOOKMARK":
-                        continue
-                    key = _key(obj)
-                    value = None if kind == "DELETED" else index_value(w.index, obj)
-                    if sent.get(key) == value:
-                        continue  # nothing kept changed (or an unknown object deleted)
-                    if value is None:
-                        del sent[key]
-                    else:
-                        sent[key] = value
-                    changes.append((key, value))
-                if changes:
-                    self._post(self._update, w, changes)
+            yield from stream.batches()
         finally:
             with self._lock:
                 self._streams.discard(stream)
-        return version
 
     def _ns(self, w: Watched) -> str | None:
         return self.namespace if w.kind.namespaced else None
@@ -289,6 +354,20 @@ class Informer:
                 store[key] = value
             if old != value and self.ready.is_set():
                 self.on_change(w, key)
+
+
+def _checked(event: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """A watch event's type and object; an ERROR event raised (410: :class:`Gone`)."""
+    kind, obj = event.get("type"), event.get("object") or {}
+    if kind == "ERROR":
+        if obj.get("code") == 410:
+            raise Gone(obj.get("message") or "410 Gone")
+        raise RuntimeError(f"watch error: {obj.get('message') or obj}")
+    return kind, obj
+
+
+def _resource_version(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
 
 def _key(obj: Any) -> ObjectKey:

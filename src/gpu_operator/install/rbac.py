@@ -40,6 +40,7 @@ class Rule:
 CRD = "clusterpolicies.nvidia.com"
 GPUCLUSTER_CRD = "gpuclusters.nvidia.com"
 NVIDIADRIVER_CRD = "nvidiadrivers.nvidia.com"
+SERVICEMONITOR_CRD = "servicemonitors.monitoring.coreos.com"
 
 # Shared by the operator (it installs its CRD at start-up) and the Helm chart's CRD hook.
 CRD_RULES: tuple[Rule, ...] = (
@@ -74,6 +75,14 @@ CLUSTER_RULES: tuple[Rule, ...] = (
     ),
     Rule("nvidia.com", ("nvidiadrivers/status",), ("patch",), "write NVIDIADriver status"),
     *CRD_RULES,
+    Rule(
+        "apiextensions.k8s.io",
+        ("customresourcedefinitions",),
+        ("list", "watch"),
+        "learn at once when an optional kind's CRD is installed (the Prometheus operator's "
+        "ServiceMonitor), by name, instead of looking for the kind now and then",
+        (SERVICEMONITOR_CRD, GPUCLUSTER_CRD),
+    ),
     Rule(
         "",
         ("nodes",),
