@@ -28,9 +28,10 @@ anyway (a bug) is what the liveness watchdog calls deaf (:meth:`Informer.threads
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -271,17 +272,18 @@ class Informer:
                     stream = self.kube.watch(
                         CRD, None, version, WATCH_TIMEOUT_S, field_selector=selector
                     )
-                    for events in self._batches(stream):
-                        for event in events:
-                            type_, obj = _checked(event)
-                            version = _resource_version(obj) or version
-                            if type_ in ("ADDED", "MODIFIED"):
-                                return version
+                    with contextlib.closing(self._batches(stream)) as batches:
+                        for events in batches:  # closed on return: the stream with them
+                            for event in events:
+                                type_, obj = _checked(event)
+                                version = _resource_version(obj) or version
+                                if type_ in ("ADDED", "MODIFIED"):
+                                    return version
             except Gone:
                 continue  # list again
         return known
 
-    def _batches(self, stream: WatchStream) -> Iterator[list[dict[str, Any]]]:
+    def _batches(self, stream: WatchStream) -> Generator[list[dict[str, Any]]]:
         """``stream``'s batches of events, ended by :meth:`stop` from any thread."""
         with self._lock:
             if self._stop.is_set():
