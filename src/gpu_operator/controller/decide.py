@@ -281,6 +281,7 @@ def _decide_active(
         upgrade=_upgrade_status(upgrade, rollout) if upgrade and rollout else None,
         health=remediation_status(health.summary),
         dra_conflicts=tuple(sorted(snap.dra_conflicts)) if spec.device_plugin.enabled else (),
+        not_served=tuple(f"{kind} {namespace}/{name}" for kind, namespace, name in changes.skipped),
     )
     status_actions, status = _status_actions(policy, observation, snap.stamp, config)
     # Nodes first: the DaemonSets only schedule on labelled nodes, and the API server is quiet

@@ -31,6 +31,8 @@ class Observation:
     upgrade: Mapping[str, Any] | None = None  # the driver upgrade summary
     health: Mapping[str, Any] | None = None  # the GPU health remediation summary
     dra_conflicts: Sequence[str] = ()  # nodes a GPUCluster's DRA stack also targets
+    # Desired objects of an optional kind the cluster does not serve (no Prometheus operator).
+    not_served: Sequence[str] = ()
 
 
 def condition(
@@ -137,6 +139,19 @@ def compute_status(obs: Observation, previous: Mapping[str, Any], now: str) -> d
                 "plugin keeps these nodes and DRA is not deployed there",
             )
         )
+    if obs.not_served:
+        conditions.append(
+            cond(
+                NOT_SERVED,
+                "True",
+                "PrometheusOperatorMissing",
+                "dcgmExporter.serviceMonitor.enabled asks for "
+                + ", ".join(obs.not_served)
+                + ", but this cluster does not serve monitoring.coreos.com/v1 ServiceMonitor: "
+                "install the Prometheus operator (its CRDs), or set "
+                "dcgmExporter.serviceMonitor.enabled to false; the rest of the stack is applied",
+            )
+        )
     failed = upgrade_failed(obs.upgrade)
     if failed is not None:
         conditions.append(cond(UPGRADE_FAILED, "True", "CanaryFailed", failed))
@@ -168,6 +183,7 @@ def active_policy(policies: Sequence[Mapping[str, Any]]) -> str | None:
 
 
 UPGRADE_FAILED = "UpgradeFailed"
+NOT_SERVED = "ServiceMonitorNotServed"
 
 
 def upgrade_failed(upgrade: Mapping[str, Any] | None) -> str | None:

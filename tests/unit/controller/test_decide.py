@@ -20,6 +20,7 @@ from gpu_operator.controller.decide import (
 from gpu_operator.controller.facts import gather_facts
 from gpu_operator.controller.memory import Memory
 from gpu_operator.controller.plan import Observed
+from gpu_operator.controller.status import NOT_SERVED
 from gpu_operator.controller.watch import WATCHED
 from gpu_operator.labels import (
     APPLIED_HASH,
@@ -338,8 +339,15 @@ def test_service_monitors_are_applied_only_where_their_kind_is_served() -> None:
     without = decide(snapshot(policies, nodes), Memory(), CONFIG)
     assert all(o["kind"] != "ServiceMonitor" for o in applied(without))
     assert applied(without)
+    # ... and status says which field asked for it and what to do
+    (note,) = [c for c in status_of(without)["conditions"] if c["type"] == NOT_SERVED]
+    assert note["status"] == "True" and note["reason"] == "PrometheusOperatorMissing"
+    assert "dcgmExporter.serviceMonitor.enabled" in note["message"]
+    assert "ServiceMonitor gpu-operator/nvidia-dcgm-exporter" in note["message"]
+    assert "install the Prometheus operator" in note["message"]
     served = decide(snapshot(policies, nodes, served_optional=SERVED), Memory(), CONFIG)
     assert monitor(applied(served))["metadata"]["name"] == "nvidia-dcgm-exporter"
+    assert all(c["type"] != NOT_SERVED for c in status_of(served)["conditions"])
 
 
 def test_a_service_monitor_is_applied_when_the_server_differs_and_pruned_when_unwanted() -> None:
