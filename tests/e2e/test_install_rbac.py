@@ -20,6 +20,7 @@ import yaml
 from gpu_operator import testenv
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.runner import OperatorThread, RunOptions
+from gpu_operator.controller.status import NOT_SERVED
 from gpu_operator.install.rbac import CLUSTER_RULES, NAMESPACE_RULES, Rule, cluster_role, role
 from gpu_operator.kube import Kube
 from tests import prerequisites
@@ -29,6 +30,7 @@ from tests.e2e.support import (
     audit_refusals,
     policy_api_served,
     policy_ready,
+    policy_status,
     private_cluster,
     service_account_config,
     still_there,
@@ -154,6 +156,10 @@ def exercise(
     def converged() -> dict[str, Any] | NotYet:
         return policy_ready(kube)
 
+    def monitor_note() -> list[dict[str, Any]]:
+        status = policy_status(kube, "cluster-policy")
+        return [c for c in status.get("conditions") or () if c["type"] == NOT_SERVED]
+
     def driver_reporting() -> str | NotYet:
         driver = kube.get("NVIDIADriver", "default")
         if driver is None:
@@ -174,7 +180,9 @@ def exercise(
         if failed:
             return failed
         kube.create(example_policy())
-        failed = step("stack converges", converged)
+        failed = step("stack converges", converged) or step(
+            "the missing ServiceMonitor kind reported", lambda: monitor_note() or NotYet("none")
+        )
         if failed:
             return failed
         # The Prometheus operator installed later: the operator learns it from its CRD's watch.
@@ -182,6 +190,7 @@ def exercise(
         failed = (
             step("ServiceMonitor applied", lambda: kube.get(
                 "ServiceMonitor", "nvidia-dcgm-exporter", NS))
+            or step("the report cleared", lambda: not monitor_note() or NotYet(monitor_note()))
             or step("Event recorded", lambda: kube.list_objects(
                 "Event", "default", field_selector="involvedObject.name=cluster-policy"))
         )  # fmt: skip
