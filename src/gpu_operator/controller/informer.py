@@ -239,7 +239,7 @@ class Informer:
             changes: list[tuple[ObjectKey, Any]] = []
             for event in events:
                 kind, obj = _checked(event)
-                version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                version = _resource_version(obj) or version
                 if kind == "BOOKMARK":
                     continue
                 key = _key(obj)
