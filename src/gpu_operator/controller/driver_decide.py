@@ -30,6 +30,7 @@ from gpu_operator.controller.pools import (
     assign,
     driver_pod_nodes,
     label_patch,
+    legacy_driver_nodes,
 )
 from gpu_operator.controller.readiness import by_owner, daemonset_readiness
 from gpu_operator.controller.rollout_stage import (
@@ -122,7 +123,7 @@ def decide_drivers(snap: DriverSnapshot, config: OperatorConfig) -> DriverDecisi
     assignment = assign(
         gpu_nodes,
         selectors,
-        legacy_driver_nodes=_legacy_driver_nodes(base),
+        legacy_driver_nodes=legacy_driver_nodes(base.nodes, base.daemonsets, base.pods),
         new_driver_ready=_driver_ready_nodes(base),
     )
     by_name = {d["metadata"]["name"]: d for d in drivers}
@@ -262,11 +263,6 @@ def default_driver(policy: ClusterPolicySpec) -> dict[str, Any]:
 def _pool_policy(spec: NVIDIADriverSpec, policy: ClusterPolicySpec) -> Policy:
     """The CR's own upgradePolicy; absent, the ClusterPolicy's."""
     return Policy.from_spec(spec.upgrade_policy or policy.driver.upgrade_policy)
-
-
-def _legacy_driver_nodes(base: Snapshot) -> set[str]:
-    """Nodes that run the ClusterPolicy's driver pod (handed over gradually)."""
-    return driver_pod_nodes(base.daemonsets, base.pods, "ClusterPolicy")
 
 
 def _driver_ready_nodes(base: Snapshot) -> set[str]:

@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_operator.controller.nodes import is_gpu_node
+from gpu_operator.controller.readiness import daemonset_pod_spec, should_run
 from gpu_operator.labels import COMPONENT
 from gpu_operator.render.driver import POOL_LABEL
 from gpu_operator.upgrade.fleet import DRIVER_COMPONENTS
@@ -62,8 +64,9 @@ def assign(
 ) -> Assignment:
     """Pools, conflicts and the label writes that move nodes towards them.
 
-    ``legacy_driver_nodes``: nodes running the ClusterPolicy's driver pod, which must be handed
-    over gradually; ``new_driver_ready``: nodes whose NVIDIADriver pod is Ready.
+    ``legacy_driver_nodes``: nodes the ClusterPolicy's driver runs on
+    (:func:`legacy_driver_nodes`), which must be handed over gradually; ``new_driver_ready``:
+    nodes whose NVIDIADriver pod is Ready.
     """
     explicit = [d for d in drivers if not d.default]
     defaults = sorted((d for d in drivers if d.default), key=lambda d: d.name)
@@ -111,12 +114,7 @@ def driver_pod_nodes(
 ) -> set[str]:
     """Nodes running a pod of a driver DaemonSet owned by ``owner_kind`` (ClusterPolicy: the
     legacy driver to hand over; NVIDIADriver: the pools' drivers)."""
-    uids = {
-        d["metadata"]["uid"]
-        for d in daemonsets
-        if (d["metadata"].get("labels") or {}).get(COMPONENT) in DRIVER_COMPONENTS
-        and any(r.get("kind") == owner_kind for r in d["metadata"].get("ownerReferences") or ())
-    }
+    uids = {d["metadata"]["uid"] for d in _driver_daemonsets(daemonsets, owner_kind)}
     return {
         str((p.get("spec") or {}).get("nodeName"))
         for p in pods
@@ -124,14 +122,43 @@ def driver_pod_nodes(
     }
 
 
+def legacy_driver_nodes(
+    nodes: Iterable[NodeView],
+    daemonsets: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+) -> set[str]:
+    """Nodes the ClusterPolicy's driver runs on, or will: those its pods are seen on, and the
+    GPU nodes its DaemonSet selects. The pods alone would not do: the pod watch can trail the
+    DaemonSet's, and right after its pods start a pass that does not see them yet would hand
+    every node over at once (and prune the DaemonSet), leaving them all without a driver."""
+    legacy = _driver_daemonsets(daemonsets, "ClusterPolicy")
+    on = driver_pod_nodes(legacy, pods, "ClusterPolicy")
+    specs = [daemonset_pod_spec(d) for d in legacy]
+    if specs:
+        on.update(n.name for n in nodes if is_gpu_node(n) and any(should_run(s, n) for s in specs))
+    return on
+
+
 def handover_pending(
     nodes: Iterable[NodeView],
     daemonsets: Iterable[Mapping[str, Any]],
     pods: Iterable[Mapping[str, Any]],
 ) -> bool:
-    """Some node without a pool still runs the ClusterPolicy's driver: keep it there."""
-    legacy = driver_pod_nodes(daemonsets, pods, "ClusterPolicy")
+    """Some node without a pool still runs (or is to run) the ClusterPolicy's driver: keep it."""
+    nodes = tuple(nodes)
+    legacy = legacy_driver_nodes(nodes, daemonsets, pods)
     return any(n.name in legacy and POOL_LABEL not in n.labels for n in nodes)
+
+
+def _driver_daemonsets(
+    daemonsets: Iterable[Mapping[str, Any]], owner_kind: str
+) -> list[Mapping[str, Any]]:
+    return [
+        d
+        for d in daemonsets
+        if (d["metadata"].get("labels") or {}).get(COMPONENT) in DRIVER_COMPONENTS
+        and any(r.get("kind") == owner_kind for r in d["metadata"].get("ownerReferences") or ())
+    ]
 
 
 def label_patch(value: str | None) -> dict[str, object]:

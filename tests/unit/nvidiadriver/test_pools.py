@@ -8,6 +8,7 @@ from gpu_operator.controller.driver_decide import decide_drivers
 from gpu_operator.controller.plan import Observed
 from gpu_operator.controller.pools import DriverSelector, assign
 from gpu_operator.render.driver import POOL_LABEL
+from gpu_operator.views import NodeView
 from tests.unit.nvidiadriver.fleet import (
     THREE_POOLS,
     applied,
@@ -183,13 +184,56 @@ def test_clusterpolicy_keeps_its_driver_only_on_nodes_not_handed_over() -> None:
     assert {"key": POOL_LABEL, "operator": "DoesNotExist"} in terms[0]["matchExpressions"]
 
 
+def legacy_daemonset(handover: bool = False) -> dict[str, object]:
+    """The ClusterPolicy's own driver DaemonSet (ubuntu22.04) as the API server holds it:
+    rendered before the flag (``handover`` False) or while nodes are handed over."""
+    from gpu_operator.api import parse_spec
+    from gpu_operator.render import Facts, render
+
+    spec = parse_spec({"driver": {"useNvidiaDriverCRD": handover}})
+    (ds,) = [
+        o
+        for o in render(spec, Facts(driver_handover=handover))
+        if o["kind"] == "DaemonSet" and o["metadata"]["name"].startswith("nvidia-driver")
+    ]
+    owner = {"kind": "ClusterPolicy", "name": "cluster-policy", "uid": "cp", "controller": True}
+    ds["metadata"] = {**ds["metadata"], "uid": "legacy", "ownerReferences": [owner]}
+    return ds
+
+
+def deployable(nodes: list[NodeView]) -> list[NodeView]:
+    """``nodes`` with the label the operator puts on GPU nodes the driver is to run on."""
+    return [NodeView(n.name, {**n.labels, "nvidia.com/gpu.deploy.driver": "true"}) for n in nodes]
+
+
 def test_handover_is_pending_while_an_unpooled_node_runs_the_legacy_driver() -> None:
     from gpu_operator.controller.pools import handover_pending
 
-    ds = {"metadata": {"uid": "d1", "labels": {"app.kubernetes.io/component": "driver"},
-                       "ownerReferences": [{"kind": "ClusterPolicy", "uid": "cp"}]}}  # fmt: skip
-    pod = {"metadata": {"ownerReferences": [{"kind": "DaemonSet", "uid": "d1"}]},
+    ds = legacy_daemonset(handover=True)
+    a100 = {f"a100-{i}": "a100" for i in range(4)}  # the ubuntu22.04 nodes it selects
+    pod = {"metadata": {"ownerReferences": [{"kind": "DaemonSet", "uid": "legacy"}]},
            "spec": {"nodeName": "a100-0"}}  # fmt: skip
-    assert handover_pending(twelve_nodes(), [ds], [pod])
-    assert not handover_pending(twelve_nodes(**{"a100-0": "a100"}), [ds], [pod])
+    assert handover_pending(deployable(twelve_nodes()), [ds], [pod])
+    assert not handover_pending(deployable(twelve_nodes(**a100)), [ds], [pod])
+    # Its pods not seen yet (the pod watch trails): the nodes it selects still wait for it.
+    assert handover_pending(deployable(twelve_nodes(**{"a100-0": "a100"})), [ds], [])
+    # It selects no node and runs nowhere: nothing to hand over.
     assert not handover_pending(twelve_nodes(), [ds], [])
+
+
+def test_legacy_driver_nodes_unseen_by_the_pod_watch_are_handed_over_one_at_a_time() -> None:
+    """Right after the flag is set, the ClusterPolicy's driver DaemonSet is known but its pods
+    are not (the pod watch trails it): its nodes still go over one at a time, and the
+    ClusterPolicy keeps its driver for them."""
+    from gpu_operator.controller.pools import legacy_driver_nodes
+
+    nodes = deployable(twelve_nodes())
+    drivers = (driver("default", version="570.172.08", default=True),)
+    for ds in (legacy_daemonset(), legacy_daemonset(handover=True)):
+        assert legacy_driver_nodes(nodes, [ds], []) == {f"a100-{i}" for i in range(4)}
+        decision = decide_drivers(snapshot(nodes, drivers, daemonsets=[ds]), CONFIG)
+        patched = label_patches(decision)
+        assert [n for n in patched if n.startswith("a100")] == ["a100-0"]
+        assert sorted(n for n in patched if not n.startswith("a100")) == sorted(
+            n.name for n in nodes if not n.name.startswith("a100")
+        )
