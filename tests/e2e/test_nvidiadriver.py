@@ -10,11 +10,12 @@ sample is accepted unchanged and an immutable field change is refused with NVIDI
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -353,56 +354,109 @@ class DriverlessSampler:
         return self.samples
 
 
-def test_switching_the_flag_hands_nodes_over_one_at_a_time(testenv_bin_dir: Path) -> None:
+@contextlib.contextmanager
+def four_gpu_nodes(testenv_bin_dir: Path) -> Iterator[tuple[testenv.Cluster, Kube, list[str]]]:
+    """A private cluster of four GPU nodes with the operator on it (stopped on leaving)."""
     nodes = [f"gpu-{i}" for i in range(4)]
     with private_cluster(testenv_bin_dir) as cluster, cluster.api_client() as api:
         cluster.create_nodes([testenv.node_manifest(n, gpu=True) for n in nodes])
-        kube = Kube(api)
         operator = start_operator(service_account_config(cluster, NS, "gpu-operator"), NS)
         try:
-            policy = {
-                **CLUSTER_POLICY,
-                "spec": {"driver": {"version": "570.172.08"}, "dcgmExporter": {"enabled": False}},
-            }
-            kube.create(policy)
-
-            def legacy_everywhere() -> bool | NotYet:
-                pods = kube.list_objects(
-                    "Pod", NS, label_selector="app.kubernetes.io/component=driver"
-                )
-                ready = {p["spec"].get("nodeName") for p in pods if pod_ready(p)}
-                return ready == set(nodes) or NotYet({"Ready on": ready})
-
-            wait_for("the ClusterPolicy's driver on every node", legacy_everywhere, timeout=120)
-            sampler = DriverlessSampler(cluster, nodes)
-            kube.merge_patch("ClusterPolicy", "cluster-policy",
-                             {"spec": {"driver": {"useNvidiaDriverCRD": True}}})  # fmt: skip
-            default = wait_for(
-                "the default NVIDIADriver", lambda: kube.get("NVIDIADriver", "default")
-            )
-            assert default["spec"]["default"] is True
-            assert default["spec"]["version"] == "570.172.08"
-
-            def handed_over() -> bool | NotYet:
-                labels = [(kube.get("Node", n) or {})["metadata"]["labels"] for n in nodes]
-                legacy = kube.list_objects(
-                    "DaemonSet", NS, label_selector="app.kubernetes.io/component=driver"
-                )
-                if all(lab.get(POOL) == "default" for lab in labels) and not legacy:
-                    return True
-                pools = {n: lab.get(POOL) for n, lab in zip(nodes, labels, strict=True)}
-                return NotYet({POOL: pools, "legacy": [d["metadata"]["name"] for d in legacy]})
-
-            def new_driver_everywhere() -> bool | NotYet:
-                ready = {p["spec"].get("nodeName") for p in driver_pods(kube) if pod_ready(p)}
-                return ready == set(nodes) or NotYet({"Ready on": ready})
-
-            wait_for("every node handed over, the old driver pruned", handed_over, timeout=180)
-            pods = wait_for("a new driver pod Ready on every node", new_driver_everywhere)
-            assert pods
-            samples = sampler.stop()
+            yield cluster, Kube(api), nodes
         finally:
             operator.stop()
+
+
+def driver_ready_on(kube: Kube, component: str, nodes: list[str]) -> Callable[[], bool | NotYet]:
+    """Whether a driver pod of ``component`` (the ClusterPolicy's ``driver``, the pools'
+    ``nvidia-driver``) is Ready on every one of ``nodes``."""
+
+    def check() -> bool | NotYet:
+        selector = f"app.kubernetes.io/component={component}"
+        pods = kube.list_objects("Pod", NS, label_selector=selector)
+        ready = {p["spec"].get("nodeName") for p in pods if pod_ready(p)}
+        return ready == set(nodes) or NotYet({"Ready on": ready})
+
+    return check
+
+
+def test_switching_the_flag_hands_nodes_over_one_at_a_time(testenv_bin_dir: Path) -> None:
+    with four_gpu_nodes(testenv_bin_dir) as (cluster, kube, nodes):
+        spec = {"driver": {"version": "570.172.08"}, "dcgmExporter": {"enabled": False}}
+        kube.create({**CLUSTER_POLICY, "spec": spec})
+        wait_for("the ClusterPolicy's driver on every node",
+                 driver_ready_on(kube, "driver", nodes), timeout=120)  # fmt: skip
+        sampler = DriverlessSampler(cluster, nodes)
+        kube.merge_patch("ClusterPolicy", "cluster-policy",
+                         {"spec": {"driver": {"useNvidiaDriverCRD": True}}})  # fmt: skip
+        default = wait_for("the default NVIDIADriver", lambda: kube.get("NVIDIADriver", "default"))
+        assert default["spec"]["default"] is True
+        assert default["spec"]["version"] == "570.172.08"
+
+        def handed_over() -> bool | NotYet:
+            labels = [(kube.get("Node", n) or {})["metadata"]["labels"] for n in nodes]
+            legacy = kube.list_objects(
+                "DaemonSet", NS, label_selector="app.kubernetes.io/component=driver"
+            )
+            if all(lab.get(POOL) == "default" for lab in labels) and not legacy:
+                return True
+            pools = {n: lab.get(POOL) for n, lab in zip(nodes, labels, strict=True)}
+            return NotYet({POOL: pools, "legacy": [d["metadata"]["name"] for d in legacy]})
+
+        wait_for("every node handed over, the old driver pruned", handed_over, timeout=180)
+        wait_for("a new driver pod Ready on every node",
+                 driver_ready_on(kube, "nvidia-driver", nodes))  # fmt: skip
+        samples = sampler.stop()
         assert samples and max(samples) <= 1, f"{max(samples)} nodes without a driver at once"
         images = {p["spec"]["containers"][0]["image"] for p in driver_pods(kube)}
         assert images == {"nvcr.io/nvidia/driver:570.172.08-ubuntu22.04"}
+
+
+def test_turning_the_flag_off_hands_nodes_back_one_at_a_time(testenv_bin_dir: Path) -> None:
+    """The way back: the ClusterPolicy's driver takes the pools' nodes one at a time (never
+    all of them at once, as deleting the pools' DaemonSets would), the pools' DaemonSets go
+    last, and its own DaemonSet keeps the template it was created with (a changed one would
+    mark every driver pod out of date: a fleet-wide upgrade for nothing)."""
+    with four_gpu_nodes(testenv_bin_dir) as (cluster, kube, nodes):
+        driver = {"version": "570.172.08", "useNvidiaDriverCRD": True}
+        kube.create(
+            {**CLUSTER_POLICY, "spec": {"driver": driver, "dcgmExporter": {"enabled": False}}}
+        )
+        wait_for("the default NVIDIADriver's driver on every node",
+                 driver_ready_on(kube, "nvidia-driver", nodes), timeout=120)  # fmt: skip
+        sampler = DriverlessSampler(cluster, nodes)
+        kube.merge_patch("ClusterPolicy", "cluster-policy",
+                         {"spec": {"driver": {"useNvidiaDriverCRD": False}}})  # fmt: skip
+
+        def handed_back() -> bool | NotYet:
+            labels = [(kube.get("Node", n) or {})["metadata"]["labels"] for n in nodes]
+            left = {n: lab[POOL] for n, lab in zip(nodes, labels, strict=True) if POOL in lab}
+            pools = [d["metadata"]["name"] for d in driver_sets(kube)]
+            return (not left and not pools) or NotYet({POOL: left, "pools' DaemonSets": pools})
+
+        def policy_ready() -> bool | NotYet:
+            state = (kube.get("ClusterPolicy", "cluster-policy") or {}).get("status") or {}
+            return state.get("state") == "ready" or NotYet(state.get("state"))
+
+        wait_for("every node handed back, the pools' drivers pruned", handed_back, timeout=180)
+        wait_for("the ClusterPolicy's driver Ready on every node",
+                 driver_ready_on(kube, "driver", nodes))  # fmt: skip
+        wait_for("the policy ready", policy_ready)
+        samples = sampler.stop()
+        # A pass that starts after the pools' DaemonSets went (so one that sees every node
+        # out of its pool): one for a later edit that leaves the driver as it is.
+        edited = kube.merge_patch("ClusterPolicy", "cluster-policy",
+                                  {"spec": {"dcgmExporter": {"enabled": True}}})  # fmt: skip
+        generation = edited["metadata"]["generation"]
+
+        def edit_seen() -> bool | NotYet:
+            got = (kube.get("ClusterPolicy", "cluster-policy") or {}).get("status") or {}
+            return got.get("observedGeneration") == generation or NotYet(got)
+
+        wait_for("a pass for the later edit", edit_seen)
+        (legacy,) = kube.list_objects(
+            "DaemonSet", NS, label_selector="app.kubernetes.io/component=driver"
+        )
+        assert samples and max(samples) <= 1, f"{max(samples)} nodes without a driver at once"
+        assert legacy["metadata"]["generation"] == 1, "its template changed after the handback"
+        assert status(kube, "default")["state"] == "ignored"

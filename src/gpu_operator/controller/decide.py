@@ -30,7 +30,7 @@ from gpu_operator.controller.memory import Memory
 from gpu_operator.controller.nodes import NodePolicy, is_gpu_node, plan_node
 from gpu_operator.controller.notices import node_event, object_event
 from gpu_operator.controller.plan import Owner, finalizer_body, key_of, plan_changes, stamp
-from gpu_operator.controller.pools import handover_pending
+from gpu_operator.controller.pools import handback_pending, handover_pending
 from gpu_operator.controller.readiness import (
     NodeKinds,
     by_owner,
@@ -194,8 +194,10 @@ def _decide_active(
         simulate_gpus=config.simulate_gpus,
     )
     if spec.driver.use_nvidia_driver_crd:
-        pending = handover_pending(snap.nodes, snap.daemonsets, snap.pods)
-        facts = replace(facts, driver_handover=pending)
+        shared = handover_pending(snap.nodes, snap.daemonsets, snap.pods)
+    else:
+        shared = handback_pending(snap.nodes, snap.daemonsets)
+    facts = replace(facts, driver_handover=shared)
     # With useNvidiaDriverCRD each NVIDIADriver upgrades its own pool (driver_decide).
     own_driver = spec.driver.enabled and not spec.driver.use_nvidia_driver_crd
     previous = Rollout.from_status(

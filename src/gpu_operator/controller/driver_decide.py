@@ -27,8 +27,10 @@ from gpu_operator.controller.plan import Observed, Owner, plan_changes, stamp
 from gpu_operator.controller.pools import (
     Assignment,
     DriverSelector,
+    HandBack,
     assign,
     driver_pod_nodes,
+    hand_back,
     label_patch,
     legacy_driver_nodes,
 )
@@ -97,9 +99,15 @@ class DriverDecision:
 def decide_drivers(snap: DriverSnapshot, config: OperatorConfig) -> DriverDecision:
     base = snap.base
     drivers = [d for d in snap.drivers if not d["metadata"].get("deletionTimestamp")]
-    policy = _active_spec(base)
-    if policy is None or not policy.driver.use_nvidia_driver_crd:
-        return _ignored(snap, drivers, config)
+    active = _active_policy(base)
+    if active is None:
+        return _ignored(snap, drivers, config, None)
+    try:
+        policy = parse_spec(active.get("spec"))
+    except PolicyError:
+        return DriverDecision()  # its status says what is wrong; nothing moves until it is fixed
+    if not policy.driver.use_nvidia_driver_crd:
+        return _ignored(snap, drivers, config, policy)
     if not snap.drivers:
         return DriverDecision((Stage((Create(default_driver(policy)),)),))
 
@@ -208,29 +216,33 @@ def decide_drivers(snap: DriverSnapshot, config: OperatorConfig) -> DriverDecisi
     )
 
 
-def _active_spec(base: Snapshot) -> ClusterPolicySpec | None:
+def _active_policy(base: Snapshot) -> Mapping[str, Any] | None:
     name = active_policy(base.policies)
-    active = next((p for p in base.policies if p["metadata"]["name"] == name), None)
-    if active is None:
-        return None
-    try:
-        return parse_spec(active.get("spec"))
-    except PolicyError:
-        return None
+    return next((p for p in base.policies if p["metadata"]["name"] == name), None)
 
 
 def _ignored(
-    snap: DriverSnapshot, drivers: Sequence[Mapping[str, Any]], config: OperatorConfig
+    snap: DriverSnapshot,
+    drivers: Sequence[Mapping[str, Any]],
+    config: OperatorConfig,
+    policy: ClusterPolicySpec | None,
 ) -> DriverDecision:
-    """Without the flag the ClusterPolicy drives every node: NVIDIADrivers own nothing."""
-    prunes = Stage(tuple(Prune(o.key) for o in snap.managed))
+    """Without the flag the ClusterPolicy drives every node: NVIDIADrivers own nothing once
+    its driver has taken their nodes back (:func:`hand_back`; at once when it has no driver)."""
+    base = snap.base
+    if policy is not None and policy.driver.enabled:
+        slots = max(1, Policy.from_spec(policy.driver.upgrade_policy).max_parallel_upgrades)
+        back = hand_back(base.nodes, base.daemonsets, base.pods, slots)
+    else:
+        back = HandBack({n.name: None for n in base.nodes if POOL_LABEL in n.labels})
     labels = Stage(
-        tuple(
-            Patch("Node", n.name, label_patch(None), "labels")
-            for n in snap.base.nodes
-            if POOL_LABEL in n.labels
-        )
+        tuple(Patch("Node", n, label_patch(None), "labels") for n in sorted(back.label_patches))
     )
+    prunes = Stage(tuple(Prune(o.key) for o in snap.managed) if back.released else ())
+    message = ("the ClusterPolicy does not set driver.useNvidiaDriverCRD: true; its own driver "
+               "section applies")  # fmt: skip
+    if back.in_pools:
+        message += f" (its driver is taking the nodes back: {len(back.in_pools)} still in a pool)"
     status: list[Action] = []
     for driver in drivers:
         new = {
@@ -239,14 +251,13 @@ def _ignored(
             "conditions": _conditions(
                 driver,
                 snap.base.stamp,
-                ready=("False", "Ignored", "the ClusterPolicy does not set "
-                       "driver.useNvidiaDriverCRD: true; its own driver section applies"),
+                ready=("False", "Ignored", message),
                 error=None,
                 selection=None,
             ),
-        }  # fmt: skip
+        }
         status += _status_actions(driver, new, snap.base.stamp, config)
-    return DriverDecision(tuple(s for s in (prunes, labels, Stage(tuple(status))) if s.actions))
+    return DriverDecision(tuple(s for s in (labels, prunes, Stage(tuple(status))) if s.actions))
 
 
 def default_driver(policy: ClusterPolicySpec) -> dict[str, Any]:

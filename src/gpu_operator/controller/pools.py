@@ -10,7 +10,10 @@ DaemonSet selects on that label, so a node's pool changes by one label write, an
 controller moves the driver pod. A node that runs the ClusterPolicy's own driver is handed
 over a few at a time (``handover``): its pool label is written only while fewer than that many
 handed-over nodes wait for their new driver pod to be Ready, so no node is driverless for
-longer than one driver restart, as in an upgrade step.
+longer than one driver restart, as in an upgrade step. Without the flag the ClusterPolicy's
+driver takes the nodes back the same way (``hand_back``): a pool label is removed only while
+fewer than that many nodes wait for its pod to be Ready, and the NVIDIADrivers' DaemonSets go
+once no node is left in a pool.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from gpu_operator.controller.readiness import daemonset_pod_spec, should_run
 from gpu_operator.labels import COMPONENT
 from gpu_operator.render.driver import POOL_LABEL
 from gpu_operator.upgrade.fleet import DRIVER_COMPONENTS
-from gpu_operator.views import NodeView, daemonset_owners
+from gpu_operator.views import NodeView, daemonset_owners, pod_ready
 
 
 @dataclass(frozen=True)
@@ -132,10 +135,11 @@ def legacy_driver_nodes(
     DaemonSet's, and right after its pods start a pass that does not see them yet would hand
     every node over at once (and prune the DaemonSet), leaving them all without a driver."""
     legacy = _driver_daemonsets(daemonsets, "ClusterPolicy")
+    if not legacy:  # (none once handed over: no pod or node is looked at then)
+        return set()
     on = driver_pod_nodes(legacy, pods, "ClusterPolicy")
     specs = [daemonset_pod_spec(d) for d in legacy]
-    if specs:
-        on.update(n.name for n in nodes if is_gpu_node(n) and any(should_run(s, n) for s in specs))
+    on.update(n.name for n in nodes if is_gpu_node(n) and any(should_run(s, n) for s in specs))
     return on
 
 
@@ -148,6 +152,98 @@ def handover_pending(
     nodes = tuple(nodes)
     legacy = legacy_driver_nodes(nodes, daemonsets, pods)
     return any(n.name in legacy and POOL_LABEL not in n.labels for n in nodes)
+
+
+@dataclass(frozen=True)
+class HandBack:
+    """Without the flag: the pool labels to remove now, and the nodes a pool's driver may
+    still be on (the pools' DaemonSets go once there are none: ``released``)."""
+
+    label_patches: Mapping[str, None]
+    in_pools: tuple[str, ...] = ()
+    released: bool = True
+
+
+def hand_back(
+    nodes: Sequence[NodeView],
+    daemonsets: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+    slots: int,
+) -> HandBack:
+    """The ClusterPolicy's driver takes pooled nodes back ``slots`` at a time.
+
+    A node in a pool runs that pool's driver until its label goes; then the ClusterPolicy's
+    driver starts there. A label goes while fewer than ``slots`` nodes its DaemonSet selects
+    wait for its pod to be Ready, and not before that DaemonSet exists (it keeps off pooled
+    nodes: :func:`handback_pending`). A node in no pool (``""``), or no longer a GPU node, runs
+    no pool's driver: its label goes at once. The watches may trail the writes (a node's new
+    label, a pool's pods): a node where a pool's pod is seen counts as in a pool, and a node that
+    looks unpooled but has no Ready driver of the ClusterPolicy's takes a slot.
+    """
+    pooled = sorted((n for n in nodes if POOL_LABEL in n.labels), key=lambda n: n.name)
+    patches: dict[str, None] = {}
+    held: list[NodeView] = []
+    for node in pooled:
+        if node.labels[POOL_LABEL] and is_gpu_node(node):
+            held.append(node)
+        else:
+            patches[node.name] = None
+    on = {n.name for n in held}
+    pools = _driver_daemonsets(daemonsets, "NVIDIADriver")
+    if pools:  # (none once handed back: no pod is looked at then)
+        live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+        on |= driver_pod_nodes(pools, live, "NVIDIADriver")
+    in_pools = tuple(sorted(on))
+    released = not in_pools and not any(_schedules(d) for d in pools)
+    legacy = _driver_daemonsets(daemonsets, "ClusterPolicy")
+    if not held or not legacy:
+        return HandBack(patches, in_pools, released)
+    specs = [daemonset_pod_spec(d) for d in legacy]
+    ready = driver_pod_nodes(legacy, [p for p in pods if pod_ready(p)], "ClusterPolicy")
+    busy = sum(
+        1
+        for n in nodes
+        if POOL_LABEL not in n.labels
+        and n.name not in ready
+        and is_gpu_node(n)
+        and any(should_run(s, n) for s in specs)
+    )
+    for node in held[: max(0, slots - busy)]:
+        patches[node.name] = None
+    return HandBack(patches, in_pools, released)
+
+
+def handback_pending(nodes: Iterable[NodeView], daemonsets: Sequence[Mapping[str, Any]]) -> bool:
+    """Without the flag, whether the ClusterPolicy's driver keeps off pooled nodes. Its
+    DaemonSet's template is left as it is: a changed one would mark every driver pod out of
+    date, a fleet-wide upgrade that changes nothing (so a DaemonSet made during a handback
+    keeps off pools for good, and a stray pool label never adds the term). A new DaemonSet
+    keeps off pools while some node is in one or some pool's DaemonSet is there (the node
+    watch may not show a label written a moment ago)."""
+    legacy = _driver_daemonsets(daemonsets, "ClusterPolicy")
+    if legacy:
+        return any(_keeps_off_pools(d) for d in legacy)
+    return any(n.labels.get(POOL_LABEL) for n in nodes) or bool(
+        _driver_daemonsets(daemonsets, "NVIDIADriver")
+    )
+
+
+def _schedules(ds: Mapping[str, Any]) -> bool:
+    """A DaemonSet whose controller counts nodes it runs on, or should."""
+    status = ds.get("status") or {}
+    return any(
+        int(status.get(k) or 0) for k in ("currentNumberScheduled", "desiredNumberScheduled")
+    )
+
+
+def _keeps_off_pools(ds: Mapping[str, Any]) -> bool:
+    affinity = (daemonset_pod_spec(ds).get("affinity") or {}).get("nodeAffinity") or {}
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    return any(
+        e.get("key") == POOL_LABEL and e.get("operator") == "DoesNotExist"
+        for term in required.get("nodeSelectorTerms") or ()
+        for e in term.get("matchExpressions") or ()
+    )
 
 
 def _driver_daemonsets(

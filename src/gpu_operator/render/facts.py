@@ -87,8 +87,9 @@ class Facts:
     # Explicitly simulated GPUs (a GPU_OPERATOR_SIMULATE value, e.g. ``a100-40gb:8``): the
     # project's agents are told to use simulated NVML. None (the default) on real clusters.
     simulate_gpus: str | None = None
-    # With driver.useNvidiaDriverCRD: some GPU node has no NVIDIADriver pool yet, so the
-    # ClusterPolicy's driver stays there (and only there) until it is handed over.
+    # The ClusterPolicy's driver shares the nodes with NVIDIADriver pools and keeps to nodes
+    # without a pool label: with driver.useNvidiaDriverCRD, while some are still to be handed
+    # over to a pool; without it, while pools give nodes back (and after, see handback_pending).
     driver_handover: bool = False
     # ConfigMap name -> its keys (file names), for config mounted one file each.
     configmap_keys: tuple[tuple[str, tuple[str, ...]], ...] = ()

@@ -94,7 +94,7 @@ class DriverValues:
     startup_probe: Mapping[str, Any]  # the spec's timings over NVIDIA's
     liveness_probe: Mapping[str, Any] | None
     readiness_probe: Mapping[str, Any] | None
-    handover: bool  # NVIDIADriver CRs take over: only nodes without a driver pool
+    handover: bool  # NVIDIADriver pools hold some nodes: only nodes without a pool label
 
 
 @dataclass(frozen=True)
@@ -313,7 +313,7 @@ def driver_values(policy: ClusterPolicySpec, facts: Facts, comp: ComponentDef) -
         },
         liveness_probe=driver.liveness_probe.to_wire() if driver.liveness_probe else None,
         readiness_probe=driver.readiness_probe.to_wire() if driver.readiness_probe else None,
-        handover=bool(driver.use_nvidia_driver_crd),
+        handover=facts.driver_handover,
     )
 
 

@@ -15,6 +15,7 @@ from tests.unit.nvidiadriver.fleet import (
     driver,
     node,
     policy,
+    running,
     snapshot,
     twelve_nodes,
 )
@@ -119,14 +120,75 @@ def test_flag_on_and_no_nvidiadriver_creates_default_from_the_clusterpolicy() ->
     assert spec["repoConfig"] == {"name": "repos"} and spec["rdma"] == {"enabled": True}
 
 
-def test_flag_off_ignores_drivers_and_releases_everything() -> None:
-    cp = policy(useNvidiaDriverCRD=False)
-    nodes = twelve_nodes(**{"a100-0": "a100"})
+def test_flag_off_without_a_driver_of_its_own_releases_everything_at_once() -> None:
+    cp = policy(useNvidiaDriverCRD=False, enabled=False)
+    nodes = twelve_nodes(**{"a100-0": "a100", "a100-1": "a100"})
     managed = (Observed(("DaemonSet", "gpu-operator", "nvidia-gpu-driver-ubuntu22.04-x"), "h", 1),)
     decision = decide_drivers(snapshot(nodes, cluster_policy=cp, managed=managed), CONFIG)
     assert [a.key for a in decision.actions if isinstance(a, Prune)] == [managed[0].key]
-    assert label_patches(decision) == {"a100-0": None}
+    assert label_patches(decision) == {"a100-0": None, "a100-1": None}
     assert status_of(decision, "a100")["state"] == "ignored"
+
+
+def test_flag_off_hands_nodes_back_to_the_clusterpolicy_driver_one_at_a_time() -> None:
+    """Turning the flag off: the ClusterPolicy's driver takes the pools' nodes back as fast as
+    its pods get Ready (maxParallelUpgrades at a time), and the pools' DaemonSets go last."""
+    a100 = [f"a100-{i}" for i in range(4)]
+    managed = (Observed(("DaemonSet", "gpu-operator", "nvidia-gpu-driver-ubuntu22.04-x"), "h", 1),)
+
+    def decide(pools: dict[str, str], *, legacy: bool = True, ready: tuple[str, ...] = (),
+               parallel: int = 1) -> object:  # fmt: skip
+        ds = legacy_daemonset(handover=True)
+        cp = policy(useNvidiaDriverCRD=False, upgradePolicy={"maxParallelUpgrades": parallel})
+        snap = snapshot(deployable(twelve_nodes(**pools)), cluster_policy=cp, managed=managed,
+                        daemonsets=[ds] if legacy else [],
+                        pods=running(ds, list(ready), "r1") if legacy else [])  # fmt: skip
+        return decide_drivers(snap, CONFIG)
+
+    everywhere = {n: "a100" for n in a100} | {"t4-0": ""}
+    # Its DaemonSet not there yet: only the node in no pool is released.
+    first = decide(everywhere, legacy=False)
+    assert label_patches(first) == {"t4-0": None}
+    assert not [a for a in first.actions if isinstance(a, Prune)]  # type: ignore[attr-defined]
+    ready = status_of(first, "a100")["conditions"]
+    assert "4 still in a pool" in next(c for c in ready if c["type"] == "Ready")["message"]  # type: ignore[index,union-attr]
+    # Then one node at a time, each once its new pod is Ready.
+    assert label_patches(decide(everywhere)) == {"a100-0": None, "t4-0": None}
+    rest = {n: "a100" for n in a100[1:]}
+    assert label_patches(decide(rest)) == {}
+    assert label_patches(decide(rest, ready=("a100-0",))) == {"a100-1": None}
+    assert label_patches(decide(rest, parallel=2)) == {"a100-1": None}
+    assert label_patches(decide({"a100-3": "a100"}, ready=("a100-0", "a100-1", "a100-2"))) == {
+        "a100-3": None
+    }
+    # The pools' objects go once a pass sees no node left in one.
+    assert not [a for a in decide({"a100-3": "a100"}, ready=tuple(a100[:3])).actions  # type: ignore[attr-defined]
+                if isinstance(a, Prune)]  # fmt: skip
+    last = decide({}, ready=tuple(a100))
+    assert [a.key for a in last.actions if isinstance(a, Prune)] == [managed[0].key]  # type: ignore[attr-defined]
+
+
+def test_clusterpolicy_driver_keeps_off_pooled_nodes_without_the_flag() -> None:
+    from gpu_operator.controller.pools import handback_pending
+
+    plain = legacy_daemonset()
+    # Made while a node is still in a pool: it keeps off pooled nodes.
+    assert handback_pending(twelve_nodes(**{"a100-0": "a100"}), [])
+    assert not handback_pending(twelve_nodes(**{"a100-0": ""}), [])  # no pool's driver there
+    assert not handback_pending(twelve_nodes(), [])
+    # Once made, its template stays as it is, whichever way that was.
+    assert handback_pending(twelve_nodes(), [legacy_daemonset(handover=True)])
+    assert not handback_pending(twelve_nodes(**{"a100-0": "a100"}), [plain])
+
+
+def test_an_invalid_clusterpolicy_moves_no_driver() -> None:
+    """A ClusterPolicy its status reports invalid is not one without the flag: no node leaves
+    its pool and no pool's driver is pruned until it is fixed."""
+    cp = policy(upgradePolicy={"maxParallelUpgrades": -1})
+    nodes = twelve_nodes(**{"a100-0": "a100"})
+    managed = (Observed(("DaemonSet", "gpu-operator", "nvidia-gpu-driver-ubuntu22.04-x"), "h", 1),)
+    decision = decide_drivers(snapshot(nodes, cluster_policy=cp, managed=managed), CONFIG)
+    assert decision.actions == []
 
 
 def test_invalid_driver_is_reported_and_renders_nothing() -> None:
@@ -182,6 +244,15 @@ def test_clusterpolicy_keeps_its_driver_only_on_nodes_not_handed_over() -> None:
     affinity = legacy["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
     terms = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert {"key": POOL_LABEL, "operator": "DoesNotExist"} in terms[0]["matchExpressions"]
+    # Without the flag it keeps off pooled nodes only while they are handed back.
+    back = legacy_daemonset(handover=False)
+    spec_off = parse_spec({"driver": {"useNvidiaDriverCRD": False}})
+    (during,) = [o for o in render(spec_off, Facts(driver_handover=True))
+                 if o["metadata"]["name"] == back["metadata"]["name"]]  # fmt: skip
+    terms = during["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]  # fmt: skip
+    assert {"key": POOL_LABEL, "operator": "DoesNotExist"} in terms[0]["matchExpressions"]
+    assert "driver-pool" not in str(back["spec"]["template"]["spec"]["affinity"])
 
 
 def legacy_daemonset(handover: bool = False) -> dict[str, object]:
@@ -237,3 +308,34 @@ def test_legacy_driver_nodes_unseen_by_the_pod_watch_are_handed_over_one_at_a_ti
         assert sorted(n for n in patched if not n.startswith("a100")) == sorted(
             n.name for n in nodes if not n.name.startswith("a100")
         )
+
+
+def test_flag_off_right_after_the_pools_formed_waits_for_the_watches() -> None:
+    """The flag turned off a moment after the nodes joined their pools: the node watch does
+    not show the labels yet. The pools' driver is still on the nodes (its pods, its DaemonSet's
+    count say so), so nothing is pruned, and the ClusterPolicy's driver keeps off pooled nodes."""
+    from gpu_operator.controller.pools import handback_pending
+
+    nodes = deployable(twelve_nodes())  # their pool labels not seen yet
+    pool_ds = {
+        "metadata": {"name": "nvidia-gpu-driver-ubuntu22.04-x", "namespace": "gpu-operator",
+                     "uid": "pool", "labels": {"app.kubernetes.io/component": "nvidia-driver"},
+                     "ownerReferences": [{"kind": "NVIDIADriver", "uid": "uid-a100"}]},
+        "spec": {"template": {"metadata": {"labels": {}}}},
+        "status": {"desiredNumberScheduled": 4, "currentNumberScheduled": 4},
+    }  # fmt: skip
+    assert handback_pending(nodes, [pool_ds])
+    managed = (Observed(("DaemonSet", "gpu-operator", pool_ds["metadata"]["name"]), "h", 1),)
+    cp = policy(useNvidiaDriverCRD=False)
+    legacy = legacy_daemonset(handover=True)
+    pods = running(pool_ds, [f"a100-{i}" for i in range(4)], "p1")
+    for seen in (pods, []):  # its pods seen, or only its DaemonSet's count
+        snap = snapshot(nodes, cluster_policy=cp, managed=managed,
+                        daemonsets=[legacy, pool_ds], pods=seen)  # fmt: skip
+        decision = decide_drivers(snap, CONFIG)
+        assert not [a for a in decision.actions if isinstance(a, Prune)]
+    gone = {**pool_ds, "status": {"desiredNumberScheduled": 0, "currentNumberScheduled": 0}}
+    snap = snapshot(nodes, cluster_policy=cp, managed=managed, daemonsets=[legacy, gone])
+    assert [a.key for a in decide_drivers(snap, CONFIG).actions if isinstance(a, Prune)] == [
+        managed[0].key
+    ]
