@@ -380,6 +380,15 @@ def driver_ready_on(kube: Kube, component: str, nodes: list[str]) -> Callable[[]
     return check
 
 
+def default_pool_everywhere(kube: Kube, nodes: list[str]) -> None:
+    """A ClusterPolicy with the flag set from the start: every node in ``default``, its
+    driver Ready."""
+    driver = {"version": "570.172.08", "useNvidiaDriverCRD": True}
+    kube.create({**CLUSTER_POLICY, "spec": {"driver": driver, "dcgmExporter": {"enabled": False}}})
+    wait_for("the default NVIDIADriver's driver on every node",
+             driver_ready_on(kube, "nvidia-driver", nodes), timeout=120)  # fmt: skip
+
+
 def test_switching_the_flag_hands_nodes_over_one_at_a_time(testenv_bin_dir: Path) -> None:
     with four_gpu_nodes(testenv_bin_dir) as (cluster, kube, nodes):
         spec = {"driver": {"version": "570.172.08"}, "dcgmExporter": {"enabled": False}}
@@ -418,12 +427,7 @@ def test_turning_the_flag_off_hands_nodes_back_one_at_a_time(testenv_bin_dir: Pa
     last, and its own DaemonSet keeps the template it was created with (a changed one would
     mark every driver pod out of date: a fleet-wide upgrade for nothing)."""
     with four_gpu_nodes(testenv_bin_dir) as (cluster, kube, nodes):
-        driver = {"version": "570.172.08", "useNvidiaDriverCRD": True}
-        kube.create(
-            {**CLUSTER_POLICY, "spec": {"driver": driver, "dcgmExporter": {"enabled": False}}}
-        )
-        wait_for("the default NVIDIADriver's driver on every node",
-                 driver_ready_on(kube, "nvidia-driver", nodes), timeout=120)  # fmt: skip
+        default_pool_everywhere(kube, nodes)
         sampler = DriverlessSampler(cluster, nodes)
         kube.merge_patch("ClusterPolicy", "cluster-policy",
                          {"spec": {"driver": {"useNvidiaDriverCRD": False}}})  # fmt: skip
@@ -460,3 +464,29 @@ def test_turning_the_flag_off_hands_nodes_back_one_at_a_time(testenv_bin_dir: Pa
         assert samples and max(samples) <= 1, f"{max(samples)} nodes without a driver at once"
         assert legacy["metadata"]["generation"] == 1, "its template changed after the handback"
         assert status(kube, "default")["state"] == "ignored"
+
+
+def test_a_new_pool_takes_its_nodes_from_default_one_at_a_time(testenv_bin_dir: Path) -> None:
+    """An NVIDIADriver created to split ``default``: each node runs default's driver until it
+    moves, so the nodes move one at a time (the new pool's maxParallelUpgrades), never all
+    their drivers restarting together."""
+    with four_gpu_nodes(testenv_bin_dir) as (cluster, kube, nodes):
+        default_pool_everywhere(kube, nodes)
+        sampler = DriverlessSampler(cluster, nodes)
+        kube.create(nvidiadriver("amd64", "580.95.05", {"kubernetes.io/arch": "amd64"}))
+
+        def moved() -> bool | NotYet:
+            labels = [(kube.get("Node", n) or {})["metadata"]["labels"] for n in nodes]
+            pools = {n: lab.get(POOL) for n, lab in zip(nodes, labels, strict=True)}
+            new = {
+                p["spec"].get("nodeName")
+                for p in driver_pods(kube)
+                if pod_ready(p) and "580.95.05" in p["spec"]["containers"][0]["image"]
+            }
+            if set(pools.values()) == {"amd64"} and new == set(nodes):
+                return True
+            return NotYet({POOL: pools, "new driver Ready on": new})
+
+        wait_for("every node in the new pool, its driver Ready", moved, timeout=180)
+        samples = sampler.stop()
+        assert samples and max(samples) <= 1, f"{max(samples)} nodes without a driver at once"

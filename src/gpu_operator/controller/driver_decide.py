@@ -29,10 +29,12 @@ from gpu_operator.controller.pools import (
     DriverSelector,
     HandBack,
     assign,
-    driver_pod_nodes,
     hand_back,
     label_patch,
     legacy_driver_nodes,
+    pool_driver_ready,
+    pools_with_driver,
+    seen_in_pools,
 )
 from gpu_operator.controller.readiness import by_owner, daemonset_readiness
 from gpu_operator.controller.rollout_stage import (
@@ -58,7 +60,6 @@ from gpu_operator.upgrade import Policy, UpgradePlan, fleet_from_objects, plan
 from gpu_operator.upgrade.canary import CanaryPolicy, Rollout, RolloutDecision, decide_rollout
 from gpu_operator.upgrade.model import scaled_max_unavailable
 from gpu_operator.upgrade.planner import progress
-from gpu_operator.views import pod_ready
 
 EVENT_SOURCE = "gpu-operator"
 DRIVER_KINDS = frozenset(
@@ -118,7 +119,7 @@ def decide_drivers(snap: DriverSnapshot, config: OperatorConfig) -> DriverDecisi
             specs[driver["metadata"]["name"]] = parse_driver_spec(driver.get("spec"))
         except PolicyError as err:
             problems[driver["metadata"]["name"]] = err.problems
-    gpu_nodes = [n for n in base.nodes if is_gpu_node(n)]
+    gpu_nodes = seen_in_pools((n for n in base.nodes if is_gpu_node(n)), base.daemonsets, base.pods)
     selectors = [
         DriverSelector(
             name,
@@ -132,7 +133,8 @@ def decide_drivers(snap: DriverSnapshot, config: OperatorConfig) -> DriverDecisi
         gpu_nodes,
         selectors,
         legacy_driver_nodes=legacy_driver_nodes(base.nodes, base.daemonsets, base.pods),
-        new_driver_ready=_driver_ready_nodes(base),
+        new_driver_ready=pool_driver_ready(gpu_nodes, base.daemonsets, base.pods),
+        pools_with_driver=pools_with_driver(base.daemonsets),
     )
     by_name = {d["metadata"]["name"]: d for d in drivers}
     desired: list[dict[str, Any]] = []
@@ -153,7 +155,10 @@ def decide_drivers(snap: DriverSnapshot, config: OperatorConfig) -> DriverDecisi
         unpooled.pop(name, None)
         problems.pop(name, None)
         out: list[dict[str, Any]] = []
-        for node_name in assignment.nodes_of(name):
+        # Its nodes, and those still on their way out of it: its driver stays there until they
+        # have moved (deleting its DaemonSet would take every one of them down at once).
+        leaving = (n for n, v in nodes.items() if v.labels.get(POOL_LABEL) == name)
+        for node_name in sorted({*assignment.nodes_of(name), *leaving}):
             pool = Pool.of_node(nodes[node_name].labels, bool(spec.use_precompiled), name)
             if pool is None:
                 unpooled.setdefault(name, []).append(node_name)
@@ -274,11 +279,6 @@ def default_driver(policy: ClusterPolicySpec) -> dict[str, Any]:
 def _pool_policy(spec: NVIDIADriverSpec, policy: ClusterPolicySpec) -> Policy:
     """The CR's own upgradePolicy; absent, the ClusterPolicy's."""
     return Policy.from_spec(spec.upgrade_policy or policy.driver.upgrade_policy)
-
-
-def _driver_ready_nodes(base: Snapshot) -> set[str]:
-    ready = [p for p in base.pods if pod_ready(p)]
-    return driver_pod_nodes(base.daemonsets, ready, api.KIND)
 
 
 def _upgrades(

@@ -15,21 +15,26 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpu_operator.api import nvidiadriver as api
-from gpu_operator.controller.actions import refused
+from gpu_operator.controller.actions import Patch, refused
 from gpu_operator.controller.clusterpolicy import URGENT_KINDS, moves_an_upgrade
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.driver_decide import DRIVER_KINDS, DriverSnapshot, decide_drivers
 from gpu_operator.controller.execute import Executor
 from gpu_operator.controller.loop import Loop, earliest
 from gpu_operator.controller.metrics import PrometheusMetrics, count_tallies
+from gpu_operator.controller.pools import with_written, written_pool
 from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.controller.watch import ObjectKey, Watched, owned_children
 from gpu_operator.events import now_iso
 from gpu_operator.kinds import KINDS
 from gpu_operator.kube import Kube
+from gpu_operator.render.driver import POOL_LABEL
 from gpu_operator.upgrade import emptying_nodes
+from gpu_operator.views import NodeView
 
 log = logging.getLogger(__name__)
+
+WRITE_SEEN_WITHIN_S = 30.0
 
 
 class NVIDIADriverController:
@@ -40,6 +45,8 @@ class NVIDIADriverController:
         self.metrics = metrics
         self.executor = Executor(kube, config.write_concurrency, metrics)
         self.loop = Loop("nvidiadriver", self.run_pass, config, metrics)
+        # Pool labels written and not yet shown by the node watch: node -> (value, when).
+        self.written: dict[str, tuple[str | None, float]] = {}
 
     def watching(self, stores: Mapping[str, Mapping[ObjectKey, Any]]) -> None:
         """Read from ``stores`` (filled: the loop may start, with a pass at once)."""
@@ -58,6 +65,18 @@ class NVIDIADriverController:
         snapshot = await self.observe()
         decision = decide_drivers(snapshot, self.config)
         outcomes = await self.executor.run(decision.stages)
+        now = time.monotonic()
+        for outcome in outcomes:
+            action = outcome.action
+            if (
+                outcome.ok
+                and isinstance(action, Patch)
+                and action.kind == "Node"
+                and isinstance(action.body, Mapping)
+            ):
+                writes, value = written_pool(action.body)
+                if writes:
+                    self.written[action.name] = (value, now)
         count_tallies(self.metrics, outcomes)
         not_done = refused(outcomes)
         if not_done:
@@ -68,7 +87,7 @@ class NVIDIADriverController:
         return earliest(decision.requeue_at, retry)
 
     async def observe(self) -> DriverSnapshot:
-        nodes = tuple(self._values("nodes"))
+        nodes = tuple(self._read_own_writes(self._values("nodes")))
         drivers = tuple(self._values("nvidiadrivers"))
         pooled = [n for n in nodes if n.labels.get("nvidia.com/gpu.driver-pool")]
         listed = await asyncio.gather(
@@ -103,6 +122,19 @@ class NVIDIADriverController:
             for cm in self._values("configmaps")
             if cm["metadata"].get("namespace") == self.config.namespace
         }
+
+    def _read_own_writes(self, nodes: list[NodeView]) -> list[NodeView]:
+        """The nodes with this loop's pool label writes that their watch does not show yet
+        (forgotten once it does, or after ``WRITE_SEEN_WITHIN_S``: a watch that far behind
+        is being re-listed)."""
+        now = time.monotonic()
+        shown = {n.name: n.labels.get(POOL_LABEL) for n in nodes}
+        self.written = {
+            name: (value, at)
+            for name, (value, at) in self.written.items()
+            if name in shown and shown[name] != value and now - at < WRITE_SEEN_WITHIN_S
+        }
+        return with_written(nodes, {name: value for name, (value, _) in self.written.items()})
 
     def _values(self, index: str) -> list[Any]:
         return list((self.indexes.get(index) or {}).values())

@@ -7,19 +7,19 @@ NVIDIADrivers gets neither (both report it); a GPU node selected by none is repo
 The decision reaches the nodes as one label, ``nvidia.com/gpu.driver-pool``: the driver's name,
 or ``""`` for a GPU node that no driver may take (conflict, or selected by none). Every driver
 DaemonSet selects on that label, so a node's pool changes by one label write, and the DaemonSet
-controller moves the driver pod. A node that runs the ClusterPolicy's own driver is handed
-over a few at a time (``handover``): its pool label is written only while fewer than that many
-handed-over nodes wait for their new driver pod to be Ready, so no node is driverless for
-longer than one driver restart, as in an upgrade step. Without the flag the ClusterPolicy's
-driver takes the nodes back the same way (``hand_back``): a pool label is removed only while
-fewer than that many nodes wait for its pod to be Ready, and the NVIDIADrivers' DaemonSets go
-once no node is left in a pool.
+controller moves the driver pod. A node that runs the ClusterPolicy's own driver, or another
+pool's, is handed over a few at a time (``handover``): its pool label is written only while
+fewer than that many handed-over nodes wait for their new driver pod to be Ready, so no node
+is driverless for longer than one driver restart, as in an upgrade step. Without the flag the
+ClusterPolicy's driver takes the nodes back the same way (``hand_back``): a pool label is
+removed only while fewer than that many nodes wait for its pod to be Ready, and the
+NVIDIADrivers' DaemonSets go once no node is left in a pool.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpu_operator.controller.nodes import is_gpu_node
@@ -64,12 +64,15 @@ def assign(
     *,
     legacy_driver_nodes: Iterable[str] = (),
     new_driver_ready: Iterable[str] = (),
+    pools_with_driver: Iterable[str] = (),
 ) -> Assignment:
     """Pools, conflicts and the label writes that move nodes towards them.
 
     ``legacy_driver_nodes``: nodes the ClusterPolicy's driver runs on
     (:func:`legacy_driver_nodes`), which must be handed over gradually; ``new_driver_ready``:
-    nodes whose NVIDIADriver pod is Ready.
+    nodes whose own pool's driver pod is Ready (:func:`pool_driver_ready`);
+    ``pools_with_driver``: pools whose driver DaemonSet is there (:func:`pools_with_driver`):
+    their nodes too move to another pool gradually.
     """
     explicit = [d for d in drivers if not d.default]
     defaults = sorted((d for d in drivers if d.default), key=lambda d: d.name)
@@ -89,6 +92,7 @@ def assign(
 
     legacy = set(legacy_driver_nodes)
     ready = set(new_driver_ready)
+    running = set(pools_with_driver)
     handover = {d.name: max(1, d.handover) for d in drivers}
     # Nodes already handed over whose new driver is not Ready yet hold a handover slot.
     busy: dict[str, int] = {}
@@ -103,7 +107,9 @@ def assign(
         current = node.labels.get(POOL_LABEL)
         if current == want:
             continue
-        if want and node.name in legacy and not current:
+        # A node with a driver (the ClusterPolicy's, or its pool's) waits its turn; one whose
+        # pool has none (its NVIDIADriver deleted) gains nothing by waiting.
+        if want and ((node.name in legacy and not current) or current in running):
             if busy.get(want, 0) >= handover.get(want, 1):
                 waiting.append(node.name)
                 continue
@@ -122,6 +128,68 @@ def driver_pod_nodes(
         str((p.get("spec") or {}).get("nodeName"))
         for p in pods
         if any(u in uids for u in daemonset_owners(p))
+    }
+
+
+def pool_driver_ready(
+    nodes: Iterable[NodeView],
+    daemonsets: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+) -> set[str]:
+    """Nodes whose own pool's driver pod is Ready: not another pool's, still there for a moment
+    after the node left it (that one would let the next node move too soon)."""
+    pool_of = _pool_of(daemonsets)
+    if not pool_of:
+        return set()
+    ready: set[tuple[str, str]] = set()
+    for pod in pods:
+        if (pod.get("metadata") or {}).get("deletionTimestamp") or not pod_ready(pod):
+            continue
+        node = str((pod.get("spec") or {}).get("nodeName"))
+        ready.update((node, pool_of[u]) for u in daemonset_owners(pod) if u in pool_of)
+    return {n.name for n in nodes if (n.name, n.labels.get(POOL_LABEL)) in ready}
+
+
+def seen_in_pools(
+    nodes: Iterable[NodeView],
+    daemonsets: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+) -> list[NodeView]:
+    """``nodes``, each one that the node watch shows in no pool but where a pool's live driver
+    pod runs given that pool's label: the label was written first, and the node watch (paced
+    at a second) can trail the pod watch. Read as unpooled, such a node would be moved at
+    once, or its pool's DaemonSet pruned under it."""
+    pool_of = _pool_of(daemonsets)
+    if not pool_of:
+        return list(nodes)
+    on: dict[str, str] = {}
+    for pod in pods:
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        for uid in daemonset_owners(pod):
+            if uid in pool_of:
+                on[str((pod.get("spec") or {}).get("nodeName"))] = pool_of[uid]
+    return [
+        replace(n, labels={**n.labels, POOL_LABEL: on[n.name]})
+        if POOL_LABEL not in n.labels and n.name in on
+        else n
+        for n in nodes
+    ]
+
+
+def pools_with_driver(daemonsets: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The NVIDIADrivers whose driver DaemonSet is there: their nodes run their driver (or are
+    about to: the pod watch may not show it yet)."""
+    return set(_pool_of(daemonsets).values())
+
+
+def _pool_of(daemonsets: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Driver DaemonSet uid -> the NVIDIADriver (pool) that owns it."""
+    return {
+        ds["metadata"]["uid"]: str(ref.get("name") or "")
+        for ds in _driver_daemonsets(daemonsets, "NVIDIADriver")
+        for ref in ds["metadata"].get("ownerReferences") or ()
+        if ref.get("kind") == "NVIDIADriver"
     }
 
 
@@ -260,3 +328,25 @@ def _driver_daemonsets(
 def label_patch(value: str | None) -> dict[str, object]:
     """The node merge patch that sets (or removes) the pool label."""
     return {"metadata": {"labels": {POOL_LABEL: value}}}
+
+
+def written_pool(patch: Mapping[str, Any]) -> tuple[bool, str | None]:
+    """Whether a node patch writes the pool label (:func:`label_patch`), and the value."""
+    labels = (patch.get("metadata") or {}).get("labels") or {}
+    return (POOL_LABEL in labels, labels.get(POOL_LABEL))
+
+
+def with_written(nodes: Iterable[NodeView], written: Mapping[str, str | None]) -> list[NodeView]:
+    """``nodes`` with the pool labels this operator wrote (None: removed) where the node watch
+    does not show them yet: the next pass must not read a node it just moved as unmoved (it
+    would move another, or prune the pool under it)."""
+    out = []
+    for node in nodes:
+        if node.name in written and node.labels.get(POOL_LABEL) != written[node.name]:
+            labels = {k: v for k, v in node.labels.items() if k != POOL_LABEL}
+            value = written[node.name]
+            if value is not None:
+                labels[POOL_LABEL] = value
+            node = replace(node, labels=labels)
+        out.append(node)
+    return out

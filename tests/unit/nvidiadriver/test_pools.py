@@ -339,3 +339,47 @@ def test_flag_off_right_after_the_pools_formed_waits_for_the_watches() -> None:
     assert [a.key for a in decide_drivers(snap, CONFIG).actions if isinstance(a, Prune)] == [
         managed[0].key
     ]
+
+
+def test_nodes_moving_between_pools_go_a_few_at_a_time() -> None:
+    """A new NVIDIADriver taking nodes from ``default`` (its selector, or an edited one): each
+    node runs default's driver until it moves, so they move like a handover, the next once the
+    last has its new pool's driver Ready, and not on the strength of the old pool's pod."""
+    from gpu_operator.controller.pools import pool_driver_ready, pools_with_driver
+
+    everything = {n.name: "default" for n in twelve_nodes()}
+    selectors = [
+        DriverSelector("default", default=True),
+        DriverSelector("a100", {"nvidia.com/gpu.product": "A100"}, handover=1),
+    ]
+    # default's DaemonSet is there (its pods maybe not seen yet): its nodes wait their turn.
+    first = assign(twelve_nodes(**everything), selectors, pools_with_driver={"default"})
+    assert first.label_patches == {"a100-0": "a100"}
+    assert sorted(first.waiting) == ["a100-1", "a100-2", "a100-3"]
+    # Nodes of a pool with no driver (its NVIDIADriver deleted) gain nothing by waiting.
+    orphans = assign(twelve_nodes(**everything), selectors)
+    assert sorted(orphans.label_patches) == [f"a100-{i}" for i in range(4)]
+
+    moved = twelve_nodes(**{**everything, "a100-0": "a100"})
+
+    def owned(pool: str) -> dict[str, object]:
+        return {"metadata": {"name": f"nvidia-gpu-driver-{pool}", "namespace": "gpu-operator",
+                             "uid": f"ds-{pool}",
+                             "labels": {"app.kubernetes.io/component": "nvidia-driver"},
+                             "ownerReferences": [{"kind": "NVIDIADriver", "name": pool}]},
+                "spec": {"template": {"metadata": {"labels": {}}}}}  # fmt: skip
+
+    sets = [owned("default"), owned("a100")]
+    old_pod = running(sets[0], ["a100-0"], "r1")  # default's pod, not gone yet
+    assert pool_driver_ready(moved, sets, old_pod) == set()
+    assert pools_with_driver(sets) == {"default", "a100"}
+    others = set(everything) - {"a100-0"}  # default's driver Ready on the rest
+    pooled = pools_with_driver(sets)
+    assert (
+        assign(moved, selectors, new_driver_ready=others, pools_with_driver=pooled).label_patches
+        == {}
+    )
+    ready = pool_driver_ready(moved, sets, running(sets[1], ["a100-0"], "r1"))
+    assert ready == {"a100-0"}
+    after = assign(moved, selectors, new_driver_ready=ready | others, pools_with_driver=pooled)
+    assert after.label_patches == {"a100-1": "a100"}
