@@ -184,7 +184,10 @@ def test_pools_conflicts_and_a_pool_upgrade(cluster: testenv.Cluster, tmp_path: 
             # Two drivers that both select the L4 node: it gets neither.
             kube.create(nvidiadriver("canary", "580.95.05", {"canary": "true"}))
             kube.create(nvidiadriver("vision", "580.95.05", {"team": "vision"}))
-            # After the NVIDIADrivers: with none, the operator would create a default one.
+            # After the operator has seen every NVIDIADriver (with none, it would create a
+            # default one; with one of the two, the shared node would join it and stay).
+            for name in ("a100", "h100", "t4", "canary", "vision"):
+                wait_for(f"{name} seen", lambda n=name: status(kube, n).get("state") == "ignored")
             kube.create(CLUSTER_POLICY)
 
             pods = wait_for("one running driver pod on each pooled node",

@@ -2,7 +2,8 @@
 
 Each NVIDIADriver selects GPU nodes by its ``nodeSelector`` (empty: every GPU node); a
 ``default: true`` NVIDIADriver takes the GPU nodes no other one selects. A node selected by two
-NVIDIADrivers gets neither (both report it); a GPU node selected by none is reported too.
+NVIDIADrivers joins neither (both report it), and one already in either stays there until the
+overlap is fixed; a GPU node selected by none is reported too.
 
 The decision reaches the nodes as one label, ``nvidia.com/gpu.driver-pool``: the driver's name,
 or ``""`` for a GPU node that no driver may take (conflict, or selected by none). Every driver
@@ -107,6 +108,8 @@ def assign(
         current = node.labels.get(POOL_LABEL)
         if current == want:
             continue
+        if current and current in conflicts.get(node.name, ()):
+            continue  # an overlap that came later: it keeps its driver while both report it
         # A node with a driver (the ClusterPolicy's, or its pool's) waits its turn; one whose
         # pool has none (its NVIDIADriver deleted) gains nothing by waiting.
         if want and ((node.name in legacy and not current) or current in running):

@@ -87,6 +87,14 @@ def test_overlap_gives_the_node_neither_and_both_report_it() -> None:
         assert error["reason"] == "NodeSelectorConflict"
     warned = {e["involvedObject"]["name"] for e in events(decision)}  # type: ignore[index]
     assert {"a100", "canary"} <= warned
+    # An overlap that comes later (a selector edited) leaves a node in its pool, its driver
+    # running, while both report it.
+    pooled = [*twelve_nodes(), node("mixed-0", "A100", "ubuntu", "22.04", canary="true",
+                                    **{POOL_LABEL: "a100"})]  # fmt: skip
+    later = decide_drivers(snapshot(pooled, drivers), CONFIG)
+    assert "mixed-0" not in label_patches(later)
+    error = next(c for c in status_of(later, "a100")["conditions"] if c["type"] == "Error")  # type: ignore[union-attr]
+    assert error["reason"] == "NodeSelectorConflict" and "mixed-0" in error["message"]
 
 
 def test_a_gpu_node_selected_by_none_is_reported() -> None:
