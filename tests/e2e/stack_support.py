@@ -181,14 +181,20 @@ def diagnose(stack: Stack) -> str:
         statuses = (pod.get("status") or {}).get("containerStatuses") or []
         states = [json.dumps(s.get("state")) for s in statuses]
         lines.append(f"{name} {pod['status'].get('phase')}: {'; '.join(states)}")
-        for c in pod["spec"]["containers"]:
+        # An init container that failed (a crash loop holds the pod in PodInitializing) says
+        # why in its last run's log; the main containers have none yet.
+        init = (pod.get("status") or {}).get("initContainerStatuses") or []
+        failed = [s["name"] for s in init if (s.get("lastState") or {}).get("terminated")]
+        wanted = [(n, True) for n in failed]
+        wanted += [(c["name"], False) for c in pod["spec"]["containers"]]
+        for container, previous in wanted:
             try:
                 tail = stack.core.read_namespaced_pod_log(
-                    name, NS, container=c["name"], tail_lines=8
+                    name, NS, container=container, tail_lines=8, previous=previous
                 )
             except k8s.ApiException as exc:
                 tail = f"(no log: {exc.reason})"
-            lines.append(f"  {c['name']}: {tail}")
+            lines.append(f"  {container}{' (last run)' if previous else ''}: {tail}")
     return "\n".join(lines)
 
 
