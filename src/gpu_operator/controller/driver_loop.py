@@ -127,6 +127,8 @@ class NVIDIADriverController:
         """The nodes with this loop's pool label writes that their watch does not show yet
         (forgotten once it does, or after ``WRITE_SEEN_WITHIN_S``: a watch that far behind
         is being re-listed)."""
+        if not self.written:  # the steady state: no pass over the fleet for it
+            return nodes
         now = time.monotonic()
         shown = {n.name: n.labels.get(POOL_LABEL) for n in nodes}
         self.written = {

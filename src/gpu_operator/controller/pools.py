@@ -162,16 +162,7 @@ def seen_in_pools(
     pod runs given that pool's label: the label was written first, and the node watch (paced
     at a second) can trail the pod watch. Read as unpooled, such a node would be moved at
     once, or its pool's DaemonSet pruned under it."""
-    pool_of = _pool_of(daemonsets)
-    if not pool_of:
-        return list(nodes)
-    on: dict[str, str] = {}
-    for pod in pods:
-        if (pod.get("metadata") or {}).get("deletionTimestamp"):
-            continue
-        for uid in daemonset_owners(pod):
-            if uid in pool_of:
-                on[str((pod.get("spec") or {}).get("nodeName"))] = pool_of[uid]
+    on = _pools_on(daemonsets, pods)
     return [
         replace(n, labels={**n.labels, POOL_LABEL: on[n.name]})
         if POOL_LABEL not in n.labels and n.name in on
@@ -184,6 +175,23 @@ def pools_with_driver(daemonsets: Iterable[Mapping[str, Any]]) -> set[str]:
     """The NVIDIADrivers whose driver DaemonSet is there: their nodes run their driver (or are
     about to: the pod watch may not show it yet)."""
     return set(_pool_of(daemonsets).values())
+
+
+def _pools_on(
+    daemonsets: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
+) -> dict[str, str]:
+    """Node -> the pool whose live (not deleting) driver pod runs there."""
+    pool_of = _pool_of(daemonsets)
+    on: dict[str, str] = {}
+    if not pool_of:  # (no pod is looked at then)
+        return on
+    for pod in pods:
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        for uid in daemonset_owners(pod):
+            if uid in pool_of:
+                on[str((pod.get("spec") or {}).get("nodeName"))] = pool_of[uid]
+    return on
 
 
 def _pool_of(daemonsets: Iterable[Mapping[str, Any]]) -> dict[str, str]:
@@ -259,12 +267,8 @@ def hand_back(
             held.append(node)
         else:
             patches[node.name] = None
-    on = {n.name for n in held}
     pools = _driver_daemonsets(daemonsets, "NVIDIADriver")
-    if pools:  # (none once handed back: no pod is looked at then)
-        live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
-        on |= driver_pod_nodes(pools, live, "NVIDIADriver")
-    in_pools = tuple(sorted(on))
+    in_pools = tuple(sorted({n.name for n in held} | set(_pools_on(pools, pods))))
     released = not in_pools and not any(_schedules(d) for d in pools)
     legacy = _driver_daemonsets(daemonsets, "ClusterPolicy")
     if not held or not legacy:
