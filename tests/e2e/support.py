@@ -104,6 +104,32 @@ def node_events(kube: Kube, node: str) -> list[dict[str, Any]]:
     return kube.list_objects("Event", None, field_selector=selector)
 
 
+def object_events(kube: Kube, kind: str, name: str = "") -> list[dict[str, Any]]:
+    """Events about the cluster-scoped ``kind`` (named ``name``, or any): the operator records
+    them in the ``default`` namespace, as kube-apiserver's own clients do."""
+    selector = f"involvedObject.kind={kind}" + (f",involvedObject.name={name}" if name else "")
+    return kube.list_objects("Event", "default", field_selector=selector)
+
+
+def events_with(
+    what: str,
+    events: Callable[[], list[dict[str, Any]]],
+    *reasons: str,
+    timeout: float = 60.0,
+) -> list[dict[str, Any]]:
+    """Wait until ``events()`` holds an Event of each of ``reasons``, and return them all.
+
+    An Event is its own write, made after the change it reports: a test that waited for the
+    change (a label, a status) must wait for the Event too, not read the Events once."""
+
+    def probe() -> list[dict[str, Any]] | NotYet:
+        found = events()
+        seen = [e["reason"] for e in found]
+        return found if all(r in seen for r in reasons) else NotYet(seen)
+
+    return wait_for(f"{what}: Events {', '.join(reasons)}", probe, timeout=timeout)
+
+
 def service_account_config(
     cluster: testenv.Cluster, namespace: str, name: str, cluster_role: str = "cluster-admin"
 ) -> k8s.Configuration:

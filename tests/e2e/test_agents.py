@@ -29,6 +29,7 @@ from tests import prerequisites
 from tests.e2e.support import (
     NotYet,
     audit_writes,
+    events_with,
     node_events,
     policy_ready,
     private_cluster,
@@ -262,8 +263,11 @@ def test_mig_change_pauses_operands_and_relabels(env: Env) -> None:
         lambda: (n := device_plugin_pods(env, MIG_A100)) == 1 or NotYet(n),
     )
 
-    reasons = [e["reason"] for e in node_events(env.kube, MIG_A100)]
-    assert reasons.count("MIGConfigPending") == 1 and "MIGConfigApplied" in reasons, reasons
+    events = events_with(
+        "the layout applied", lambda: node_events(env.kube, MIG_A100), "MIGConfigApplied"
+    )
+    reasons = [e["reason"] for e in events]
+    assert reasons.count("MIGConfigPending") == 1, reasons
 
     env.discover(MIG_A100, "a100-40gb:8")
     after = labels(env.kube, MIG_A100)
@@ -300,7 +304,14 @@ def test_non_mig_gpu_fails_with_a_reason(env: Env) -> None:
     node = wait_for("T4 node failed", failed)
     reason = node["metadata"]["annotations"]["nvidia.com/mig.config.state.reason"]
     assert "not MIG capable" in reason
-    # The same reason is on the Node's Events, found the way `kubectl describe node` finds them.
-    events = node_events(env.kube, MIG_T4)
-    assert any(e["reason"] == "MIGConfigFailed" and reason in e["message"] for e in events)
+
+    # The same reason is on the Node's Events, found the way `kubectl describe node` finds them;
+    # the Event is written after the label, so it is waited for.
+    def reported() -> bool | NotYet:
+        events = node_events(env.kube, MIG_T4)
+        if any(e["reason"] == "MIGConfigFailed" and reason in e["message"] for e in events):
+            return True
+        return NotYet([(e["reason"], e["message"]) for e in events])
+
+    wait_for("a MIGConfigFailed Event naming the reason", reported)
     assert labels(env.kube, MIG_T4)["nvidia.com/gpu.deploy.device-plugin"] == "true"

@@ -28,6 +28,8 @@ from tests.e2e.support import (
     NotYet,
     OperatorProcess,
     audit_writes,
+    events_with,
+    object_events,
     private_cluster,
     service_account_config,
     token_kubeconfig,
@@ -169,10 +171,17 @@ def test_a_failing_driver_is_rolled_back_on_its_canary_and_a_good_one_goes_canar
             }
             assert conditions["UpgradeFailed"]["status"] == "True", conditions
             assert f"node {CANARY['a']}, gate driver" in conditions["UpgradeFailed"]["message"]
-            reasons = [e["reason"] for e in _events(kube, "a")]
-            assert "UpgradeFailed" in reasons and "RolledBack" in reasons, reasons
-            samples = operator.metrics()
-            assert samples.get('gpu_operator_driver_rollout_failures_total{gate="driver"}') == 1.0
+            events_with(
+                "a rolled back",
+                partial(object_events, kube, "NVIDIADriver", "a"),
+                "UpgradeFailed",
+                "RolledBack",
+            )
+            failures = 'gpu_operator_driver_rollout_failures_total{gate="driver"}'
+            wait_for(  # counted once the UpgradeFailed Event is created
+                "the failure counted",
+                lambda: (n := operator.metrics().get(failures)) == 1.0 or NotYet(n),
+            )
 
             # Nothing outside a's canary was touched: its other nodes and their pods, pool b.
             untouched = [n for n in (*POOLS["a"], *POOLS["b"]) if n != CANARY["a"]]
@@ -216,9 +225,11 @@ def test_a_failing_driver_is_rolled_back_on_its_canary_and_a_good_one_goes_canar
                 "b's fleet followed", partial(on_version, kube, "b", POOLS["b"], GOOD), timeout=240
             )
             wait_for("b done", partial(phase_is, kube, "b", "done"), timeout=60)
-            reasons = [e["reason"] for e in _events(kube, "b")]
-            for reason in ("CanaryStarted", "CanaryUpgraded", "CanaryPassed", "UpgradeComplete"):
-                assert reason in reasons, reasons
+            events_with(
+                "b done",
+                partial(object_events, kube, "NVIDIADriver", "b"),
+                *("CanaryStarted", "CanaryUpgraded", "CanaryPassed", "UpgradeComplete"),
+            )
             assert rollout(kube, "a")["phase"] == "held"  # b's rollout left a as it was
         finally:
             operator.kill()
@@ -238,12 +249,3 @@ def _served(kube: Kube) -> bool | NotYet:
     except Exception as exc:  # 404 until the operator has installed the CRD
         return NotYet(str(exc)[:200])
     return True
-
-
-def _events(kube: Kube, name: str) -> list[dict[str, Any]]:
-    return [
-        e
-        for e in kube.list_objects("Event", "default")
-        if (e.get("involvedObject") or {}).get("kind") == "NVIDIADriver"
-        and e["involvedObject"].get("name") == name
-    ]

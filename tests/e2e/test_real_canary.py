@@ -23,7 +23,15 @@ from tests.e2e.stack_support import (
     rollout_in,
     wait_all_operands_ready,
 )
-from tests.e2e.support import OPERATOR_USER, audit_writes, policy_ready, policy_status, wait_for
+from tests.e2e.support import (
+    OPERATOR_USER,
+    audit_writes,
+    events_with,
+    object_events,
+    policy_ready,
+    policy_status,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.real_nodes, pytest.mark.timeout(1800)]
 
@@ -80,12 +88,12 @@ def test_a_driver_that_cannot_be_pulled_is_rolled_back_on_its_canary_alone(stack
             lambda: on_version(stack, nodes[0], current),
             timeout=240,
         )
-        events = [
-            e["reason"]
-            for e in kube.list_objects("Event", "default")
-            if (e.get("involvedObject") or {}).get("kind") == "ClusterPolicy"
-        ]
-        assert "UpgradeFailed" in events and "RolledBack" in events, events
+        events_with(
+            "the canary rolled back",
+            lambda: object_events(kube, "ClusterPolicy"),
+            "UpgradeFailed",
+            "RolledBack",
+        )
         # Nothing but the canary was written to: the other nodes, their driver pods.
         for name in stack.kube.list_objects("Node"):
             if name["metadata"]["name"] == nodes[0]:

@@ -24,6 +24,7 @@ from tests.e2e.support import (
     NotYet,
     OperatorProcess,
     audit_requests,
+    events_with,
     node_events,
     policy_api_served,
     policy_status,
@@ -225,8 +226,7 @@ def test_driver_upgrade_rolls_safely(cluster: testenv.Cluster, tmp_path: Path) -
         ).stdout  # fmt: skip
         assert f"{PROTECTED}  upgrade-failed" in report
         assert "7/8 done" in report
-        failure_events = node_events(kube, PROTECTED)
-        assert any(e["reason"] == "UpgradeFailed" for e in failure_events)
+        events_with("the failure recorded", lambda: node_events(kube, PROTECTED), "UpgradeFailed")
 
     # From the audit log: on each node the GPU pod was evicted before the driver pod was
     # deleted, and no driver pod was deleted twice or after its node was done (the restarted
