@@ -290,12 +290,14 @@ def test_a_lost_gpu_is_quarantined_drained_remediated_and_released_within_the_li
                 gpufaults.clear(cluster, name, 1)
             for name in STORM:
                 wait_for(f"{name} released", partial(released, kube, name), timeout=90)
-            report = subprocess.run(
-                [sys.executable, "-m", "gpu_operator", "health", "status", "--all",
-                 "--kubeconfig", str(cluster.kubeconfig)],
-                capture_output=True, text=True, check=True, timeout=60,
-            ).stdout  # fmt: skip
-            assert "GPU health remediation on: 0 unhealthy, 0/1 quarantined" in report, report
+            # The report's summary is the ClusterPolicy status, patched after the release.
+            summary = "GPU health remediation on: 0 unhealthy, 0/1 quarantined"
+            report = wait_for(
+                "the health report's summary caught up",
+                partial(_health_report, cluster, summary),
+                every=1.0,  # a CLI run each time
+            )
+            assert summary in report, report
         finally:
             operator.kill()
             if agents is not None:
@@ -328,6 +330,16 @@ def _metrics_say(operator: OperatorProcess, *, held: int, quarantined: int) -> b
     }
     got = {k: samples.get(k) for k in want}
     return got == want or NotYet(got)
+
+
+def _health_report(cluster: testenv.Cluster, line: str) -> str | NotYet:
+    """`gpu-operator health status --all` once it says ``line``; else its last lines."""
+    report = subprocess.run(
+        [sys.executable, "-m", "gpu_operator", "health", "status", "--all",
+         "--kubeconfig", str(cluster.kubeconfig)],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    return report if line in report else NotYet(report.splitlines()[-2:])
 
 
 def _names_xid_79(kube: Kube, name: str) -> bool | NotYet:

@@ -159,8 +159,17 @@ def test_helm_default_converges(env: Env) -> None:
     assert set(ds) == ENABLED_IN_HELM_DEFAULT
     assert ds["nvidia-driver-daemonset-ubuntu22.04"]["spec"]["updateStrategy"]["type"] == "OnDelete"
     # One driver DaemonSet per OS, each on its own nodes; mig-manager only on MIG-capable nodes.
-    assert ds["nvidia-driver-daemonset-ubuntu22.04"]["status"]["numberReady"] == 3
-    assert ds["nvidia-driver-daemonset-rhel9"]["status"]["numberReady"] == 1
+    # The driver's are OnDelete: `ready` counted their Ready pods itself, and their
+    # controller's numberReady is its own write, which may land after `ready`: waited for.
+    per_os = {"nvidia-driver-daemonset-ubuntu22.04": 3, "nvidia-driver-daemonset-rhel9": 1}
+
+    def drivers_counted() -> bool | NotYet:
+        now = daemonsets(env.kube)
+        got = {name: ((now.get(name) or {}).get("status") or {}).get("numberReady")
+               for name in per_os}  # fmt: skip
+        return got == per_os or NotYet({"numberReady": got})
+
+    wait_for("the driver DaemonSets' numberReady", drivers_counted)
     assert ds["nvidia-mig-manager"]["status"]["desiredNumberScheduled"] == 0
     for name in ENABLED_IN_HELM_DEFAULT - {
         "nvidia-driver-daemonset-ubuntu22.04",

@@ -76,7 +76,16 @@ def test_one_leader_acts_and_the_other_takes_over(testenv_bin_dir: Path) -> None
             assert json.loads(get(f"http://127.0.0.1:{ports[0]}/healthz"))["role"] == "leader"
             assert json.loads(get(f"http://127.0.0.1:{ports[2]}/healthz"))["role"] == "standby"
             assert "gpu_operator_leader 0.0" in get(f"http://127.0.0.1:{ports[3]}/metrics")
-            metrics = get(f"http://127.0.0.1:{ports[1]}/metrics")
+
+            def gauges_set() -> str | NotYet:
+                """The leader's metrics once the pass that wrote `ready` has set its gauges
+                (a pass sets them after its writes, the status among them)."""
+                text = get(f"http://127.0.0.1:{ports[1]}/metrics")
+                if 'gpu_operator_component_ready{component="device-plugin"} 1.0' in text:
+                    return text
+                return NotYet([line for line in text.splitlines() if "component_ready" in line])
+
+            metrics = wait_for("the leader's gauges of the ready pass", gauges_set)
             assert "gpu_operator_leader 1.0" in metrics
             assert "gpu_operator_reconcile_total" in metrics
             assert "gpu_operator_gpu_nodes 1.0" in metrics

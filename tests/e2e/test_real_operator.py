@@ -109,6 +109,13 @@ def test_deploy_runs_two_replicas_one_leader_and_converges_the_example(
             "the example ClusterPolicy ready", lambda: policy_ready(kube), timeout=600
         )
         assert status["namespace"] == NS
+        # Discovery, in its pod, labels the node: its own write, which `ready` does not wait for
+        # (its pod is Ready once it runs).
         for name in cluster.real_nodes:
-            labels = (kube.get("Node", name) or {})["metadata"]["labels"]
-            assert labels.get("nvidia.com/gpu.count") == "8", name  # discovery, in its pod
+            wait_for(f"{name} labelled by discovery", lambda n=name: _gpu_count_8(kube, n))
+
+
+def _gpu_count_8(kube: Kube, node: str) -> bool | NotYet:
+    labels = ((kube.get("Node", node) or {}).get("metadata") or {}).get("labels") or {}
+    got = labels.get("nvidia.com/gpu.count")
+    return got == "8" or NotYet({"nvidia.com/gpu.count": got})
