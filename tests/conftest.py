@@ -99,7 +99,30 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ByGroup(config, log)
 
 
+# Each group's wall span (first test's start to last test's end, setup and teardown included)
+# and the worker it ran on, for the summary: what the suite's length is made of.
+_SPANS: dict[str, list[Any]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)
+    if worker is None:
+        return  # not under xdist: one process, nothing to share out
+    span = _SPANS.setdefault(xdist_group(report.nodeid), [report.start, report.stop, worker])
+    span[0], span[1] = min(span[0], report.start), max(span[1], report.stop)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _SPANS:
+        start = min(s[0] for s in _SPANS.values())
+        longest = sorted(_SPANS.items(), key=lambda kv: kv[1][0] - kv[1][1])[: len(LONGEST_FIRST)]
+        terminalreporter.write_line(
+            "longest groups (minutes into the run it began + its length, worker): "
+            + "; ".join(
+                f"{group} {(s[0] - start) / 60:.1f}+{(s[1] - s[0]) / 60:.1f} {s[2]}"
+                for group, s in longest
+            )
+        )
     counts: Counter[str] = Counter()
     for report in terminalreporter.stats.get("skipped", []):
         longrepr = report.longrepr
