@@ -62,6 +62,7 @@ UUID = re.compile(r"\(UUID: (GPU-[0-9a-f-]+)\)")
 PROBE_BYTES = 64 * 1024 * 1024
 NO_PLUGIN = "nvidia.com/gpu.deploy.device-plugin"
 DRA_PLUGIN = "nvidia-dra-driver-kubelet-plugin"
+DRA_VALIDATOR = "nvidia-dra-validator"
 
 
 def _policy() -> dict[str, Any]:
@@ -155,11 +156,13 @@ def _operands_on(stack: Stack, root: str) -> None:
             volumes = {v["name"]: v.get("hostPath", {}).get("path") for v in pod["volumes"]}
             if volumes.get("driver-root") != root:
                 return NotYet({name: {"driver-root": volumes.get("driver-root")}})
-        dra = rolled_out(DRA_PLUGIN)
-        if not dra:
-            return dra
-        if not [p for p in pods_on(stack, DRA_PLUGIN, DRA_NODE) if ready(p)]:
-            return NotYet({"DRA plugin": phases(pods_on(stack, DRA_PLUGIN, DRA_NODE))})
+        # The DRA validator's pod Ready: its claim prepared and the claim's GPU answering.
+        for name in (DRA_PLUGIN, DRA_VALIDATOR):
+            dra = rolled_out(name)
+            if not dra:
+                return dra
+            if not [p for p in pods_on(stack, name, DRA_NODE) if ready(p)]:
+                return NotYet({name: phases(pods_on(stack, name, DRA_NODE))})
         return True
 
     try:

@@ -286,7 +286,18 @@ def validator_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]
             {
                 "name": "gpu-validation",
                 "image": facts.operator_image,
-                "args": ["agent", "validate", "--components", "cuda"],
+                # Exits 0 once the claim's GPUs answer (an init container must end); until
+                # then it says why every few seconds instead of crash-looping. Its status
+                # files are its own (nothing reads them): where the image's user may write.
+                "args": [
+                    "agent",
+                    "validate",
+                    "--components",
+                    "cuda",
+                    "--with-wait",
+                    "--output-dir",
+                    "/tmp/validations",
+                ],
                 "env": [_field_env("NODE_NAME", "spec.nodeName")],
                 "resources": {"claims": [{"name": "validation-gpu"}]},
             }

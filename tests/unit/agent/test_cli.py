@@ -211,6 +211,21 @@ def test_validate_oneshot_exit_status(tmp_path: Path) -> None:
     assert run(["agent", "validate", "--components", "driver,bogus"]) == 2
 
 
+def test_validate_says_in_one_line_when_it_cannot_write_its_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """As the DRA validator's init container did, nonroot, with /run/nvidia/validations: one
+    line naming the directory and the option, no traceback, and nothing checked."""
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    argv = ["agent", "validate", "--simulate", "l4:1", "--with-wait", "--components", "cuda"]
+    assert run([*argv, "--output-dir", str(blocked / "validations")]) == 1
+    assert "Traceback" not in capsys.readouterr().err
+    (record,) = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert f"cannot write the validation files in {blocked / 'validations'}" in record.message
+    assert "--output-dir" in record.message
+
+
 def test_exporter_reads_dcgm_exporter_kubernetes(monkeypatch: pytest.MonkeyPatch) -> None:
     """NVIDIA's env turns the pod attribution off; unset, the agent keeps it on."""
 
@@ -279,7 +294,7 @@ def test_every_nvml_command_takes_the_driver_root(
 
 
 def test_nvml_comes_from_the_driver_root_unless_simulated(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     assert run(["agent", "nvml-info", "--driver-root", str(tmp_path)]) == 1
     assert current_driver_root() == str(tmp_path)
@@ -343,7 +358,7 @@ def test_simulate_driver_actions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 
 def test_simulate_driver_install_and_uninstall(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     prerequisites.gcc()
     root = tmp_path / "driver"

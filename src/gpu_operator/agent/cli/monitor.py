@@ -65,6 +65,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if unknown:
         log.error("unknown components %s (known: %s)", unknown, ", ".join(validate.COMPONENTS))
         return 2
+    try:
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        log.error(
+            "cannot write the validation files in %s (%s): give a directory this user may "
+            "write with --output-dir (env VALIDATIONS_DIR)",
+            args.output_dir,
+            exc.strerror,
+        )
+        return 1
     read_node = None
     if "plugin" in components and node:
         api = kube.connect()
