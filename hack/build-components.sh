@@ -449,7 +449,7 @@ build_image() {
 # archive for all of them, images/standins.oci.tar.
 build_standins() {
   local py=${PYTHON:-$REPO_ROOT/.venv/bin/python} base ctx="$IMAGE_DIR/standins-context" list
-  local name entrypoint env ctr archive id envs kv stubs
+  local archive id stubs
   [ -x "$py" ] || py=python3
   base=$(operator_image_name)
   buildah_cmd inspect --type image "$base" >/dev/null 2>&1 || { log "build the image first: make image"; return 3; }
@@ -469,18 +469,16 @@ build_standins() {
   step "building the stand-ins' common image FROM $base" \
     buildah_cmd bud --quiet --layers --pull=never --isolation chroot -f "$ctx/Containerfile" \
     -t localhost/testenv/standins:latest "$ctx"
-  # One OCI layout holding every stand-in (the layers once), archived for load-image.
+  # One OCI layout holding every stand-in: the common image's layers once, and for each
+  # stand-in a config (its entrypoint, environment, title) and a manifest of its own.
   rm -rf "$ctx/layout" && mkdir -p "$ctx/layout"
-  while IFS=$'\t' read -r name entrypoint env; do
-    ctr=$(buildah_cmd from --quiet --pull=never localhost/testenv/standins:latest)
-    envs=()
-    for kv in $env; do envs+=(--env "$kv"); done
-    buildah_cmd config --cmd '[]' --entrypoint "$entrypoint" "${envs[@]}" \
-      --label org.opencontainers.image.title="SIMULATED stand-in for $name (gpu-operator testenv)" "$ctr"
-    buildah_cmd commit --quiet --rm "$ctr" "$name" >/dev/null
-    step "adding $name (SIMULATED) to $archive" \
-      buildah_cmd push --quiet --disable-compression "$name" "oci:$ctx/layout:$name"
-  done <<<"$list"
+  step "writing the stand-ins' common image to an OCI layout" \
+    buildah_cmd push --quiet --disable-compression localhost/testenv/standins:latest \
+    "oci:$ctx/layout:localhost/testenv/standins:latest"
+  printf '%s\n' "$list" >"$ctx/standins.list"
+  step "naming $(wc -l <"$ctx/standins.list") stand-ins (SIMULATED) in it" \
+    env PYTHONPATH="$REPO_ROOT/src" "$py" -m gpu_operator.testenv.ocilayout "$ctx/layout" \
+    localhost/testenv/standins:latest "$ctx/standins.list"
   tar -C "$ctx/layout" -cf "$archive.tmp" . && mv "$archive.tmp" "$archive"
   echo "$id" >"$archive.id"
   rm -rf "$ctx"

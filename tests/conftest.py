@@ -12,6 +12,7 @@ import os
 # ran a gRPC server. No test uses gRPC in a forked child.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,47 @@ def xdist_group(nodeid: str) -> str:
     if not name.startswith(REAL_NODE_MODULES):
         return module
     return REAL_NODES_OWN if name in OWN_REAL_CLUSTERS else REAL_NODES
+
+
+def _selects_real_nodes(config: pytest.Config) -> bool:
+    """Whether the run's paths hold real-node modules (the controller collects nothing: it
+    judges by the arguments)."""
+    e2e = Path(__file__).parent / "e2e"
+    for arg in config.args:
+        path = Path(arg.split("::", 1)[0]).resolve()
+        if path == e2e or path in e2e.parents:
+            return True
+        if path.parent == e2e and path.name.startswith(REAL_NODE_MODULES):
+            return True
+    return False
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The real-node tests' images (the project's and the stand-ins) start building before the
+    workers are up: a worker that asks for them waits on the build's lock, then finds them
+    current, instead of building after its cluster is up, on the suite's longest path."""
+    config = session.config
+    if hasattr(config, "workerinput") or not _selects_real_nodes(config):
+        return
+    from gpu_operator import testenv  # the testenv's dependencies: only where it is used
+
+    if testenv.realnodes.why_unavailable() is not None:
+        return  # the real-node tests say why, once
+    log = testenv.default_state_dir() / "images-prebuild.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    taken = threading.Event()
+
+    def build() -> None:
+        with log.open("w") as out:
+            try:
+                testenv.binaries.ensure_project_images(out, taken=taken)
+            except testenv.BinariesError as exc:  # a worker builds again and names its log
+                out.write(f"prebuild failed: {exc}\n")
+            finally:
+                taken.set()
+
+    threading.Thread(target=build, name="images-prebuild", daemon=True).start()
+    taken.wait(30)  # the lock is held before any worker can ask
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import IO
 
@@ -160,11 +161,13 @@ def images_dir() -> Path:
     return _cache_root() / "images"
 
 
-def ensure_project_images(log: IO[str] | None = None) -> list[Path]:
+def ensure_project_images(
+    log: IO[str] | None = None, taken: threading.Event | None = None
+) -> list[Path]:
     """Build (or find current) the project's image from its Dockerfile and the SIMULATED
     stand-ins for NVIDIA's images; return their OCI archives, for `load_image`. A warm call
     with an unchanged tree takes seconds; a changed tree rebuilds (PyPI is reached for the
-    Dockerfile's `pip wheel`)."""
+    Dockerfile's `pip wheel`). ``taken`` is set once this call holds the build's lock."""
     if build_script() is None:
         raise BinariesError("hack/build-components.sh not found (run from the checkout)")
     if shutil.which("buildah") is None:
@@ -175,6 +178,8 @@ def ensure_project_images(log: IO[str] | None = None) -> list[Path]:
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with lock_path.open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        if taken is not None:
+            taken.set()
         try:
             return [_run_script("image", log), _run_script("standins", log)]
         finally:
