@@ -172,15 +172,23 @@ def wait_advertising(stack: Stack, node: str, count: str = "8", timeout: float =
 
 
 def diagnose(stack: Stack) -> str:
-    """Why pods are not Ready: their phases, container states and log tails."""
+    """Why pods are not Ready: their phases, container states, their last Events (a pod the
+    scheduler could not place, or whose claims could not be prepared, says so only there) and
+    log tails. Pods bound to kwok nodes are left out (they have no logs, and are Ready)."""
     lines = []
     for pod in stack.kube.list_objects("Pod", NS):
-        if pod["spec"].get("nodeName") not in stack.cluster.real_nodes or ready(pod):
+        node = pod["spec"].get("nodeName")
+        if (node and node not in stack.cluster.real_nodes) or ready(pod):
             continue
         name = pod["metadata"]["name"]
         statuses = (pod.get("status") or {}).get("containerStatuses") or []
         states = [json.dumps(s.get("state")) for s in statuses]
-        lines.append(f"{name} {pod['status'].get('phase')}: {'; '.join(states)}")
+        lines.append(f"{name} on {node} {pod['status'].get('phase')}: {'; '.join(states)}")
+        about = f"involvedObject.kind=Pod,involvedObject.name={name}"
+        for event in stack.kube.list_objects("Event", NS, field_selector=about)[-6:]:
+            lines.append(f"  event {event.get('reason')}: {event.get('message')}")
+        if not node:
+            continue
         # An init container that failed (a crash loop holds the pod in PodInitializing) says
         # why in its last run's log; the main containers have none yet.
         init = (pod.get("status") or {}).get("initContainerStatuses") or []
