@@ -150,21 +150,31 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)
     if worker is None:
         return  # not under xdist: one process, nothing to share out
-    span = _SPANS.setdefault(xdist_group(report.nodeid), [report.start, report.stop, worker])
-    span[0], span[1] = min(span[0], report.start), max(span[1], report.stop)
+    group, module = xdist_group(report.nodeid), report.nodeid.split("::", 1)[0]
+    for key in {group, f"{group} > {module}"} if group != module else {group}:
+        span = _SPANS.setdefault(key, [report.start, report.stop, worker])
+        span[0], span[1] = min(span[0], report.start), max(span[1], report.stop)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if _SPANS:
         start = min(s[0] for s in _SPANS.values())
-        longest = sorted(_SPANS.items(), key=lambda kv: kv[1][0] - kv[1][1])[: len(LONGEST_FIRST)]
-        terminalreporter.write_line(
-            "longest groups (minutes into the run it began + its length, worker): "
-            + "; ".join(
-                f"{group} {(s[0] - start) / 60:.1f}+{(s[1] - s[0]) / 60:.1f} {s[2]}"
-                for group, s in longest
+
+        def spans(items: list[tuple[str, list[Any]]]) -> str:
+            return "; ".join(
+                f"{key} {(s[0] - start) / 60:.1f}+{(s[1] - s[0]) / 60:.1f} {s[2]}"
+                for key, s in sorted(items, key=lambda kv: kv[1][0] - kv[1][1])
             )
+
+        groups = [kv for kv in _SPANS.items() if " > " not in kv[0]]
+        groups = sorted(groups, key=lambda kv: kv[1][0] - kv[1][1])[: len(LONGEST_FIRST)]
+        terminalreporter.write_line(
+            "longest groups (minutes into the run it began + its length, worker): " + spans(groups)
         )
+        for group in (REAL_NODES, REAL_NODES_OWN):  # the groups of several modules
+            inside = [kv for kv in _SPANS.items() if kv[0].startswith(f"{group} > ")]
+            if inside:
+                terminalreporter.write_line(f"  {group}, by module: {spans(inside)}")
     counts: Counter[str] = Counter()
     for report in terminalreporter.stats.get("skipped", []):
         longrepr = report.longrepr
