@@ -68,6 +68,16 @@ def test_our_example_is_accepted() -> None:
             lambda d: d["spec"]["draDriver"].update(featureGates={"MPSSupport": "maybe"}),
             "MPSSupport",
         ),
+        (
+            lambda d: d["spec"]["draDriver"].update(featureGates={"MPSSupport": True, "Mps": 1}),
+            "spec.draDriver.featureGates: unknown feature gate(s) Mps",
+        ),
+        (
+            lambda d: d["spec"]["draDriver"].update(
+                featureGates={"DynamicMIG": True, "MPSSupport": True}
+            ),
+            "DynamicMIG and MPSSupport cannot both be on",
+        ),
         (lambda d: d["spec"]["dcgmExporter"].update(enabeld=True), "spec.dcgmExporter.enabeld"),
         (lambda d: d["metadata"].update(name="my-cluster"), "metadata.name"),
     ],

@@ -175,12 +175,12 @@ def test_exporter_field_by_field(ours: dict[tuple[str, str], dict[str, Any]]) ->
 
 def test_feature_gates_and_env_reach_the_plugin() -> None:
     doc = example_document()
-    doc["spec"]["draDriver"]["featureGates"] = {"MPSSupport": True, "AdminAccess": False}
+    doc["spec"]["draDriver"]["featureGates"] = {"MPSSupport": True, "DeviceMetadata": False}
     doc["spec"]["draDriver"]["gpus"] = {"kubeletPlugin": {"env": [{"name": "X", "value": "1"}]}}
     objs = render_gpucluster(parse_gpucluster(doc), FACTS)
     ds = next(o for o in objs if o["metadata"]["name"] == "nvidia-dra-driver-kubelet-plugin")
     (c,) = pod(ds)["containers"]
-    assert env(c)["FEATURE_GATES"] == "AdminAccess=false,MPSSupport=true"
+    assert env(c)["FEATURE_GATES"] == "DeviceMetadata=false,MPSSupport=true"
     assert env(c)["X"] == "1"
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
+from gpu_operator.api import dragates
 from gpu_operator.api.base import ApiModel, EnvVar, ImageRef, Resources, crd_default, drop_nulls
 from gpu_operator.api.policy import PolicyError, describe_validation_error
 from gpu_operator.api.spec import DaemonsetsSpec, DcgmExporterSpec, DcgmSpec, HostPathsSpec
@@ -70,6 +71,13 @@ class DraDriverSpec(ImageRef):
     )
     gpus: GpusSpec | None = None
     compute_domains: ComputeDomainsSpec | None = None
+
+    @field_validator("feature_gates")
+    @classmethod
+    def _known_gates(cls, gates: dict[str, bool] | None) -> dict[str, bool] | None:
+        if gates:
+            dragates.resolve(gates)  # a GateError names the gates and what to change
+        return gates
 
 
 class GPUClusterSpec(ApiModel):

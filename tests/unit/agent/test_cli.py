@@ -403,3 +403,16 @@ def test_simulate_toolkit_options(monkeypatch: pytest.MonkeyPatch) -> None:
         )
     ]
     assert current_driver_root() == "/mnt/driver"  # the CDI spec's GPUs come from there
+
+
+def test_dra_plugin_refuses_gates_nvidias_driver_refuses(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused before NVML is opened or anything published: nothing half-configured runs."""
+    monkeypatch.setenv("FEATURE_GATES", "DynamicMIG=true,MPSSupport=true")
+    assert run(["agent", "dra-plugin", "--node-name", "n1"]) == 2
+    (record,) = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert "DynamicMIG and MPSSupport cannot both be on" in record.message
+    assert "FEATURE_GATES" in record.message
+    assert run(["agent", "dra-plugin", "--node-name", "n1", "--feature-gates", "Nope=true"]) == 2
+    assert "unknown feature gate(s) Nope" in caplog.records[-1].message

@@ -23,6 +23,7 @@ from gpu_operator.agent.deviceplugin.settings import ENV_NAMES as PLUGIN_ENV
 from gpu_operator.agent.deviceplugin_config import load_device_plugin_config
 from gpu_operator.agent.nvml import Nvml, NvmlError, simulated
 from gpu_operator.agent.stopping import stop_on_signals, wait_until
+from gpu_operator.api import dragates
 
 if TYPE_CHECKING:
     from gpu_operator.agent.gpuhealth import HealthSettings
@@ -237,6 +238,11 @@ def cmd_dra_plugin(args: argparse.Namespace) -> int:
     if not node:
         log.error("dra-plugin needs the node's name: --node-name or env NODE_NAME")
         return 2
+    try:
+        gates = dragates.from_env(args.feature_gates)
+    except dragates.GateError as exc:  # refused before anything is published or served
+        log.error("%s (--feature-gates, env FEATURE_GATES)", exc)
+        return 2
     stop = stop_on_signals()
     nvml = Nvml().open()
     try:
@@ -254,6 +260,7 @@ def cmd_dra_plugin(args: argparse.Namespace) -> int:
                 ),
                 interval_s=args.interval,
                 serve_kubelet=not args.publish_only,
+                gates=gates,
             ),
             stop,
         )
@@ -293,6 +300,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--publish-only", action="store_true", help="publish slices, serve no kubelet (kwok)"
+    )
+    p.add_argument(
+        "--feature-gates",
+        default=os.environ.get("FEATURE_GATES") or "",
+        help="NVIDIA's DRA driver's gates, Name=true,Other=false (env FEATURE_GATES); an "
+        "unknown gate or a pair NVIDIA's driver refuses together stops the plugin",
     )
     p.set_defaults(func=cmd_dra_plugin)
 

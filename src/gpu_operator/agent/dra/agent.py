@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,7 @@ from gpu_operator.agent.dra.server import DraPlugin, PluginPaths
 from gpu_operator.agent.driver_cdi import HostDriver, find_host_driver
 from gpu_operator.agent.inventory import Inventory
 from gpu_operator.agent.nvml import current_driver_root
+from gpu_operator.api.dragates import Gates
 
 if TYPE_CHECKING:
     from gpu_operator.kube import Kube
@@ -103,6 +104,7 @@ class PluginOptions:
     interval_s: float = 2.0
     serve_kubelet: bool = True
     resync_s: float = 300.0  # re-read the node's slices this often even when nothing changed
+    gates: Gates = field(default_factory=Gates.defaults)  # checked; none changes behaviour yet
 
 
 def find_driver(paths: PluginPaths) -> HostDriver:
