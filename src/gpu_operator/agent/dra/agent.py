@@ -104,7 +104,7 @@ class PluginOptions:
     interval_s: float = 2.0
     serve_kubelet: bool = True
     resync_s: float = 300.0  # re-read the node's slices this often even when nothing changed
-    gates: Gates = field(default_factory=Gates.defaults)  # checked; none changes behaviour yet
+    gates: Gates = field(default_factory=Gates.defaults)  # what claims' configs may ask for
 
 
 def find_driver(paths: PluginPaths) -> HostDriver:
@@ -134,7 +134,12 @@ def run(
         return kube.get("ResourceClaim", name, namespace)
 
     plugin = DraPlugin(
-        options.node, options.paths, refs, read_claim, lambda: find_driver(options.paths)
+        options.node,
+        options.paths,
+        refs,
+        read_claim,
+        lambda: find_driver(options.paths),
+        options.gates,
     )
     if options.serve_kubelet:
         plugin.start()

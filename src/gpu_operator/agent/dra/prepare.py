@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from gpu_operator.agent.dra.devices import DRIVER, DeviceRef
 from gpu_operator.agent.driver_cdi import (
@@ -27,6 +27,9 @@ from gpu_operator.agent.driver_cdi import (
     mig_caps,
     mig_minors,
 )
+from gpu_operator.api import draconfig
+from gpu_operator.api.draconfig import DeviceConfig, GpuSharing
+from gpu_operator.api.dragates import Gates
 
 CDI_VENDOR = f"k8s.{DRIVER}"
 CDI_CLASS = "claim"  # NVIDIA's DRA driver's: k8s.gpu.nvidia.com/claim=<claim uid>-<device>
@@ -79,11 +82,69 @@ def allocated(claim: Mapping[str, Any], node: str) -> list[Mapping[str, Any]]:
     return [r for r in results if r.get("driver") == DRIVER and r.get("pool") == node]
 
 
+def device_configs(
+    claim: Mapping[str, Any],
+    results: list[Mapping[str, Any]],
+    refs: Mapping[str, DeviceRef],
+    gates: Gates,
+) -> dict[str, DeviceConfig]:
+    """Each allocated device's config, by device name, from the allocation's configs (the
+    scheduler copies the DeviceClass's, then the claim's, in NVIDIA's order of precedence).
+    A config this plugin cannot apply is refused here, before anything is written: a sharing
+    setting that would be ignored is an error, never a silently plain GPU."""
+    entries = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+        "config"
+    ) or []
+    try:
+        configs = [
+            *draconfig.defaults(gates),
+            *draconfig.claim_configs(entries, gates, "status.allocation.devices.config"),
+        ]
+        found: dict[str, DeviceConfig] = {}
+        for r in results:
+            kind: Literal["gpu", "mig"] = "mig" if refs[r["device"]].mig else "gpu"
+            config = draconfig.config_for(configs, _parent(str(r["request"])), kind)
+            _applicable(config, str(r["request"]))
+            found[r["device"]] = config
+    except draconfig.ConfigError as err:
+        raise PrepareError("; ".join(err.problems)) from None
+    return found
+
+
+def _parent(request: str) -> str:
+    """A subrequest (``gpu/large`` of ``firstAvailable``) is configured by its request's name."""
+    return request.split("/", 1)[0]
+
+
+def _applicable(config: DeviceConfig, request: str) -> None:
+    """Sharing this plugin does not set up yet is refused, not ignored."""
+    sharing = config.sharing
+    if sharing is None:
+        return
+    if sharing.strategy == draconfig.MPS:
+        raise draconfig.ConfigError(
+            [f"request {request!r}: MPS sharing is not built in this DRA plugin yet"]
+        )
+    slicing = sharing.time_slicing_config if isinstance(sharing, GpuSharing) else None
+    interval = slicing.interval if slicing else None
+    if interval not in (None, "Default"):
+        raise draconfig.ConfigError(
+            [
+                f"request {request!r}: time-slice interval {interval} is not built in this DRA "
+                "plugin yet (Default is)"
+            ]
+        )
+
+
 def prepare_claim(
-    claim: Mapping[str, Any], uid: str, node: str, refs: Mapping[str, DeviceRef]
+    claim: Mapping[str, Any],
+    uid: str,
+    node: str,
+    refs: Mapping[str, DeviceRef],
+    gates: Gates | None = None,
 ) -> tuple[PreparedDevice, ...]:
     """The devices of ``claim`` (uid ``uid``) to hand to containers; ``refs`` are this node's
-    published devices by name."""
+    published devices by name. Its configs are checked first (:func:`device_configs`)."""
     if (claim.get("metadata") or {}).get("uid") != uid:
         raise PrepareError(f"claim UID {uid} is not the claim's ({claim['metadata'].get('uid')})")
     results = allocated(claim, node)
@@ -94,6 +155,7 @@ def prepare_claim(
         if r["device"] not in refs:
             raise PrepareError(f"device {r['device']} is not on this node (any more)")
         by_device.setdefault(r["device"], []).append(str(r["request"]))
+    device_configs(claim, results, refs, gates or Gates.defaults())
     return tuple(
         PreparedDevice(
             requests=tuple(requests),

@@ -32,6 +32,7 @@ from gpu_operator.agent.dra.prepare import (
     spec_file_name,
 )
 from gpu_operator.agent.driver_cdi import HostDriver
+from gpu_operator.api.dragates import Gates
 from gpu_operator.kubelet_api.dra.v1 import api_pb2 as v1
 from gpu_operator.kubelet_api.dra.v1 import api_pb2_grpc as v1_grpc
 from gpu_operator.kubelet_api.dra.v1beta1 import api_pb2 as v1beta1
@@ -98,8 +99,10 @@ class DraPlugin:
         devices: Callable[[], Mapping[str, DeviceRef]],
         read_claim: ClaimReader,
         driver: Callable[[], HostDriver],
+        gates: Gates | None = None,
     ) -> None:
         self.node = node
+        self.gates = gates or Gates.defaults()
         self.paths = paths
         self.devices = devices
         self.read_claim = read_claim
@@ -119,7 +122,7 @@ class DraPlugin:
             claim = self.read_claim(namespace, name)
             if claim is None:
                 raise PrepareError(f"ResourceClaim {namespace}/{name} not found")
-            prepared = prepare_claim(claim, uid, self.node, self.devices())
+            prepared = prepare_claim(claim, uid, self.node, self.devices(), self.gates)
             self._write_spec(uid, prepared)
             self.checkpoint.put(uid, namespace, name, prepared)
             return prepared
