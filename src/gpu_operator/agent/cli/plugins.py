@@ -23,7 +23,6 @@ from gpu_operator.agent.deviceplugin.settings import ENV_NAMES as PLUGIN_ENV
 from gpu_operator.agent.deviceplugin_config import load_device_plugin_config
 from gpu_operator.agent.nvml import Nvml, NvmlError, simulated
 from gpu_operator.agent.stopping import stop_on_signals, wait_until
-from gpu_operator.api import dragates
 
 if TYPE_CHECKING:
     from gpu_operator.agent.gpuhealth import HealthSettings
@@ -232,6 +231,7 @@ def cmd_dra_plugin(args: argparse.Namespace) -> int:
     from gpu_operator.agent.dra import agent as dra
     from gpu_operator.agent.dra.devices import DRIVER
     from gpu_operator.agent.dra.server import PluginPaths
+    from gpu_operator.api import dragates
 
     setup(args)
     node = node_name(args)
