@@ -11,9 +11,10 @@ SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 endif
 # Tests run on JOBS pytest-xdist workers, each taking whole groups (tests/conftest.py: a module,
 # the real-node tests on the shared real-node cluster, or those starting their own); the long
-# e2e groups mostly wait on clusters, so 4 workers beat 2 cores (measured on 2 cores: 3 workers
-# kept 1.3 cores busy on average, 20.4 min; 4 kept 1.4, 18.1 min). JOBS=0 runs in this process.
-JOBS ?= 4
+# e2e groups mostly wait on clusters, so more workers than cores pay (on 2 cores: 3 workers
+# kept 1.3 cores busy, 20.4 min; 4 kept 1.4, 18.1 min; a fresh-clone .ci/run took 21.0 min on
+# 4, then 17.8 on 5 with the real-node images built sooner). JOBS=0 runs in this process.
+JOBS ?= 5
 PYTEST := $(BIN)/pytest -q -p randomly --randomly-seed=$(SEED) -n $(JOBS)
 
 .PHONY: demo test lint typecheck unit e2e testenv packages bench manifests clean image standins gpu-test

@@ -36,24 +36,23 @@ OWN_REAL_CLUSTERS = frozenset(
     }
 )
 # The longest groups, longest first, handed out before the rest (which come in the seed's
-# order): a long group left for last ran alone at the end. Minutes of each in two CI runs (2
-# cores, 4 workers) in the comments. With the first four only listed, the suite took 18.4-20.1
-# minutes over the last seven runs; replaying two runs' group times through this scheduling
-# for 200 seeds gave medians of 19.2 and 19.5 minutes and up to 22.7; with these twelve, 17.7
-# and 18.4, at most 19.2.
+# order): a long group left for last ran alone at the end. Minutes of each in a fresh-clone CI
+# run (2 cores, 5 workers) in the comments, from the summary's "longest groups" line. Replaying
+# two earlier runs' group times through this scheduling for 200 seeds gave medians of 19.2 and
+# 19.5 minutes with only the first four listed, 17.7 and 18.4 with these twelve (4 workers).
 LONGEST_FIRST = (
-    REAL_NODES,  # 15.9
-    REAL_NODES_OWN,  # 10.0
-    "tests/chaos/test_chaos_outage.py",  # 7.2
-    "tests/e2e/test_install_rbac.py",  # 6.2
-    "tests/chaos/test_chaos.py",  # 6.0
-    "tests/e2e/test_operator.py",  # 4.7
-    "tests/e2e/test_testenv_lifecycle.py",  # 2.9
-    "tests/e2e/test_helm.py",  # 1.8
-    "tests/unit/test_fuzz_policies.py",  # 1.4
-    "tests/e2e/test_health_remediation.py",  # 1.4
-    "tests/e2e/test_canary.py",  # 1.4
-    "tests/e2e/test_nvidiadriver.py",  # 1.4
+    REAL_NODES,  # 14.4
+    REAL_NODES_OWN,  # 11.0
+    "tests/chaos/test_chaos_outage.py",  # 7.8
+    "tests/e2e/test_install_rbac.py",  # 7.0
+    "tests/chaos/test_chaos.py",  # 7.6
+    "tests/e2e/test_operator.py",  # 5.0
+    "tests/e2e/test_testenv_lifecycle.py",  # 2.7
+    "tests/e2e/test_helm.py",  # 2.5
+    "tests/unit/test_fuzz_policies.py",  # 2.1
+    "tests/e2e/test_health_remediation.py",  # 2.3
+    "tests/e2e/test_canary.py",  # 1.6
+    "tests/e2e/test_nvidiadriver.py",  # 2.2
 )
 
 
