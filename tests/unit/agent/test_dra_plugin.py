@@ -4,12 +4,14 @@ kubelet's protocol: registration, prepare, unprepare, a plugin restart, prepare 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpu_operator.agent.dra import agent as dra_agent
 from gpu_operator.agent.dra import devices as dra_devices
 from gpu_operator.agent.dra.kubelet import DraClient, LocalDraKubelet
 from gpu_operator.agent.dra.prepare import CDI_KIND, spec_file_name
@@ -17,6 +19,7 @@ from gpu_operator.agent.dra.server import DraPlugin, PluginPaths
 from gpu_operator.agent.driver_cdi import HostDriver
 from gpu_operator.agent.driverroot import DeviceNodes
 from gpu_operator.agent.nvml import Nvml
+from tests.e2e.support import NotYet, wait_for
 from tests.unit.agent.conftest import Simulate
 
 NODE = "node-a"
@@ -202,3 +205,75 @@ def test_a_missing_claim_is_an_error_not_a_crash(plugin: DraPlugin, paths: Plugi
     with registered_client(paths) as kubelet:
         response = kubelet.prepare(("ns", "gone", "uid-9"))
     assert "not found" in response.claims["uid-9"].error
+
+
+class Slices:
+    """The API server's ResourceSlices for the plugin's loop: list, apply, delete."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.lists = 0
+
+    def list_objects(self, kind: str, field_selector: str = "") -> list[dict[str, Any]]:
+        assert kind == "ResourceSlice" and f"spec.nodeName={NODE}" in field_selector
+        self.lists += 1
+        return [json.loads(json.dumps(o)) for o in self.objects.values()]
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.objects[obj["metadata"]["name"]] = obj
+        return obj
+
+    def delete(self, kind: str, name: str) -> None:
+        self.objects.pop(name, None)
+
+    def get(self, kind: str, name: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "uid": "node-uid"}}
+
+
+def test_slices_wiped_before_a_registration_are_published_again_at_once(
+    paths: PluginPaths, simulate: Simulate
+) -> None:
+    """The kubelet deletes a driver's slices on its node 30 s after losing the driver, and
+    all of them when it starts; the registration that follows makes the plugin read and
+    publish them again, not 5 minutes later at its resync."""
+    simulate("a100-40gb:2")
+    kube = Slices()
+    stop = threading.Event()
+    passes = [0]
+    with Nvml() as nvml:
+
+        def read_inventory() -> Any:
+            passes[0] += 1
+            return nvml.inventory()
+
+        def after_passes(n: int) -> None:
+            target = passes[0] + n
+            wait_for(f"{n} more passes", lambda: passes[0] >= target or NotYet(passes[0]), 10)
+
+        options = dra_agent.PluginOptions(node=NODE, paths=paths, interval_s=0.05)
+        loop = threading.Thread(
+            target=dra_agent.run, args=(kube, read_inventory, options, stop), daemon=True
+        )
+        loop.start()
+        try:
+            kubelet = LocalDraKubelet(paths.registry_dir)
+            kubelet.wait_for_plugin(DRIVER)
+            wait_for("the pool published", lambda: bool(kube.objects) or NotYet(kube.lists), 10)
+            after_passes(5)  # the first registration seen, its read done
+            published = dict(kube.objects)
+            lists = kube.lists
+            kube.objects.clear()  # the kubelet's wipe
+            kubelet.wait_for_plugin(DRIVER)  # it registers the plugin again
+            wait_for(
+                "the pool published again",
+                lambda: kube.objects.keys() == published.keys() or NotYet(list(kube.objects)),
+                10,
+            )
+            after_passes(5)
+            again = kube.lists
+            assert lists < again <= lists + 2  # read, and read back after the writes
+            after_passes(5)
+            assert kube.lists == again  # then quiet: no read a pass
+        finally:
+            stop.set()
+            loop.join(10)

@@ -146,10 +146,17 @@ def run(
     owner = node_owner(kube, options.node)
     published: list[dict[str, Any]] | None = None  # what the last pass left on the server
     resync_at = 0.0
+    registered = 0  # the kubelet's successful registrations of this plugin seen so far
     try:
         while True:
             devices = dra_devices.devices(latest["inventory"])
             now = time.monotonic()
+            # The kubelet deletes a driver's slices on its node 30 s after the driver went
+            # away, and all of them when it starts: a (re)registration may follow such a wipe,
+            # so the slices are read and published again at once rather than at the resync.
+            accepted = sum(1 for ok, _ in plugin.registrations.statuses if ok)
+            if accepted > registered:
+                registered, resync_at = accepted, now
             if published is None or now >= resync_at or not same_devices(published, devices):
                 try:
                     # Read the slices only when the devices changed (or to resync): at 1,000
