@@ -176,6 +176,16 @@ def test_precedence_defaults_then_class_then_claim_later_wins() -> None:
     assert config_for(configs, "other", "mig").kind == "MigDeviceConfig"
 
 
+def test_a_subrequest_is_named_by_itself_or_its_request() -> None:
+    by_request = claim_configs([_entry(gpu({"strategy": "MPS"}), "gpu")], ALL, "claim")
+    by_itself = claim_configs([_entry(gpu({"strategy": "MPS"}), "gpu/large")], ALL, "claim")
+    for named in (by_request, by_itself):
+        config = config_for([*defaults(ALL), *named], "gpu/large", "gpu")
+        assert config.sharing is not None and config.sharing.strategy == "MPS"
+    config = config_for([*defaults(ALL), *by_itself], "gpu/small", "gpu")
+    assert config.sharing is not None and config.sharing.strategy == "TimeSlicing"
+
+
 def test_a_config_naming_a_request_must_fit_its_device_type() -> None:
     configs: list[ClaimConfig] = [
         *defaults(ALL),

@@ -210,9 +210,11 @@ def config_for(
 ) -> DeviceConfig:
     """The config of a device of ``device_type`` allocated for ``request``: the last of
     ``configs`` (defaults, then class, then claim) that applies. A config naming ``request``
-    whose kind does not fit the device is an error; one naming no request skips it."""
+    whose kind does not fit the device is an error; one naming no request skips it. A
+    subrequest (``gpu/large`` of a ``firstAvailable``) is named by itself or its request."""
+    names = {request, request.split("/", 1)[0]}
     for entry in reversed(configs):
-        if entry.requests and request not in entry.requests:
+        if entry.requests and not names & set(entry.requests):
             continue
         if DEVICE_TYPE[entry.config.kind] != device_type:
             if entry.requests:

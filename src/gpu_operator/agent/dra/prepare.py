@@ -103,17 +103,12 @@ def device_configs(
         found: dict[str, DeviceConfig] = {}
         for r in results:
             kind: Literal["gpu", "mig"] = "mig" if refs[r["device"]].mig else "gpu"
-            config = draconfig.config_for(configs, _parent(str(r["request"])), kind)
+            config = draconfig.config_for(configs, str(r["request"]), kind)
             _applicable(config, str(r["request"]))
             found[r["device"]] = config
     except draconfig.ConfigError as err:
         raise PrepareError("; ".join(err.problems)) from None
     return found
-
-
-def _parent(request: str) -> str:
-    """A subrequest (``gpu/large`` of ``firstAvailable``) is configured by its request's name."""
-    return request.split("/", 1)[0]
 
 
 def _applicable(config: DeviceConfig, request: str) -> None:
