@@ -186,9 +186,8 @@ def test_a_failing_driver_is_rolled_back_on_its_canary_and_a_good_one_goes_canar
             # Nothing outside a's canary was touched: its other nodes and their pods, pool b.
             untouched = [n for n in (*POOLS["a"], *POOLS["b"]) if n != CANARY["a"]]
             for name in untouched:
-                assert not audit_writes(cluster, OPERATOR_USER, since, resource=("nodes", name)), (
-                    name
-                )
+                writes = audit_writes(cluster, OPERATOR_USER, since, resource=("nodes", name))
+                assert not writes, (name, [_what(w) for w in writes])
             others = [
                 p["metadata"]["name"]
                 for pool in POOLS
@@ -233,6 +232,18 @@ def test_a_failing_driver_is_rolled_back_on_its_canary_and_a_good_one_goes_canar
             assert rollout(kube, "a")["phase"] == "held"  # b's rollout left a as it was
         finally:
             operator.kill()
+
+
+def _what(write: dict[str, Any]) -> dict[str, Any]:
+    """An audit event, as much as says which write it was."""
+    ref = write.get("objectRef") or {}
+    return {
+        "verb": write.get("verb"),
+        "subresource": ref.get("subresource"),
+        "at": write.get("requestReceivedTimestamp"),
+        "code": (write.get("responseStatus") or {}).get("code"),
+        "userAgent": write.get("userAgent"),
+    }
 
 
 def _leads(operator: OperatorProcess) -> bool | NotYet:
