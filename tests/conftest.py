@@ -22,7 +22,6 @@ import pytest
 from tests.prerequisites import REASONS
 
 REAL_NODES = "real-nodes"
-REAL_NODES_TOO = "real-nodes-2"
 REAL_NODES_OWN = "real-nodes-own-clusters"
 REAL_NODE_MODULES = "test_real_"  # every test on real kubelet nodes lives in a module named so
 # Real-node modules that start real-node clusters of their own rather than share the session's
@@ -36,19 +35,14 @@ OWN_REAL_CLUSTERS = frozenset(
         "test_real_canary.py",
     }
 )
-# The real-node modules sharing a session real-node cluster are split in two groups, each
-# starting that cluster on its worker: one group of them all ran 14-18 minutes, the suite's
-# longest path. These modules form the second (about half of the group's minutes).
-SECOND_REAL_CLUSTER = frozenset({"test_real_helm_default.py", "test_real_driver.py"})
 # The longest groups, longest first, handed out before the rest (which come in the seed's
 # order): a long group left for last ran alone at the end. Minutes of each in a fresh-clone CI
 # run (2 cores, 5 workers) in the comments, from the summary's "longest groups" line. Replaying
 # two earlier runs' group times through this scheduling for 200 seeds gave medians of 19.2 and
 # 19.5 minutes with only the first four listed, 17.7 and 18.4 with these twelve (4 workers).
 LONGEST_FIRST = (
-    REAL_NODES_OWN,  # 11.0-13.4
-    REAL_NODES,  # 14.4-18.0 with the second's modules: stack, node GPUs, DRA, nodes
-    REAL_NODES_TOO,  # helm default, driver: 7-9 of those
+    REAL_NODES,  # 14.4
+    REAL_NODES_OWN,  # 11.0
     "tests/chaos/test_chaos_outage.py",  # 7.8
     "tests/e2e/test_install_rbac.py",  # 7.0
     "tests/chaos/test_chaos.py",  # 7.6
@@ -64,15 +58,13 @@ LONGEST_FIRST = (
 
 def xdist_group(nodeid: str) -> str:
     """Which worker-sized unit a test belongs to: its module (a module-scoped cluster starts
-    once), except that the real-node tests using the session's real-node cluster are two units
-    (each starts that cluster once, on its worker), and those that start their own are one."""
+    once), except that the real-node tests sharing the session's real-node cluster are one unit
+    (that cluster starts once, on one worker), and those that start their own are another."""
     module = nodeid.split("::", 1)[0]
     name = Path(module).name
     if not name.startswith(REAL_NODE_MODULES):
         return module
-    if name in OWN_REAL_CLUSTERS:
-        return REAL_NODES_OWN
-    return REAL_NODES_TOO if name in SECOND_REAL_CLUSTER else REAL_NODES
+    return REAL_NODES_OWN if name in OWN_REAL_CLUSTERS else REAL_NODES
 
 
 def _selects_real_nodes(config: pytest.Config) -> bool:
@@ -121,7 +113,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         i.nodeid
         for i in items
         if i.get_closest_marker("real_nodes")
-        and xdist_group(i.nodeid) not in (REAL_NODES, REAL_NODES_TOO, REAL_NODES_OWN)
+        and xdist_group(i.nodeid) not in (REAL_NODES, REAL_NODES_OWN)
     ]
     if misplaced:
         raise pytest.UsageError(
@@ -178,7 +170,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(
             "longest groups (minutes into the run it began + its length, worker): " + spans(groups)
         )
-        for group in (REAL_NODES, REAL_NODES_TOO, REAL_NODES_OWN):  # of several modules
+        for group in (REAL_NODES, REAL_NODES_OWN):  # the groups of several modules
             inside = [kv for kv in _SPANS.items() if kv[0].startswith(f"{group} > ")]
             if inside:
                 terminalreporter.write_line(f"  {group}, by module: {spans(inside)}")

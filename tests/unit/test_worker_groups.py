@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-from tests.conftest import (
-    OWN_REAL_CLUSTERS,
-    REAL_NODES,
-    REAL_NODES_OWN,
-    REAL_NODES_TOO,
-    SECOND_REAL_CLUSTER,
-    xdist_group,
-)
+from tests.conftest import OWN_REAL_CLUSTERS, REAL_NODES, REAL_NODES_OWN, xdist_group
 from tests.paths import REPO
 
 E2E = REPO / "tests" / "e2e"
@@ -17,7 +10,6 @@ E2E = REPO / "tests" / "e2e"
 
 def test_real_node_modules_split_by_whose_cluster_they_use() -> None:
     assert xdist_group("tests/e2e/test_real_stack.py::test_x") == REAL_NODES
-    assert xdist_group("tests/e2e/test_real_driver.py::test_x") == REAL_NODES_TOO
     assert xdist_group("tests/e2e/test_real_demo.py::test_x") == REAL_NODES_OWN
     assert xdist_group("tests/e2e/test_upgrade.py::test_x") == "tests/e2e/test_upgrade.py"
 
@@ -30,11 +22,3 @@ def test_the_modules_grouped_apart_really_start_their_own_clusters() -> None:
         assert "real_cluster" not in text, name
     shared = [p.name for p in E2E.glob("test_real_*.py") if "real_cluster" in p.read_text()]
     assert shared and not set(shared) & OWN_REAL_CLUSTERS
-
-
-def test_the_second_shared_group_names_modules_that_use_the_session_cluster() -> None:
-    """Each half starts the session's real-node cluster on its own worker: a name here that
-    is not such a module (a typo, a module gone) would leave the split undone."""
-    for name in SECOND_REAL_CLUSTER:
-        assert "real_cluster" in (E2E / name).read_text(), name
-    assert not SECOND_REAL_CLUSTER & OWN_REAL_CLUSTERS
