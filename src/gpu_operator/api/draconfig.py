@@ -23,15 +23,13 @@ from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from gpu_operator.api.base import ApiModel
 from gpu_operator.api.dragates import Gates
+from gpu_operator.api.gpucluster import DRIVER_NAME as DRIVER
 from gpu_operator.api.policy import describe_validation_error
 
 GROUP_VERSION = "resource.nvidia.com/v1beta1"
-DRIVER = "gpu.nvidia.com"
 GPU_CONFIG, MIG_CONFIG = "GpuConfig", "MigDeviceConfig"
 TIME_SLICING: Final = "TimeSlicing"
 MPS: Final = "MPS"
-# NVIDIA's intervals and the numbers `nvidia-smi compute-policy --set-timeslice` takes.
-INTERVALS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
 GATE_OF = {TIME_SLICING: "TimeSlicingSettings", MPS: "MPSSupport"}
 MIB = 1024 * 1024
 

@@ -136,7 +136,7 @@ def prepare_claim(
     uid: str,
     node: str,
     refs: Mapping[str, DeviceRef],
-    gates: Gates | None = None,
+    gates: Gates,
 ) -> tuple[PreparedDevice, ...]:
     """The devices of ``claim`` (uid ``uid``) to hand to containers; ``refs`` are this node's
     published devices by name. Its configs are checked first (:func:`device_configs`)."""
@@ -150,7 +150,7 @@ def prepare_claim(
         if r["device"] not in refs:
             raise PrepareError(f"device {r['device']} is not on this node (any more)")
         by_device.setdefault(r["device"], []).append(str(r["request"]))
-    device_configs(claim, results, refs, gates or Gates.defaults())
+    device_configs(claim, results, refs, gates)
     return tuple(
         PreparedDevice(
             requests=tuple(requests),
