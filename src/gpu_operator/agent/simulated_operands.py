@@ -33,9 +33,9 @@ from gpu_operator.agent.driver_cdi import discover_host_driver, generate_spec
 from gpu_operator.agent.driverroot import DriverNotFound
 from gpu_operator.agent.nvml import SIM_STATE, Nvml, NvmlError
 from gpu_operator.agent.simnvml import DEFAULT_CUDA, build_simulated_nvml
-from gpu_operator.agent.stopping import stop_on_signals, wait_until
 from gpu_operator.agent.stubdriver import StubGpu, lay_out, remove, replace_file
 from gpu_operator.agent.stubdriver.libraries import Style
+from gpu_operator.stopping import stop_on_signals, wait_until
 
 BANNER = "SIMULATED"
 TOOLKIT_DROP_IN = "99-nvidia-simulated.toml"

@@ -39,6 +39,7 @@ from gpu_operator.controller.watch import (
     kopf_caught_up,
 )
 from gpu_operator.kube import Kube, api_configuration
+from gpu_operator.stopping import wait_until
 
 log = logging.getLogger(__name__)
 
@@ -270,10 +271,17 @@ class OperatorThread:
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._main, name="gpu-operator", daemon=True)
         self._stop_asked = threading.Event()  # also wakes the wait between two runs
+        self.ended = threading.Event()  # set once the thread has nothing left to run
         self.error: BaseException | None = None
 
     def _main(self) -> None:
         name_os_thread("gpu-operator")
+        try:
+            self._run_all()
+        finally:
+            self.ended.set()
+
+    def _run_all(self) -> None:
         while self._run_once() and self.restart and not self._stop_asked.is_set():
             self.restarts.append(str(self.error))
             log.warning(
@@ -410,8 +418,9 @@ def main_run(
     before = {sig: signal.signal(sig, graceful) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         operator.start(wait=False)
-        # A signal interrupts the wait (POSIX, Python >= 3.2) and its handler runs at once: no
-        # need to wake every second to let it run.
+        # Waking every second: the kernel may hand SIGTERM to any of the process's threads,
+        # and then the handler runs only once the main thread wakes.
+        wait_until(operator.ended)
         operator.join(None)
     finally:
         for sig, handler in before.items():

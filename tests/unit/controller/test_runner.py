@@ -481,9 +481,13 @@ def test_main_run_configures_from_flags_and_env(
 
 
 @pytest.mark.timeout(30)
-def test_main_run_stops_gracefully_on_sigterm(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The main thread waits for the operator without waking: a SIGTERM still reaches its
-    handler at once, which asks the operator to stop, and the run ends with 0."""
+@pytest.mark.parametrize("to_another_thread", [False, True], ids=["to-process", "to-a-thread"])
+def test_main_run_stops_gracefully_on_sigterm(
+    monkeypatch: pytest.MonkeyPatch, to_another_thread: bool
+) -> None:
+    """A SIGTERM reaches the handler, which asks the operator to stop, and the run ends with
+    0, whichever thread the kernel hands it to: one taken by a thread other than the main
+    one once left ``gpu-operator run`` waiting for the kubelet's SIGKILL."""
     stopping = threading.Event()
 
     async def fake_run(*_: Any, stop: asyncio.Event, **__: Any) -> None:
@@ -497,7 +501,10 @@ def test_main_run_stops_gracefully_on_sigterm(monkeypatch: pytest.MonkeyPatch) -
     def terminate_once_waiting() -> None:
         while signal.getsignal(signal.SIGTERM) is previous:  # main_run installs its handler
             time.sleep(0.01)
-        os.kill(os.getpid(), signal.SIGTERM)
+        if to_another_thread:
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)
 
     sender = threading.Thread(target=terminate_once_waiting, daemon=True)
     sender.start()

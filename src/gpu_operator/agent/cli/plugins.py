@@ -22,7 +22,7 @@ from gpu_operator.agent.cli.common import (
 from gpu_operator.agent.deviceplugin.settings import ENV_NAMES as PLUGIN_ENV
 from gpu_operator.agent.deviceplugin_config import load_device_plugin_config
 from gpu_operator.agent.nvml import Nvml, NvmlError, simulated
-from gpu_operator.agent.stopping import stop_on_signals, wait_until
+from gpu_operator.stopping import stop_on_signals, wait_until
 
 if TYPE_CHECKING:
     from gpu_operator.agent.gpuhealth import HealthSettings

@@ -49,7 +49,7 @@ from gpu_operator.agent.gpuhealth.settings import HealthSettings
 from gpu_operator.agent.inventory import Inventory
 from gpu_operator.agent.nvml import Nvml, NvmlError, current_driver_root
 from gpu_operator.agent.podresources import attributions_from_kubelet
-from gpu_operator.agent.stopping import wait_until
+from gpu_operator.stopping import wait_until
 
 if TYPE_CHECKING:
     from gpu_operator.kube import Kube

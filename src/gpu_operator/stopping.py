@@ -1,4 +1,5 @@
-"""How a long-running agent stops: SIGTERM or SIGINT sets an event its main thread waits on."""
+"""How a long-running process (the operator, an agent) stops: SIGTERM or SIGINT sets an event
+its main thread waits on."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def stop_on_signals(stop: threading.Event | None = None) -> threading.Event:
 def wait_until(stop: threading.Event) -> None:
     """Block until ``stop`` is set, waking every second. A signal the kernel hands to another
     thread (gRPC's, say) does not interrupt the main thread's untimed wait, and the handler
-    that would set ``stop`` runs only once the main thread wakes: a device-plugin agent once
-    sat through SIGTERM for 30 s in a unit test, and a kubelet would have SIGKILLed it."""
+    that would set ``stop`` runs only once the main thread wakes: a device-plugin agent and the
+    operator each once sat through SIGTERM until a test's timeout, where a kubelet would have
+    SIGKILLed them."""
     while not stop.wait(WAKE_S):
         pass

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpu_operator.agent import stopping
+from gpu_operator import stopping
 
 
 @pytest.fixture
