@@ -243,6 +243,7 @@ def _what(write: dict[str, Any]) -> dict[str, Any]:
         "at": write.get("requestReceivedTimestamp"),
         "code": (write.get("responseStatus") or {}).get("code"),
         "userAgent": write.get("userAgent"),
+        "body": write.get("requestObject"),
     }
 
 

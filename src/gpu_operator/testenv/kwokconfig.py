@@ -9,7 +9,9 @@ tested) on their own; `startup` writes them into the state dir.
 from __future__ import annotations
 
 # Every request at Metadata level, except the kubelets' (kwok's) node Lease renewals: one per
-# node every 10 s, 13,000 a minute at 2,000 nodes, which no test reads.
+# node every 10 s, 13,000 a minute at 2,000 nodes, which no test reads. Writes to a Node
+# itself (labels, taints, cordon; not its status) keep their body, so that a test that finds
+# an unexpected one can say what it changed.
 AUDIT_POLICY = """\
 apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -18,6 +20,9 @@ rules:
 - level: None
   namespaces: [kube-node-lease]
   resources: [{group: coordination.k8s.io, resources: [leases]}]
+- level: Request
+  verbs: [patch, update]
+  resources: [{group: "", resources: [nodes]}]
 - level: Metadata
 """
 # The parallelism (default 4) bounds how fast hundreds of nodes and their pods turn Ready.
