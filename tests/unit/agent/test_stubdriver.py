@@ -354,3 +354,40 @@ def test_probe_needs_only_libc_and_the_driver(tmp_path: Path, artefacts: Path) -
     driver = {e.path for e in sd.plan_layout(version=VERSION, cuda_version=CUDA, gpus=GPUS)}
     extra = {p.relative_to(small).as_posix() for p in small.rglob("*") if not p.is_dir()}
     assert extra - driver == {path.lstrip("/") for path in libc}  # nothing else in there
+
+
+def test_compute_mode_and_time_slice_are_the_gpus_state_shared_by_every_process(
+    root: Path,
+) -> None:
+    """``nvidia-smi -c`` and ``compute-policy --set-timeslice`` change what the GPU holds, seen
+    by the next process (nvidia-smi's query, pynvml, a test's read), one GPU at a time."""
+    a100, h100 = GPUS[1].uuid, GPUS[2].uuid
+    assert sd.read_compute_policy(root / "dev", a100) == sd.ComputePolicy("Default", "Default")
+    done = smi(root, "-i", a100, "-c", "EXCLUSIVE_PROCESS")
+    assert done.returncode == 0 and "Exclusive_Process" in done.stdout, done.stdout
+    done = smi(root, "compute-policy", "-i", "1", "--set-timeslice", "3")  # index 1: the H100
+    assert done.returncode == 0, done.stdout
+    modes = smi(root, "--query-gpu=uuid,compute_mode", "--format=csv,noheader").stdout
+    assert modes.splitlines() == [
+        f"{a100}, Exclusive_Process",
+        f"{h100}, Default",
+        f"{GPUS[0].uuid}, Default",
+    ]
+    assert sd.read_compute_policy(root / "dev", a100) == sd.ComputePolicy(
+        "Exclusive_Process", "Default"
+    )
+    assert sd.read_compute_policy(root / "dev", h100) == sd.ComputePolicy("Default", "Long")
+    script = (
+        "import pynvml as n; n.nvmlInit()\n"
+        f"h = n.nvmlDeviceGetHandleByUUID({a100!r}); print(n.nvmlDeviceGetComputeMode(h))\n"
+        "n.nvmlDeviceSetComputeMode(h, n.NVML_COMPUTEMODE_DEFAULT); print('reset')"
+    )
+    done = run(root, sys.executable, "-c", script)
+    assert done.stdout.split() == ["3", "reset"], done.stderr
+    assert sd.read_compute_policy(root / "dev", a100) == sd.ComputePolicy()
+    # Bad values change nothing and say why.
+    for args in (("compute-policy", "-i", "1", "--set-timeslice", "4"), ("-i", "0", "-c", "bogus")):
+        done = smi(root, *args)
+        assert done.returncode == 2, (args, done.stdout)
+    assert smi(root, "-i", "GPU-nope", "-c", "0").returncode == 6
+    assert sd.read_compute_policy(root / "dev", h100).time_slice == "Long"

@@ -12,6 +12,7 @@ says SIMULATED; each library exports ``gpu_operator_stub_driver`` (:data:`DRIVER
 - :mod:`.libraries`: the libraries and programs, and each layout's directories
 - :mod:`.build`: :func:`build_stubs`, compiling them once per set of sources (needs gcc)
 - :mod:`.layout`: :func:`plan_layout`, :func:`lay_out` and :func:`remove`
+- :mod:`.compute`: :func:`read_compute_policy`, the compute mode and time-slice a GPU holds
 
 Which GPUs a process sees (``c/stubdriver.h``): the device dir is ``<driver root>/dev`` when
 ``<driver root>/dev/nvidiactl`` exists, the driver root being the loaded library's directory
@@ -22,6 +23,7 @@ A GPU is visible when ``<device dir>/nvidia<minor>`` exists; indices follow asce
 """
 
 from .build import NO_COMPILER, build_stubs, default_cache_dir, source_hash
+from .compute import ComputePolicy, read_compute_policy
 from .layout import Entry, lay_out, plan_layout, remove, replace_file
 from .libraries import BIN_DIRS, LIB_DIRS, LIBRARIES, PROBE, PROGRAMS, STYLES, Library, Style
 from .table import (
@@ -50,6 +52,7 @@ __all__ = [
     "STYLES",
     "TABLE_MARKER",
     "TABLE_SIZE",
+    "ComputePolicy",
     "Entry",
     "Library",
     "StubDriverError",
@@ -63,6 +66,7 @@ __all__ = [
     "parse_table",
     "patch_table",
     "plan_layout",
+    "read_compute_policy",
     "read_table",
     "remove",
     "replace_file",

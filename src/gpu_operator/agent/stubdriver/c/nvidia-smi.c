@@ -4,9 +4,12 @@
  *
  *     nvidia-smi                 a summary: a SIMULATED header with the versions, a line a GPU
  *     nvidia-smi -L              "GPU <i>: <name> (UUID: <uuid>)", as NVIDIA's prints it
- *     nvidia-smi --query-gpu=name,uuid,memory.total,driver_version,index,minor_number
- *                --format=csv[,noheader][,nounits]
+ *     nvidia-smi --query-gpu=name,uuid,memory.total,driver_version,index,minor_number,
+ *                compute_mode --format=csv[,noheader][,nounits]
+ *     nvidia-smi -i <index|uuid> -c <DEFAULT|PROHIBITED|EXCLUSIVE_PROCESS|0|2|3>
+ *     nvidia-smi compute-policy -i <index|uuid> --set-timeslice <0-3>
  *
+ * The compute mode and time-slice are the stub library's simulated GPU state (nvml.c).
  * Exit codes are NVML's return codes, as NVIDIA's: 9 when the driver cannot be reached.
  * Not NVIDIA software.
  */
@@ -15,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 typedef int nvmlReturn_t;
 typedef void *nvmlDevice_t;
@@ -41,13 +45,22 @@ static struct {
     nvmlReturn_t (*uuid)(nvmlDevice_t, char *, unsigned int);
     nvmlReturn_t (*minor)(nvmlDevice_t, unsigned int *);
     nvmlReturn_t (*memory)(nvmlDevice_t, nvmlMemory_t *);
+    nvmlReturn_t (*by_uuid)(const char *, nvmlDevice_t *);
+    nvmlReturn_t (*get_mode)(nvmlDevice_t, unsigned int *);
+    nvmlReturn_t (*set_mode)(nvmlDevice_t, unsigned int);
+    nvmlReturn_t (*set_slice)(nvmlDevice_t, unsigned int);
 } nvml;
+
+/* nvidia-smi's names of NVML's compute modes, by value. */
+static const char *const MODE_NAMES[] = {"Default", "Exclusive_Thread", "Prohibited",
+                                         "Exclusive_Process"};
 
 struct gpu {
     char name[96];
     char uuid[96];
     unsigned int minor;
     unsigned long long memory_mib;
+    unsigned int compute_mode;
 };
 
 static void *resolve(void *lib, const char *symbol)
@@ -82,6 +95,10 @@ static void load(void)
     *(void **)&nvml.uuid = resolve(lib, "nvmlDeviceGetUUID");
     *(void **)&nvml.minor = resolve(lib, "nvmlDeviceGetMinorNumber");
     *(void **)&nvml.memory = resolve(lib, "nvmlDeviceGetMemoryInfo");
+    *(void **)&nvml.by_uuid = resolve(lib, "nvmlDeviceGetHandleByUUID");
+    *(void **)&nvml.get_mode = resolve(lib, "nvmlDeviceGetComputeMode");
+    *(void **)&nvml.set_mode = resolve(lib, "nvmlDeviceSetComputeMode");
+    *(void **)&nvml.set_slice = resolve(lib, "gpuOperatorStubSetTimeslice");
     ret = nvml.init();
     if (ret != 0) {
         fprintf(stderr, "nvidia-smi: nvmlInit_v2: %s\n", nvml.error_string(ret));
@@ -120,6 +137,7 @@ static unsigned int gpus(struct gpu *out, unsigned int max)
         check(nvml.minor(dev, &out[i].minor), "nvmlDeviceGetMinorNumber");
         check(nvml.memory(dev, &mem), "nvmlDeviceGetMemoryInfo");
         out[i].memory_mib = mem.total / (1024ULL * 1024ULL);
+        check(nvml.get_mode(dev, &out[i].compute_mode), "nvmlDeviceGetComputeMode");
     }
     return count;
 }
@@ -166,13 +184,15 @@ static void print_field(const char *field, unsigned int index, const struct gpu 
         printf("%u", index);
     else if (strcmp(field, "minor_number") == 0)
         printf("%u", g->minor);
+    else if (strcmp(field, "compute_mode") == 0)
+        printf("%s", g->compute_mode < 4 ? MODE_NAMES[g->compute_mode] : "Unknown");
 }
 
 static int known_field(const char *field)
 {
     static const char *const known[] = {"name",           "gpu_name", "uuid",  "gpu_uuid",
                                         "memory.total",   "index",    "minor_number",
-                                        "driver_version", NULL};
+                                        "driver_version", "compute_mode", NULL};
     int i;
 
     for (i = 0; known[i]; i++)
@@ -225,12 +245,91 @@ static void query(char *fields_arg, const char *format)
     }
 }
 
+/* The GPU -i names: an index, or a UUID; exits 6 as NVIDIA's does for one it cannot find. */
+static nvmlDevice_t select_gpu(const char *id)
+{
+    nvmlDevice_t dev;
+    char *end;
+    unsigned long index = strtoul(id, &end, 10);
+    nvmlReturn_t ret = *id && !*end ? nvml.handle((unsigned int)index, &dev) : nvml.by_uuid(id, &dev);
+
+    if (ret != 0) {
+        printf("No devices were found\n");
+        exit(NVML_ERROR_NOT_FOUND);
+    }
+    return dev;
+}
+
+static int parse_mode(const char *text)
+{
+    unsigned int i;
+
+    for (i = 0; i < 4; i++) {
+        char digit[2] = {(char)('0' + i), 0};
+        if (i != 1 && (strcasecmp(text, MODE_NAMES[i]) == 0 || strcmp(text, digit) == 0))
+            return (int)i;
+    }
+    return -1;
+}
+
+static int bad_arguments(void)
+{
+    printf("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n");
+    return EXIT_BAD_ARGUMENTS;
+}
+
+/* An option's value: "--opt=value" or the next argument. */
+static const char *value_of(int argc, char **argv, int *i, const char *opt)
+{
+    size_t n = strlen(opt);
+
+    if (strncmp(argv[*i], opt, n) == 0 && argv[*i][n] == '=')
+        return argv[*i] + n + 1;
+    if (strcmp(argv[*i], opt) == 0 && *i + 1 < argc)
+        return argv[++*i];
+    return NULL;
+}
+
+static int compute_policy(int argc, char **argv)
+{
+    const char *id = NULL, *slice = NULL, *v;
+    nvmlDevice_t dev;
+    char *end;
+    unsigned long n;
+    int i;
+
+    for (i = 2; i < argc; i++) {
+        if ((v = value_of(argc, argv, &i, "-i")) || (v = value_of(argc, argv, &i, "--id")))
+            id = v;
+        else if ((v = value_of(argc, argv, &i, "--set-timeslice")))
+            slice = v;
+        else
+            return bad_arguments();
+    }
+    if (!id || !slice)
+        return bad_arguments();
+    n = strtoul(slice, &end, 10);
+    if (!*slice || *end || n > 3) {
+        printf("Invalid timeslice value \"%s\": 0 (default), 1 (short), 2 (medium) or 3 (long)\n",
+               slice);
+        return EXIT_BAD_ARGUMENTS;
+    }
+    load();
+    dev = select_gpu(id);
+    check(nvml.set_slice(dev, (unsigned int)n), "set timeslice");
+    printf("Set timeslice to %lu for GPU %s.\n", n, id);
+    nvml.shutdown();
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     char *fields = NULL;
-    const char *format = NULL;
+    const char *format = NULL, *id = NULL, *mode = NULL, *v;
     int i, list = 0;
 
+    if (argc > 1 && strcmp(argv[1], "compute-policy") == 0)
+        return compute_policy(argc, argv);
     for (i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-L") == 0 || strcmp(argv[i], "--list-gpus") == 0)
             list = 1;
@@ -238,17 +337,28 @@ int main(int argc, char **argv)
             fields = argv[i] + 12;
         else if (strncmp(argv[i], "--format=", 9) == 0)
             format = argv[i] + 9;
-        else {
-            printf("Invalid combination of input arguments. Please run 'nvidia-smi -h' for "
-                   "help.\n");
-            return EXIT_BAD_ARGUMENTS;
-        }
+        else if ((v = value_of(argc, argv, &i, "-i")) || (v = value_of(argc, argv, &i, "--id")))
+            id = v;
+        else if ((v = value_of(argc, argv, &i, "-c")) ||
+                 (v = value_of(argc, argv, &i, "--compute-mode")))
+            mode = v;
+        else
+            return bad_arguments();
     }
     if (fields && !format) {
         printf("Please specify the output format with --format (csv).\n");
         return EXIT_BAD_ARGUMENTS;
     }
-    if (fields) {
+    if (mode) {
+        int m = parse_mode(mode);
+        if (m < 0 || !id || fields || list)
+            return bad_arguments();
+        load();
+        check(nvml.set_mode(select_gpu(id), (unsigned int)m), "nvmlDeviceSetComputeMode");
+        printf("Set compute mode to %s for GPU %s.\nAll done.\n", MODE_NAMES[m], id);
+    } else if (id) {
+        return bad_arguments(); /* -i selects for -c only, in this stand-in */
+    } else if (fields) {
         query(fields, format);
     } else {
         load();

@@ -5,8 +5,11 @@
  */
 #include "stubdriver.h" /* first: it defines _GNU_SOURCE */
 
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/file.h>
 
 typedef enum nvmlReturn_enum {
     NVML_SUCCESS = 0,
@@ -365,4 +368,142 @@ STUB_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInf
 STUB_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pci)
 {
     return nvmlDeviceGetPciInfo_v3(device, pci);
+}
+
+/*
+ * The compute policy a GPU holds (compute mode, scheduling time-slice), kept as the hardware
+ * would: per GPU, for every process on the node, in <device dir>/gpu-operator-sim/compute/
+ * <uuid> ("mode <m>\ntimeslice <t>\n"; absent: both 0, NVIDIA's defaults). NVML sets the mode;
+ * the time-slice has no public NVML call (nvidia-smi compute-policy sets it), so the stub
+ * exports it under its own name for its nvidia-smi.
+ */
+#define COMPUTE_DIR "gpu-operator-sim/compute"
+#define NVML_COMPUTEMODE_COUNT 4
+#define TIMESLICE_COUNT 4 /* Default, Short, Medium, Long */
+
+static int policy_path(const struct stub_gpu *gpu, char *out, size_t len, int make)
+{
+    char dev[PATH_MAX], dir[PATH_MAX];
+
+    if (stub_device_dir(dev, sizeof(dev)) != 0)
+        return -1;
+    if (snprintf(dir, sizeof(dir), "%s/gpu-operator-sim", dev) >= (int)sizeof(dir))
+        return -1;
+    if (make && mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return -1;
+    if (snprintf(dir, sizeof(dir), "%s/%s", dev, COMPUTE_DIR) >= (int)sizeof(dir))
+        return -1;
+    if (make && mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return -1;
+    return snprintf(out, len, "%s/%s", dir, gpu->uuid) >= (int)len ? -1 : 0;
+}
+
+static void policy_read(const struct stub_gpu *gpu, unsigned int *mode, unsigned int *slice)
+{
+    char path[PATH_MAX];
+    FILE *f;
+
+    *mode = *slice = 0;
+    if (policy_path(gpu, path, sizeof(path), 0) != 0 || !(f = fopen(path, "r")))
+        return;
+    if (fscanf(f, "mode %u\ntimeslice %u", mode, slice) != 2)
+        *mode = *slice = 0;
+    fclose(f);
+}
+
+/* Written whole and renamed into place: a reader never sees half a policy. */
+static nvmlReturn_t policy_write(const struct stub_gpu *gpu, unsigned int mode, unsigned int slice)
+{
+    char path[PATH_MAX], tmp[PATH_MAX + 16];
+    FILE *f;
+
+    if (policy_path(gpu, path, sizeof(path), 1) != 0)
+        return errno == EROFS || errno == EACCES ? NVML_ERROR_NO_PERMISSION : NVML_ERROR_UNKNOWN;
+    snprintf(tmp, sizeof(tmp), "%s.%d", path, (int)getpid());
+    if (!(f = fopen(tmp, "w")))
+        return errno == EROFS || errno == EACCES ? NVML_ERROR_NO_PERMISSION : NVML_ERROR_UNKNOWN;
+    fprintf(f, "mode %u\ntimeslice %u\n", mode, slice);
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return NVML_ERROR_UNKNOWN;
+    }
+    return NVML_SUCCESS;
+}
+
+/* Set one half of the policy, keeping the other: under an flock on the directory, so two
+ * processes setting the two halves at once both land. */
+static nvmlReturn_t policy_update(const struct stub_gpu *gpu, int set_mode, unsigned int value)
+{
+    char path[PATH_MAX], *slash;
+    unsigned int mode, slice;
+    nvmlReturn_t ret;
+    int dir;
+
+    if (policy_path(gpu, path, sizeof(path), 1) != 0)
+        return errno == EROFS || errno == EACCES ? NVML_ERROR_NO_PERMISSION : NVML_ERROR_UNKNOWN;
+    slash = strrchr(path, '/');
+    *slash = '\0';
+    dir = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir < 0)
+        return NVML_ERROR_UNKNOWN;
+    pthread_mutex_lock(&lock);
+    flock(dir, LOCK_EX);
+    policy_read(gpu, &mode, &slice);
+    ret = policy_write(gpu, set_mode ? value : mode, set_mode ? slice : value);
+    flock(dir, LOCK_UN);
+    pthread_mutex_unlock(&lock);
+    close(dir);
+    return ret;
+}
+
+STUB_EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, unsigned int *mode)
+{
+    nvmlReturn_t ret;
+    const struct stub_gpu *gpu = gpu_of(device, &ret);
+    unsigned int slice;
+
+    if (!gpu)
+        return ret;
+    if (!mode)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    policy_read(gpu, mode, &slice);
+    return NVML_SUCCESS;
+}
+
+STUB_EXPORT nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t device, unsigned int mode)
+{
+    nvmlReturn_t ret;
+    const struct stub_gpu *gpu = gpu_of(device, &ret);
+
+    if (!gpu)
+        return ret;
+    if (mode >= NVML_COMPUTEMODE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return policy_update(gpu, 1, mode);
+}
+
+STUB_EXPORT nvmlReturn_t gpuOperatorStubGetTimeslice(nvmlDevice_t device, unsigned int *slice)
+{
+    nvmlReturn_t ret;
+    const struct stub_gpu *gpu = gpu_of(device, &ret);
+    unsigned int mode;
+
+    if (!gpu)
+        return ret;
+    if (!slice)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    policy_read(gpu, &mode, slice);
+    return NVML_SUCCESS;
+}
+
+STUB_EXPORT nvmlReturn_t gpuOperatorStubSetTimeslice(nvmlDevice_t device, unsigned int slice)
+{
+    nvmlReturn_t ret;
+    const struct stub_gpu *gpu = gpu_of(device, &ret);
+
+    if (!gpu)
+        return ret;
+    if (slice >= TIMESLICE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return policy_update(gpu, 0, slice);
 }
