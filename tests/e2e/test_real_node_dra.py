@@ -1,9 +1,12 @@
 """DRA end to end on a real node: the real kubelet finds the plugin through its registration
 socket, calls NodePrepareResources for a pod's claim, and containerd injects the device from
 the CDI spec the plugin wrote; after the pod goes, NodeUnprepareResources removes the spec.
+The claim asks for time-slicing interval Long: the GPU holds it while the pod runs, and
+Default again once the claim is unprepared.
 
 The plugin runs in this process, serving in the node's directories (the kubelet sees them as
-/var/lib/kubelet and /var/run/cdi in its mount namespace), on simulated GPUs."""
+/var/lib/kubelet and /var/run/cdi in its mount namespace), on simulated GPUs, setting the
+time-slice with the stub driver's nvidia-smi."""
 
 from __future__ import annotations
 
@@ -22,7 +25,12 @@ from gpu_operator.agent.dra import agent as dra_agent
 from gpu_operator.agent.dra import devices as dra_devices
 from gpu_operator.agent.dra.prepare import spec_file_name
 from gpu_operator.agent.dra.server import DraPlugin, PluginPaths
+from gpu_operator.agent.dra.sharing import NvidiaSmi
 from gpu_operator.agent.driver_cdi import find_host_driver
+from gpu_operator.agent.simulated_operands import install_driver
+from gpu_operator.agent.stubdriver import read_compute_policy
+from gpu_operator.api.draconfig import GROUP_VERSION
+from gpu_operator.api.dragates import resolve
 from gpu_operator.kube import Kube
 from gpu_operator.render.dra import device_classes
 
@@ -32,6 +40,14 @@ pytestmark = pytest.mark.real_nodes
 
 SHELL = testenv.binaries.node_image_name("shell")
 DRIVER = dra_devices.DRIVER
+LONG_TIME_SLICES = {
+    "driver": DRIVER,
+    "parameters": {
+        "apiVersion": GROUP_VERSION,
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+    },
+}
 
 
 @pytest.fixture
@@ -82,7 +98,25 @@ def test_a_pod_with_a_claim_sees_its_gpu_through_cdi_on_a_real_node(
         # No driver files here (simulated NVML in this process): the spec carries the GPU's
         # env only; test_real_driver.py has the plugin in its DaemonSet give the driver too.
         no_driver, _ = find_host_driver(str(Path(tmp) / "no-driver"), "/")
-        plugin = DraPlugin(node, paths, lambda: refs, read_claim, lambda: no_driver).start()
+        # The GPU's compute policy is the stub driver's: laid out for the same GPUs.
+        stub_root = Path(tmp) / "stub-driver"
+        install_driver("a100-40gb:1", stub_root, seed=node)
+        stub_driver, missing = find_host_driver(str(stub_root), "/")
+        assert missing is None, missing
+        plugin = DraPlugin(
+            node,
+            paths,
+            lambda: refs,
+            read_claim,
+            lambda: no_driver,
+            resolve({"TimeSlicingSettings": True}),
+            lambda: NvidiaSmi(stub_driver),
+        ).start()
+        uuid_ = refs["gpu-0"].uuid
+
+        def time_slice() -> str:
+            return read_compute_policy(stub_root / "dev", uuid_).time_slice
+
         kubelet_sock = node_dir / "kubelet" / "plugins" / DRIVER / "dra.sock"
         registration = node_dir / "kubelet" / "plugins_registry" / f"{DRIVER}-reg.sock"
         try:
@@ -104,9 +138,12 @@ def test_a_pod_with_a_claim_sees_its_gpu_through_cdi_on_a_real_node(
                     "apiVersion": "resource.k8s.io/v1",
                     "kind": "ResourceClaimTemplate",
                     "metadata": {"name": "one-gpu", "namespace": ns},
-                    "spec": {"spec": {"devices": {"requests": [
-                        {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
-                    ]}}},
+                    "spec": {"spec": {"devices": {
+                        "requests": [
+                            {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+                        ],
+                        "config": [{"requests": ["gpu"], "opaque": LONG_TIME_SLICES}],
+                    }}},
                 }
             )  # fmt: skip
             api.create(
@@ -146,7 +183,7 @@ def test_a_pod_with_a_claim_sees_its_gpu_through_cdi_on_a_real_node(
 
             assert wait_for("the pod Running", running, timeout=120) == "Running"
 
-            uuid_ = refs["gpu-0"].uuid
+            assert time_slice() == "Long"  # set at Prepare, before the container started
             claim_uid = next(iter(plugin.checkpoint.uids()))
             assert (node_dir / "cdi" / spec_file_name(claim_uid)).exists()
             log = wait_for("the container's output", _log_reader(api, ns), timeout=60)
@@ -166,6 +203,7 @@ def test_a_pod_with_a_claim_sees_its_gpu_through_cdi_on_a_real_node(
                 unprepared,
                 timeout=90,
             )
+            assert time_slice() == "Default"  # put back before the spec went
         finally:
             plugin.stop()
             kubelet_sock.unlink(missing_ok=True)

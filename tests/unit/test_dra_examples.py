@@ -1,13 +1,17 @@
-"""examples/gpucluster.yaml and examples/dra-pod.yaml: valid, and they do what they say."""
+"""examples/gpucluster.yaml, dra-pod.yaml and dra-time-slicing.yaml: valid, and they do what
+they say."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import jsonschema
+import pytest
 import yaml
 
+from gpu_operator.api import draconfig
 from gpu_operator.api.crd import gpucluster_crd
+from gpu_operator.api.dragates import Gates, resolve
 from gpu_operator.api.gpucluster import parse_gpucluster
 from gpu_operator.render.facts import Facts
 from gpu_operator.render.gpucluster import render_gpucluster
@@ -15,6 +19,7 @@ from tests.paths import REPO
 from tests.schema import prune_nulls, strict, validate_kubernetes
 
 EXAMPLES = REPO / "examples"
+TIME_SLICING_ON = resolve({"TimeSlicingSettings": True})
 
 
 def documents(name: str) -> list[dict[str, Any]]:
@@ -48,3 +53,20 @@ def test_the_pod_example_asks_through_claims_for_the_published_classes() -> None
         assert claim["resourceClaimTemplateName"] in templates
         (container,) = pod["spec"]["containers"]
         assert container["resources"]["claims"] == [{"name": claim["name"]}]
+
+
+def test_the_time_slicing_example_shares_one_claim_with_the_long_interval() -> None:
+    docs = documents("dra-time-slicing.yaml")
+    for doc in docs:
+        assert validate_kubernetes(doc), doc["kind"]
+    template, pod = docs
+    devices = template["spec"]["spec"]["devices"]
+    entries = draconfig.claim_configs(devices["config"], TIME_SLICING_ON, "spec.devices.config")
+    config = draconfig.config_for(entries, "gpu", "gpu")
+    assert isinstance(config, draconfig.GpuConfig) and config.sharing is not None
+    assert config.sharing.time_slicing_config is not None
+    assert config.sharing.time_slicing_config.interval == "Long"
+    with pytest.raises(draconfig.ConfigError, match="TimeSlicingSettings"):  # the gate it needs
+        draconfig.claim_configs(devices["config"], Gates.defaults(), "spec.devices.config")
+    claims = [c["resources"]["claims"] for c in pod["spec"]["containers"]]
+    assert claims == [[{"name": "gpu"}], [{"name": "gpu"}]]  # two containers, one claim

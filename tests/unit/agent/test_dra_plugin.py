@@ -14,16 +14,19 @@ import pytest
 from gpu_operator.agent.dra import agent as dra_agent
 from gpu_operator.agent.dra import devices as dra_devices
 from gpu_operator.agent.dra.kubelet import DraClient, LocalDraKubelet
-from gpu_operator.agent.dra.prepare import CDI_KIND, spec_file_name
+from gpu_operator.agent.dra.prepare import CDI_KIND, PrepareError, spec_file_name
 from gpu_operator.agent.dra.server import DraPlugin, PluginPaths
 from gpu_operator.agent.driver_cdi import HostDriver
 from gpu_operator.agent.driverroot import DeviceNodes
 from gpu_operator.agent.nvml import Nvml
+from gpu_operator.api.draconfig import GROUP_VERSION
+from gpu_operator.api.dragates import resolve
 from tests.e2e.support import NotYet, wait_for
 from tests.unit.agent.conftest import Simulate
 
 NODE = "node-a"
 DRIVER = dra_devices.DRIVER
+SLICING = resolve({"TimeSlicingSettings": True})
 
 
 def claim(uid: str, *devices: str, pool: str = NODE, name: str = "") -> dict[str, Any]:
@@ -205,6 +208,68 @@ def test_a_missing_claim_is_an_error_not_a_crash(plugin: DraPlugin, paths: Plugi
     with registered_client(paths) as kubelet:
         response = kubelet.prepare(("ns", "gone", "uid-9"))
     assert "not found" in response.claims["uid-9"].error
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.fail = False
+
+    def set_time_slice(self, uuid: str, interval: str) -> None:
+        if self.fail:
+            raise PrepareError(
+                f"nvidia-smi compute-policy -i {uuid} exited 4: Insufficient Permissions"
+            )
+        self.calls.append((uuid, interval))
+
+
+def long_claim(uid: str) -> dict[str, Any]:
+    doc = claim(uid, "gpu-0")
+    doc["status"]["allocation"]["devices"]["config"] = [
+        {
+            "source": "FromClaim",
+            "opaque": {
+                "driver": dra_devices.DRIVER,
+                "parameters": {
+                    "apiVersion": GROUP_VERSION,
+                    "kind": "GpuConfig",
+                    "sharing": {
+                        "strategy": "TimeSlicing",
+                        "timeSlicingConfig": {"interval": "Long"},
+                    },
+                },
+            },
+        }
+    ]
+    return doc
+
+
+def test_prepare_sets_the_interval_and_unprepare_puts_default_back_across_a_restart(
+    paths: PluginPaths, refs: dict[str, dra_devices.DeviceRef], api: Api
+) -> None:
+    gpu0 = refs["gpu-0"].uuid
+    recorder = Recorder()
+    key = api.add(long_claim("uid-ts"))
+
+    def plugin() -> DraPlugin:
+        return DraPlugin(NODE, paths, lambda: refs, api.read, no_driver, SLICING, lambda: recorder)
+
+    with plugin(), registered_client(paths) as kubelet:
+        recorder.fail = True  # the GPU refuses: nothing is prepared, the kubelet retries
+        error = kubelet.prepare(key).claims["uid-ts"].error
+        assert "Insufficient Permissions" in error, error
+        assert not (paths.cdi_dir / spec_file_name("uid-ts")).exists()
+        recorder.fail = False
+        assert not kubelet.prepare(key).claims["uid-ts"].error
+        assert recorder.calls == [(gpu0, "Long")]
+    with (
+        plugin(),
+        registered_client(paths) as kubelet,
+    ):  # a restarted plugin knows from its checkpoint
+        assert not kubelet.unprepare(key).claims["uid-ts"].error
+        assert recorder.calls == [(gpu0, "Long"), (gpu0, "Default")]
+        assert not kubelet.unprepare(key).claims["uid-ts"].error  # once only
+        assert len(recorder.calls) == 2
 
 
 class Slices:

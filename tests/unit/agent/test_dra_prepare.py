@@ -8,7 +8,12 @@ from typing import Any
 import pytest
 
 from gpu_operator.agent.dra.devices import DRIVER, DeviceRef
-from gpu_operator.agent.dra.prepare import PrepareError, prepare_claim
+from gpu_operator.agent.dra.prepare import (
+    PreparedDevice,
+    PrepareError,
+    TimeSlice,
+    prepare_claim,
+)
 from gpu_operator.api.draconfig import GROUP_VERSION
 from gpu_operator.api.dragates import Gates, resolve
 
@@ -55,7 +60,50 @@ def test_no_config_prepares_as_before() -> None:
 
 def test_time_slicing_default_is_prepared() -> None:
     configs = [opaque("GpuConfig", {"strategy": "TimeSlicing"})]
-    assert prepare_claim(claim(configs, ("gpu", "gpu-0")), "u1", NODE, REFS, SLICING)
+    (prepared,) = prepare_claim(claim(configs, ("gpu", "gpu-0")), "u1", NODE, REFS, SLICING)
+    assert prepared.time_slice == TimeSlice("GPU-0", "Default")
+
+
+@pytest.mark.parametrize(
+    ("configs", "gates", "full"),
+    [
+        ([], Gates.defaults(), None),  # the gate off: the driver sets nothing
+        ([], SLICING, "Default"),  # on: NVIDIA's default config, interval Default
+        (
+            [
+                opaque(
+                    "GpuConfig",
+                    {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+                )
+            ],
+            SLICING,
+            "Long",
+        ),
+        (
+            [
+                opaque(
+                    "GpuConfig",
+                    {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}},
+                    "gpu",
+                ),
+                opaque("MigDeviceConfig", {"strategy": "TimeSlicing"}, "small"),
+            ],
+            SLICING,
+            "Short",
+        ),
+    ],
+)
+def test_each_full_gpu_gets_the_time_slice_its_config_asks_for(
+    configs: list[dict[str, Any]], gates: Gates, full: str | None
+) -> None:
+    doc = claim(configs, ("gpu", "gpu-0"), ("small", "gpu-1-mig-1g10gb-0"))
+    got = {p.device: p.time_slice for p in prepare_claim(doc, "u1", NODE, REFS, gates)}
+    assert got == {
+        "gpu-0": TimeSlice("GPU-0", full) if full else None,
+        "gpu-1-mig-1g10gb-0": None,  # scheduled as its GPU is: no time-slice of its own
+    }
+    for p in prepare_claim(doc, "u1", NODE, REFS, gates):  # the checkpoint keeps it
+        assert PreparedDevice.from_json(p.to_json()) == p
 
 
 @pytest.mark.parametrize(
@@ -71,16 +119,6 @@ def test_time_slicing_default_is_prepared() -> None:
             [opaque("GpuConfig", {"strategy": "MPS"})],
             MPS,
             "request 'gpu': MPS sharing is not built in this DRA plugin yet",
-        ),
-        (
-            [
-                opaque(
-                    "GpuConfig",
-                    {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
-                )
-            ],
-            SLICING,
-            "time-slice interval Long is not built",
         ),
         (
             [opaque("GpuConfig", {"strategy": "TimeSlicing", "oops": 1})],

@@ -25,7 +25,11 @@ from tests.paths import REPO
 from tests.schema import prune_nulls, strict, validate_kubernetes
 
 EXAMPLES = REPO / "examples"
-DRA_EXAMPLES = ["dra-pod.yaml", "gpucluster.yaml"]  # tests/unit/test_dra_examples.py
+DRA_EXAMPLES = [
+    "dra-pod.yaml",
+    "dra-time-slicing.yaml",
+    "gpucluster.yaml",
+]  # tests/unit/test_dra_examples.py
 NAMES = sorted(p.name for p in EXAMPLES.glob("*.yaml") if p.name not in DRA_EXAMPLES)
 FACTS = Facts(node_oses=(NodeOS("ubuntu", "22.04"), NodeOS("rhel", "9.4")))
 

@@ -41,27 +41,41 @@ class PrepareError(Exception):
 
 
 @dataclass(frozen=True)
+class TimeSlice:
+    """The time-slice interval a claim's config sets on one of its full GPUs."""
+
+    uuid: str
+    interval: str  # Default, Short, Medium or Long
+
+
+@dataclass(frozen=True)
 class PreparedDevice:
     requests: tuple[str, ...]
     pool: str
     device: str
     cdi_ids: tuple[str, ...]
+    time_slice: TimeSlice | None = None  # set at Prepare, put back to Default at Unprepare
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "requests": list(self.requests),
             "pool": self.pool,
             "device": self.device,
             "cdiIDs": list(self.cdi_ids),
         }
+        if self.time_slice is not None:
+            out["timeSlice"] = {"uuid": self.time_slice.uuid, "interval": self.time_slice.interval}
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PreparedDevice:
+        slice_ = data.get("timeSlice")
         return cls(
             requests=tuple(data["requests"]),
             pool=str(data["pool"]),
             device=str(data["device"]),
             cdi_ids=tuple(data["cdiIDs"]),
+            time_slice=TimeSlice(str(slice_["uuid"]), str(slice_["interval"])) if slice_ else None,
         )
 
 
@@ -114,21 +128,20 @@ def device_configs(
 def _applicable(config: DeviceConfig, request: str) -> None:
     """Sharing this plugin does not set up yet is refused, not ignored."""
     sharing = config.sharing
-    if sharing is None:
-        return
-    if sharing.strategy == draconfig.MPS:
+    if sharing is not None and sharing.strategy == draconfig.MPS:
         raise draconfig.ConfigError(
             [f"request {request!r}: MPS sharing is not built in this DRA plugin yet"]
         )
-    slicing = sharing.time_slicing_config if isinstance(sharing, GpuSharing) else None
-    interval = slicing.interval if slicing else None
-    if interval not in (None, "Default"):
-        raise draconfig.ConfigError(
-            [
-                f"request {request!r}: time-slice interval {interval} is not built in this DRA "
-                "plugin yet (Default is)"
-            ]
-        )
+
+
+def time_slice(config: DeviceConfig, ref: DeviceRef) -> TimeSlice | None:
+    """The interval a full GPU's TimeSlicing config sets on it; a MIG device has none of its
+    own (it is scheduled as its GPU is), and a config without sharing sets nothing."""
+    sharing = config.sharing
+    if ref.mig or not isinstance(sharing, GpuSharing) or sharing.strategy != draconfig.TIME_SLICING:
+        return None
+    slicing = sharing.time_slicing_config
+    return TimeSlice(ref.uuid, (slicing.interval if slicing else None) or "Default")
 
 
 def prepare_claim(
@@ -138,8 +151,9 @@ def prepare_claim(
     refs: Mapping[str, DeviceRef],
     gates: Gates,
 ) -> tuple[PreparedDevice, ...]:
-    """The devices of ``claim`` (uid ``uid``) to hand to containers; ``refs`` are this node's
-    published devices by name. Its configs are checked first (:func:`device_configs`)."""
+    """The devices of ``claim`` (uid ``uid``) to hand to containers, with what their configs
+    set on the GPUs; ``refs`` are this node's published devices by name. Its configs are
+    checked first (:func:`device_configs`)."""
     if (claim.get("metadata") or {}).get("uid") != uid:
         raise PrepareError(f"claim UID {uid} is not the claim's ({claim['metadata'].get('uid')})")
     results = allocated(claim, node)
@@ -150,13 +164,14 @@ def prepare_claim(
         if r["device"] not in refs:
             raise PrepareError(f"device {r['device']} is not on this node (any more)")
         by_device.setdefault(r["device"], []).append(str(r["request"]))
-    device_configs(claim, results, refs, gates)
+    configs = device_configs(claim, results, refs, gates)
     return tuple(
         PreparedDevice(
             requests=tuple(requests),
             pool=node,
             device=device,
             cdi_ids=(f"{CDI_KIND}={cdi_device_name(uid, device)}",),
+            time_slice=time_slice(configs[device], refs[device]),
         )
         for device, requests in by_device.items()
     )

@@ -31,6 +31,12 @@ from gpu_operator.agent.dra.prepare import (
     prepare_claim,
     spec_file_name,
 )
+from gpu_operator.agent.dra.sharing import (
+    GpuSettings,
+    NvidiaSmi,
+    apply_time_slices,
+    reset_time_slices,
+)
 from gpu_operator.agent.driver_cdi import HostDriver
 from gpu_operator.api.dragates import Gates
 from gpu_operator.kubelet_api.dra.v1 import api_pb2 as v1
@@ -100,9 +106,12 @@ class DraPlugin:
         read_claim: ClaimReader,
         driver: Callable[[], HostDriver],
         gates: Gates | None = None,
+        settings: Callable[[], GpuSettings] | None = None,
     ) -> None:
         self.node = node
         self.gates = gates or Gates.defaults()
+        # What sets a GPU's time-slice: the driver's nvidia-smi unless told otherwise.
+        self.settings = settings or (lambda: NvidiaSmi(self.driver()))
         self.paths = paths
         self.devices = devices
         self.read_claim = read_claim
@@ -123,12 +132,18 @@ class DraPlugin:
             if claim is None:
                 raise PrepareError(f"ResourceClaim {namespace}/{name} not found")
             prepared = prepare_claim(claim, uid, self.node, self.devices(), self.gates)
+            # The GPUs first: a setting that fails leaves no spec and no checkpointed claim,
+            # and the kubelet's retry sets it again.
+            apply_time_slices(self.settings(), prepared)
             self._write_spec(uid, prepared)
             self.checkpoint.put(uid, namespace, name, prepared)
             return prepared
 
     def unprepare(self, uid: str) -> None:
         with self._lock:
+            done = self.checkpoint.get(uid)
+            if done is not None:  # put back first: a failure keeps the claim for the retry
+                reset_time_slices(self.settings(), done)
             (self.paths.cdi_dir / spec_file_name(uid)).unlink(missing_ok=True)
             self.checkpoint.remove(uid)
 

@@ -1,0 +1,81 @@
+"""What prepared claims set on their GPUs, and put back when unprepared: the time-slice.
+
+NVML has no call for a GPU's scheduling time-slice; as NVIDIA's DRA driver does, the plugin
+runs the driver's own ``nvidia-smi compute-policy -i <uuid> --set-timeslice <n>``, found in the
+driver root it loads NVML from, with that root's library directory searched first so the tool
+loads the same ``libnvidia-ml.so.1``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterable
+from typing import Protocol
+
+from gpu_operator.agent.dra.prepare import PreparedDevice, PrepareError
+from gpu_operator.agent.driver_cdi import HostDriver
+
+# nvidia-smi's values (NVIDIA's TimeSlicingConfig.Interval.Int()).
+TIME_SLICE_VALUES = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
+NVIDIA_SMI = "nvidia-smi"
+SMI_TIMEOUT_S = 30.0
+
+
+class GpuSettings(Protocol):
+    def set_time_slice(self, uuid: str, interval: str) -> None: ...
+
+
+class NvidiaSmi:
+    """The driver's nvidia-smi, run with the driver's libraries."""
+
+    def __init__(self, driver: HostDriver) -> None:
+        files = driver.files
+        found = (
+            next((b for b in files.binaries if b.endswith(f"/{NVIDIA_SMI}")), None)
+            if files
+            else None
+        )
+        self.program = files.host_path(found) if files and found else None
+        self.library_dir = files.host_path(files.library_dir) if files else None
+        self.searched = files.root if files else "no driver root"
+
+    def set_time_slice(self, uuid: str, interval: str) -> None:
+        self._run("compute-policy", "-i", uuid, "--set-timeslice", str(TIME_SLICE_VALUES[interval]))
+
+    def _run(self, *args: str) -> None:
+        if self.program is None:
+            raise PrepareError(
+                f"no {NVIDIA_SMI} in the driver root ({self.searched}) to set {args[-1]!r} with"
+            )
+        env = dict(os.environ)
+        if self.library_dir:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                p for p in (self.library_dir, env.get("LD_LIBRARY_PATH")) if p
+            )
+        command = [self.program, *args]
+        try:
+            done = subprocess.run(
+                command, env=env, capture_output=True, text=True, timeout=SMI_TIMEOUT_S, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise PrepareError(f"{' '.join(command)}: {exc}") from None
+        if done.returncode != 0:
+            said = (done.stdout + done.stderr).strip().splitlines()
+            raise PrepareError(
+                f"{' '.join(command)} exited {done.returncode}: {said[-1] if said else 'no output'}"
+            )
+
+
+def apply_time_slices(settings: GpuSettings, prepared: Iterable[PreparedDevice]) -> None:
+    """Set each prepared full GPU's time-slice its config asks for."""
+    for p in prepared:
+        if p.time_slice is not None:
+            settings.set_time_slice(p.time_slice.uuid, p.time_slice.interval)
+
+
+def reset_time_slices(settings: GpuSettings, prepared: Iterable[PreparedDevice]) -> None:
+    """Put back the default time-slice on each GPU a claim had set another on."""
+    for p in prepared:
+        if p.time_slice is not None and p.time_slice.interval != "Default":
+            settings.set_time_slice(p.time_slice.uuid, "Default")

@@ -1,0 +1,50 @@
+"""The driver's nvidia-smi sets a GPU's time-slice (here the stub driver's, whose GPUs keep
+it); without one, the setting fails naming where it looked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpu_operator.agent import stubdriver as sd
+from gpu_operator.agent.dra.prepare import PrepareError
+from gpu_operator.agent.dra.sharing import NvidiaSmi
+from gpu_operator.agent.driver_cdi import find_host_driver
+from tests import prerequisites
+from tests.unit.agent.test_dra_plugin import no_driver
+
+GPU = sd.StubGpu(0, "GPU-00000000-1111-4000-8000-0123456789ab", "NVIDIA A100-SXM4-40GB", 40960,
+                 "00000000:07:00.0")  # fmt: skip
+
+
+@pytest.fixture
+def driver_root(tmp_path: Path) -> Path:
+    if Path("/dev/nvidiactl").exists():
+        pytest.skip("this machine has /dev/nvidiactl (a real driver): the stub would use /dev")
+    prerequisites.gcc()
+    root = tmp_path / "driver"
+    created = sd.lay_out(root, version="580.95.05", cuda_version=13000, gpus=(GPU,),
+                         artefacts=sd.build_stubs())  # fmt: skip
+    for entry in sd.plan_layout(version="580.95.05", cuda_version=13000, gpus=(GPU,)):
+        if entry.kind == "node" and entry.path not in created:  # not root: stand-ins
+            (root / entry.path).parent.mkdir(exist_ok=True)
+            (root / entry.path).touch()
+    return root
+
+
+def test_the_drivers_nvidia_smi_sets_the_time_slice_the_gpu_then_holds(driver_root: Path) -> None:
+    driver, missing = find_host_driver(str(driver_root), "/")
+    assert missing is None
+    smi = NvidiaSmi(driver)
+    smi.set_time_slice(GPU.uuid, "Long")
+    assert sd.read_compute_policy(driver_root / "dev", GPU.uuid).time_slice == "Long"
+    smi.set_time_slice(GPU.uuid, "Default")
+    assert sd.read_compute_policy(driver_root / "dev", GPU.uuid) == sd.ComputePolicy()
+    with pytest.raises(PrepareError, match=r"exited 6: No devices were found"):
+        smi.set_time_slice("GPU-not-here", "Short")
+
+
+def test_without_nvidia_smi_the_setting_fails_naming_where_it_looked() -> None:
+    with pytest.raises(PrepareError, match="no nvidia-smi in the driver root"):
+        NvidiaSmi(no_driver()).set_time_slice(GPU.uuid, "Long")
