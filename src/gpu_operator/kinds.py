@@ -70,6 +70,18 @@ KINDS: dict[str, Kind] = {
         ),
         Kind("coordination.k8s.io/v1", "Lease", "leases", True),
         Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", True),
+        Kind(
+            "admissionregistration.k8s.io/v1",
+            "ValidatingAdmissionPolicy",
+            "validatingadmissionpolicies",
+            False,
+        ),
+        Kind(
+            "admissionregistration.k8s.io/v1",
+            "ValidatingAdmissionPolicyBinding",
+            "validatingadmissionpolicybindings",
+            False,
+        ),
     )
 }
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -27,7 +28,9 @@ import yaml
 from gpu_operator import labels as gpu_labels
 from gpu_operator import testenv
 from gpu_operator.agent.stubdriver import PROBE
+from gpu_operator.api.dragates import Gates
 from gpu_operator.kube import Kube
+from gpu_operator.render.dra_admission import config_policies
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
 from gpu_operator.render.images import split_reference
 from tests.e2e.stack_support import (
@@ -106,6 +109,19 @@ def stack(
             running.kube.delete("GPUCluster", "gpu-cluster")
             patch = {"metadata": {"labels": {NO_PLUGIN: None}}}
             running.kube.merge_patch("Node", DRA_NODE, patch)
+            # And no claim-config admission policy left behind for the next module's claims.
+            wait_for("the GPUCluster and its admission policies gone", partial(_left, running))
+
+
+def _left(stack: Stack) -> bool | NotYet:
+    """Whether the GPUCluster and the admission policies it rendered are all gone."""
+    names = [("GPUCluster", "gpu-cluster")] + [
+        (o["kind"], o["metadata"]["name"])
+        for o in config_policies(Gates.defaults())
+        if o["kind"] == "ValidatingAdmissionPolicy"
+    ]
+    left = [name for kind, name in names if stack.kube.get(kind, name) is not None]
+    return not left or NotYet(left)
 
 
 def _use_driver_root(stack: Stack, root: str) -> None:

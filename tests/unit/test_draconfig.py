@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from gpu_operator.api.draconfig import (
-    GROUP_VERSION,
     ClaimConfig,
     ConfigError,
     GpuConfig,
@@ -19,24 +18,8 @@ from gpu_operator.api.draconfig import (
     defaults,
     pinned_limits,
 )
-from gpu_operator.api.dragates import Gates, resolve
-
-ALL = resolve({"TimeSlicingSettings": True, "MPSSupport": True})
-NONE = Gates.defaults()
-
-
-def gpu(sharing: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {"apiVersion": GROUP_VERSION, "kind": "GpuConfig", **extra}
-    if sharing is not None:
-        doc["sharing"] = sharing
-    return doc
-
-
-def mig(sharing: dict[str, Any] | None = None) -> dict[str, Any]:
-    doc: dict[str, Any] = {"apiVersion": GROUP_VERSION, "kind": "MigDeviceConfig"}
-    if sharing is not None:
-        doc["sharing"] = sharing
-    return doc
+from gpu_operator.api.dragates import Gates
+from tests.dra_configs import ALL, BAD, GOOD, NONE, gpu, mig
 
 
 def test_time_slicing_without_its_section_means_interval_default() -> None:
@@ -70,77 +53,16 @@ def test_the_values_asked_for_are_kept() -> None:
     assert long.sharing.time_slicing_config.interval == "Long"  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize(
-    ("parameters", "gates", "says"),
-    [
-        (gpu(sharng={}), ALL, "parameters.sharng: unknown field"),
-        (gpu({"strategy": "MPS", "mpsConfig": {"threads": 5}}), ALL, "mpsConfig.threads"),
-        (gpu({"strategy": "Sometimes"}), ALL, "parameters.sharing.strategy"),
-        (
-            gpu({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Sometimes"}}),
-            ALL,
-            "parameters.sharing.timeSlicingConfig.interval",
-        ),
-        (
-            gpu({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 150}}),
-            ALL,
-            "defaultActiveThreadPercentage: Input should be less than or equal to 100",
-        ),
-        (
-            gpu({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": -1}}),
-            ALL,
-            "greater than or equal to 0",
-        ),
-        (
-            gpu({"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "512Ki"}}),
-            ALL,
-            "defaultPinnedDeviceMemoryLimit: must be at least 1Mi",
-        ),
-        (
-            gpu({"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "-5Gi"}}),
-            ALL,
-            "must be at least 1Mi",
-        ),
-        (
-            gpu({"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "10GB!"}}),
-            ALL,
-            "must be a Kubernetes quantity",
-        ),
-        (
-            gpu(
-                {
-                    "strategy": "MPS",
-                    "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"0": "0"}},
-                }
-            ),
-            ALL,
-            "defaultPerDevicePinnedMemoryLimit['0']: must be at least 1Mi",
-        ),
-        (
-            gpu({"strategy": "MPS", "timeSlicingConfig": {"interval": "Long"}}),
-            ALL,
-            "timeSlicingConfig cannot be set with strategy MPS",
-        ),
-        (
-            gpu({"strategy": "TimeSlicing", "mpsConfig": {}}),
-            ALL,
-            "mpsConfig cannot be set with strategy TimeSlicing",
-        ),
-        (
-            mig({"strategy": "TimeSlicing", "timeSlicingConfig": {}}),
-            ALL,
-            "timeSlicingConfig: unknown field",
-        ),
-        (gpu({"strategy": "MPS"}), NONE, "needs the DRA driver's feature gate MPSSupport"),
-        (gpu({"strategy": "TimeSlicing"}), NONE, "feature gate TimeSlicingSettings"),
-        ({"apiVersion": "v1", "kind": "GpuConfig"}, ALL, "apiVersion resource.nvidia.com/v1beta1"),
-        ({"apiVersion": GROUP_VERSION, "kind": "VfioDeviceConfig"}, ALL, "kind GpuConfig or"),
-    ],
-)
+@pytest.mark.parametrize(("parameters", "gates", "says"), [(p, g, says) for p, g, says, _ in BAD])
 def test_bad_configs_name_the_field(parameters: dict[str, Any], gates: Gates, says: str) -> None:
     with pytest.raises(ConfigError) as err:
         decode(parameters, gates)
     assert says in str(err.value)
+
+
+@pytest.mark.parametrize("parameters", GOOD)
+def test_good_configs_decode(parameters: dict[str, Any]) -> None:
+    assert decode(parameters, ALL).kind == parameters["kind"]
 
 
 def _entry(parameters: dict[str, Any], *requests: str) -> dict[str, Any]:

@@ -86,7 +86,7 @@ POLICY_KINDS = frozenset(
 DRIVER_KINDS = frozenset(RBAC | {"ConfigMap", "DaemonSet"})
 GPUCLUSTER_KINDS = frozenset(
     {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service", "DeviceClass",
-     "ResourceClaimTemplate"}
+     "ResourceClaimTemplate", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 )  # fmt: skip
 KINDS = (
     Kind("ClusterPolicy", spec_schema(clusterpolicy_crd()), render_policy, POLICY_KINDS, EXAMPLES),

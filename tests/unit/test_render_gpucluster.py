@@ -9,7 +9,9 @@ Deliberate differences (also in the README):
 - the kubelet plugin's ClusterRole is smaller: no ComputeDomains (not implemented), no pod
   reads, nodes only ``get``; ResourceSlices ``patch`` instead of ``update`` (server-side apply);
 - no MPS or driver-validation Roles, no ``vfio.gpu.nvidia.com`` DeviceClass (no MPS control
-  daemon, no passthrough), no ValidatingAdmissionPolicy (a follow-up), no gRPC health probes;
+  daemon, no passthrough), no gRPC health probes; not NVIDIA's ResourceSlice node-restriction
+  ValidatingAdmissionPolicy (a follow-up), but two of this project's that check GPU claim
+  configs at admission, which NVIDIA's driver does in a webhook;
 - the plugin's rolling update also says ``maxSurge: 0`` (two plugin pods on one node would fight
   over its registration socket); ``nvidia.com/gpu.deploy.*`` node selectors as NVIDIA's, but
   no nodeAffinity on NFD labels (the operator's labeller sets the deploy labels).

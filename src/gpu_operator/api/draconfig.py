@@ -19,7 +19,7 @@ from decimal import Decimal
 from typing import Annotated, Any, Final, Literal
 
 from kubernetes.utils import parse_quantity
-from pydantic import AfterValidator, Field, ValidationError, model_validator
+from pydantic import AfterValidator, Field, StrictBool, StrictInt, ValidationError, model_validator
 
 from gpu_operator.api.base import ApiModel
 from gpu_operator.api.dragates import Gates
@@ -65,10 +65,12 @@ class TimeSlicingConfig(ApiModel):
 
 
 class MpsConfig(ApiModel):
-    default_active_thread_percentage: int | None = Field(default=None, ge=0, le=100)
+    # Strict, as Go's JSON decoding is: "50" or "yes" is an error, not a number or true.
+    default_active_thread_percentage: StrictInt | None = Field(default=None, ge=0, le=100)
     default_pinned_device_memory_limit: Limit | None = None
     # A device index into the claim's devices, or a GPU UUID -> its limit.
     default_per_device_pinned_memory_limit: dict[str, Limit] | None = None
+    multi_user: StrictBool | None = None  # clients of more than one Linux user (Volta+)
 
 
 class GpuSharing(ApiModel):

@@ -156,6 +156,9 @@ DRA_CLUSTER_RULES: tuple[Rule, ...] = (
          "watch the GPUCluster; its teardown finalizer"),
     Rule("nvidia.com", ("gpuclusters/status",), ("patch",), "write the GPUCluster status"),
     Rule("resource.k8s.io", ("deviceclasses",), MANAGE, "DeviceClasses gpu/mig.nvidia.com"),
+    Rule("admissionregistration.k8s.io",
+         ("validatingadmissionpolicies", "validatingadmissionpolicybindings"), MANAGE,
+         "the policies that check GPU claim configs at admission"),
     Rule("resource.k8s.io", ("resourceclaims",), ("get", "list"),
          "granted to the DRA plugin (the claim it prepares) and the driver manager (claims on "
          "the node it empties)"),

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpu_operator.api import dragates
 from gpu_operator.api.base import EnvVar, Resources
 from gpu_operator.api.gpucluster import GPUClusterSpec
 from gpu_operator.api.spec import DaemonsetsSpec
 from gpu_operator.labels import DEPLOY_PREFIX
 from gpu_operator.render.dra import device_classes
+from gpu_operator.render.dra_admission import config_policies
 from gpu_operator.render.facts import Facts
 
 PLUGIN = "nvidia-dra-driver-kubelet-plugin"
@@ -372,9 +374,11 @@ def exporter_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]
 
 
 def render_gpucluster(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:
-    """Every object the GPUCluster asks for, in apply order. ComputeDomains are not rendered
-    (reported NotImplemented); neither is standalone DCGM (the exporter embeds it)."""
+    """Every object the GPUCluster asks for, in apply order, with the admission policies that
+    check GPU claim configs. ComputeDomains are not rendered (reported NotImplemented);
+    neither is standalone DCGM (the exporter embeds it)."""
     objects = plugin_objects(spec, facts) + validator_objects(spec, facts)
     if spec.dcgm_exporter.enabled:
         objects += exporter_objects(spec, facts)
-    return objects
+    # The gates were checked when the spec was parsed: resolving them again cannot fail.
+    return objects + config_policies(dragates.resolve(spec.dra_driver.feature_gates or {}))
