@@ -33,6 +33,11 @@ from .statedir import STATE_FILE, TestenvError, default_state_dir
 SERVICE_CIDR = nodeconfig.SERVICE_CIDR
 POD_CIDR = "10.128.0.1/14"
 START_TIMEOUT = 120.0
+# Alpha on 1.34, off by default, and what DRA device health (taints in ResourceSlices, honoured
+# by the scheduler) and partitionable devices (counter sets: MIG made on demand) need; the API
+# server drops the fields they add while they are off. Given to the API server, the
+# controller manager and the scheduler alike.
+FEATURE_GATES = "DRADeviceTaints=true,DRAPartitionableDevices=true"
 
 
 def start(
@@ -201,6 +206,10 @@ def _start_once(
                 # audit.log miss (a 2,000-node benchmark writes more than that).
                 "--audit-log-maxsize=1000000",
                 "--audit-log-maxbackup=0",
+                f"--feature-gates={FEATURE_GATES}",
+                # DeviceTaintRule, which the scheduler watches once DRADeviceTaints is on: not
+                # served, its informer never syncs and the scheduler places nothing.
+                "--runtime-config=resource.k8s.io/v1alpha3=true",
                 "--profiling=false",
             ],
         )
@@ -236,6 +245,7 @@ def _start_once(
                 # kubelet would report its pods Ready again after one; kwok does not).
                 "--node-monitor-grace-period=10m",
                 "--controllers=*",
+                f"--feature-gates={FEATURE_GATES}",
                 "--profiling=false",
             ],
             restart=True,
@@ -253,6 +263,7 @@ def _start_once(
                 "--leader-elect=true",  # and restarted: see restarted()
                 "--kube-api-qps=200",
                 "--kube-api-burst=400",
+                f"--feature-gates={FEATURE_GATES}",
                 "--profiling=false",
             ],
             restart=True,

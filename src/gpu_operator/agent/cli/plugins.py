@@ -7,6 +7,7 @@ import argparse
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -243,11 +244,24 @@ def cmd_dra_plugin(args: argparse.Namespace) -> int:
     except dragates.GateError as exc:  # refused before anything is published or served
         log.error("%s (--feature-gates, env FEATURE_GATES)", exc)
         return 2
+    from gpu_operator.agent.gpuhealth import health_settings
+    from gpu_operator.labels import HEALTH_ENV_CONDITION
+
+    try:  # NVIDIA's gate turns on the device plugin's GPU health: its settings, its condition
+        health_on = gates.on("NVMLDeviceHealthCheck")
+        settings = (
+            health_settings({**os.environ, HEALTH_ENV_CONDITION: "true"}) if health_on else None
+        )
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
     stop = stop_on_signals()
     nvml = Nvml().open()
+    api = kube.connect()
+    health = _dra_health(nvml, api, node, settings, stop, args.health_poll_ms / 1000.0)
     try:
         return dra.run(
-            kube.connect(),
+            api,
             nvml.inventory,
             dra.PluginOptions(
                 node=node,
@@ -263,9 +277,38 @@ def cmd_dra_plugin(args: argparse.Namespace) -> int:
                 gates=gates,
             ),
             stop,
+            health,
         )
     finally:
         nvml.close()
+
+
+def _dra_health(
+    nvml: Nvml,
+    api: Kube,
+    node: str,
+    settings: HealthSettings | None,
+    stop: threading.Event,
+    poll_s: float,
+) -> Callable[[], dict[str, Any]] | None:
+    """The GPUs' health, polled in a thread of its own (the device plugin's monitor, so the
+    same GPUHealthy condition on the Node); None without settings."""
+    if settings is None:
+        return None
+    from gpu_operator.agent.dra import health as dra_health
+    from gpu_operator.agent.gpuhealth.monitor import HealthMonitor, KubeNode, follow_health
+    from gpu_operator.kube import NO_RETRY
+
+    component = dra_health.EVENT_COMPONENT
+    monitor = HealthMonitor(nvml, KubeNode(api.with_retry(NO_RETRY), node, component), settings)
+    monitor.prime(nvml.inventory())
+
+    def xids(found: Inventory) -> list[XidEvent]:
+        return nvml.xid_events([g.index for g in found.gpus]) if found.gpus else []
+
+    args = (monitor, nvml.inventory, xids, lambda _: None, stop, poll_s)
+    threading.Thread(target=follow_health, args=args, name="gpu health", daemon=True).start()
+    return monitor.health
 
 
 def register(sub: Any) -> None:
@@ -300,6 +343,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--publish-only", action="store_true", help="publish slices, serve no kubelet (kwok)"
+    )
+    p.add_argument(
+        "--health-poll-ms",
+        type=int,
+        default=500,
+        help="with gate NVMLDeviceHealthCheck: milliseconds between GPU health polls (500)",
     )
     p.add_argument(
         "--feature-gates",

@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_operator.agent.dra import devices as dra_devices
 from gpu_operator.agent.dra import slices
+from gpu_operator.agent.dra.health import taint_devices
 from gpu_operator.agent.dra.server import DraPlugin, PluginPaths
 from gpu_operator.agent.driver_cdi import HostDriver, find_host_driver
+from gpu_operator.agent.gpuhealth.state import GpuHealth
 from gpu_operator.agent.inventory import Inventory
 from gpu_operator.agent.nvml import current_driver_root
 from gpu_operator.api.dragates import Gates
@@ -52,10 +54,13 @@ def publish(
     inventory: Inventory,
     owner: Mapping[str, str] | None = None,
     existing: list[dict[str, Any]] | None = None,
+    devices: list[dict[str, Any]] | None = None,
 ) -> slices.SlicePlan:
-    """One observe-decide-execute pass for ``node``; the plan says what was written."""
+    """One observe-decide-execute pass for ``node``; the plan says what was written.
+    ``devices``: the inventory's, already computed (tainted by health)."""
     current = existing_slices(kube, node) if existing is None else existing
-    plan = slices.plan(node, current, dra_devices.devices(inventory), owner)
+    wanted = dra_devices.devices(inventory) if devices is None else devices
+    plan = slices.plan(node, current, wanted, owner)
     execute(kube, plan)
     if plan.writes:
         log.info("published %s generation %d (%d writes)", node, plan.generation, plan.writes)
@@ -123,8 +128,10 @@ def run(
     read_inventory: Callable[[], Inventory],
     options: PluginOptions,
     stop: threading.Event,
+    health: Callable[[], Mapping[str, GpuHealth]] | None = None,
 ) -> int:
-    """Serve the kubelet (unless told not to) and keep the pool published until ``stop``."""
+    """Serve the kubelet (unless told not to) and keep the pool published until ``stop``;
+    with ``health`` (the GPUs' health now), unhealthy GPUs' devices are published tainted."""
     latest: dict[str, Inventory] = {"inventory": read_inventory()}
 
     def refs() -> Mapping[str, dra_devices.DeviceRef]:
@@ -150,6 +157,8 @@ def run(
     try:
         while True:
             devices = dra_devices.devices(latest["inventory"])
+            if health is not None:
+                devices = taint_devices(devices, health())
             now = time.monotonic()
             # The kubelet deletes a driver's slices on its node 30 s after the driver went
             # away, and all of them when it starts: a (re)registration may follow such a wipe,
@@ -162,7 +171,9 @@ def run(
                     # Read the slices only when the devices changed (or to resync): at 1,000
                     # nodes a list every pass would be hundreds of requests a second.
                     existing = None if published is None or now >= resync_at else published
-                    plan = publish(kube, options.node, latest["inventory"], owner, existing)
+                    plan = publish(
+                        kube, options.node, latest["inventory"], owner, existing, devices
+                    )
                     published = list(plan.apply) if plan.apply else published
                     if published is None or now >= resync_at:
                         published = existing_slices(kube, options.node)

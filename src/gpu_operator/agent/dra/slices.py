@@ -71,12 +71,17 @@ def desired_slices(
 
 
 def _device_key(device: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What a device publishes, ignoring fields the API server may add."""
+    """What a device publishes, ignoring fields the API server may add (a taint's
+    ``timeAdded``)."""
     capacity = {k: (v or {}).get("value") for k, v in (device.get("capacity") or {}).items()}
+    taints = sorted(
+        (t.get("key"), t.get("value") or "", t.get("effect")) for t in device.get("taints") or ()
+    )
     return (
         device.get("name"),
         sorted((k, sorted(v.items())) for k, v in (device.get("attributes") or {}).items()),
         sorted(capacity.items()),
+        taints,
     )
 
 

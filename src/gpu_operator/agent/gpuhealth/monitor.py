@@ -141,6 +141,11 @@ class HealthMonitor:
         with self._lock:
             return unhealthy(self._state)
 
+    def health(self) -> dict[str, GpuHealth]:
+        """Each GPU's health (by UUID) as the last poll left it."""
+        with self._lock:
+            return dict(self._state)
+
     def _reset(self, request: str, sick: Sequence[tuple[int, str]]) -> None:
         processes = {uuid: self.gpus.gpu_processes(index) for index, uuid in sick}
         plan = reset.plan_reset(sick, processes)
