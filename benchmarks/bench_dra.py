@@ -6,8 +6,9 @@ Prints: ResourceSlice publication for ``--nodes`` simulated nodes of 8 A100s eac
 API writes per node for the first pass and for an unchanged second pass); how fast the real
 kube-scheduler allocates ``--claims`` single-GPU template claims on kwok nodes (pods/s from
 the first create to the last binding); and NodePrepareResources latency through the plugin's
-unix socket (a fresh claim each time, then the checkpointed answer). Figures only; nothing here
-gates CI.
+unix socket (a fresh claim each time, then the checkpointed answer), for whole GPUs and for
+TimeSlicing claims (whose interval the stub driver's nvidia-smi sets). Figures only; nothing
+here gates CI.
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ from gpu_operator.agent.dra import devices as dra_devices
 from gpu_operator.agent.dra import slices as dra_slices
 from gpu_operator.agent.dra.kubelet import DraClient, LocalDraKubelet
 from gpu_operator.agent.dra.server import DraPlugin, PluginPaths
+from gpu_operator.agent.dra.sharing import NvidiaSmi
+from gpu_operator.agent.driver_cdi import HostDriver, find_host_driver
+from gpu_operator.agent.driverroot import DeviceNodes
 from gpu_operator.agent.inventory import Inventory
+from gpu_operator.agent.simulated_operands import install_driver
+from gpu_operator.api import dragates
+from gpu_operator.api.draconfig import GROUP_VERSION
 from gpu_operator.kube import Kube
 from gpu_operator.render.dra import device_classes
 
@@ -117,11 +124,20 @@ def allocation(cluster: testenv.Cluster, kube: Kube, claims: int) -> None:
           f"  ({claims / took:5.1f} claims/s); distinct devices {len(pairs)}")  # fmt: skip
 
 
-def prepare_latency(runs: int) -> None:
-    print(f"NodePrepareResources through the plugin socket ({runs} claims)")
-    inventory = dra_agent.simulated_inventory("a100-40gb:8", "bench-prepare")
+def prepare_latency(runs: int, time_slicing: bool) -> None:
+    """Prepare, prepare again and unprepare through the plugin's socket; with
+    ``time_slicing`` each claim asks for interval Long, set (and put back) by the stub
+    driver's nvidia-smi: a process per call, as on a real node."""
+    what = "TimeSlicing Long claims" if time_slicing else "whole-GPU claims"
+    print(f"NodePrepareResources through the plugin socket ({runs} {what})")
+    node = "bench-prepare"
+    inventory = dra_agent.simulated_inventory("a100-40gb:8", node)
     refs = dra_devices.refs_by_name(inventory)
     claims: dict[tuple[str, str], dict[str, Any]] = {}
+    config = [{"source": "FromClaim", "opaque": {"driver": dra_devices.DRIVER, "parameters": {
+        "apiVersion": GROUP_VERSION, "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+    }}}] if time_slicing else []  # fmt: skip
 
     def read(ns: str, name: str) -> dict[str, Any] | None:
         return claims.get((ns, name))
@@ -129,7 +145,16 @@ def prepare_latency(runs: int) -> None:
     with tempfile.TemporaryDirectory(prefix="dra-") as tmp:
         root = Path(tmp)
         paths = PluginPaths(root / "plugins" / dra_devices.DRIVER, root / "reg", root / "cdi")
-        with DraPlugin("bench-prepare", paths, lambda: refs, read):
+        no_driver = HostDriver(None, DeviceNodes("/", {}, (), ()), "/", "/")
+        gates = dragates.resolve({"TimeSlicingSettings": time_slicing})
+        settings = None
+        if time_slicing:
+            install_driver("a100-40gb:8", root / "stub-driver", seed=node)
+            stub, missing = find_host_driver(str(root / "stub-driver"), "/")
+            assert missing is None, missing
+            settings = lambda: NvidiaSmi(stub)  # noqa: E731
+        plugin = DraPlugin(node, paths, lambda: refs, read, lambda: no_driver, gates, settings)
+        with plugin:
             found = LocalDraKubelet(paths.registry_dir).wait_for_plugin(dra_devices.DRIVER)
             with DraClient(found.endpoint, found.version) as kubelet:
                 fresh, again, unprep = [], [], []
@@ -139,13 +164,14 @@ def prepare_latency(runs: int) -> None:
                         "metadata": {"namespace": "ns", "name": f"c{i}", "uid": uid},
                         "status": {"allocation": {"devices": {"results": [
                             {"request": "gpu", "driver": dra_devices.DRIVER,
-                             "pool": "bench-prepare", "device": f"gpu-{i % 8}"}
-                        ]}}},
+                             "pool": node, "device": f"gpu-{i % 8}"}
+                        ], "config": config}}},
                     }  # fmt: skip
                     key = ("ns", f"c{i}", uid)
                     t = time.perf_counter()
-                    kubelet.prepare(key)
+                    answer = kubelet.prepare(key)
                     fresh.append(time.perf_counter() - t)
+                    assert not answer.claims[uid].error, answer.claims[uid].error
                     t = time.perf_counter()
                     kubelet.prepare(key)
                     again.append(time.perf_counter() - t)
@@ -165,7 +191,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=16)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    prepare_latency(args.prepares)
+    prepare_latency(args.prepares, time_slicing=False)
+    prepare_latency(args.prepares, time_slicing=True)
     state = testenv.default_state_dir() / f"bench-dra-{uuid.uuid4().hex[:6]}"
     cluster = testenv.start(state)
     try:
