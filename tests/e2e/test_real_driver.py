@@ -109,18 +109,21 @@ def stack(
             running.kube.delete("GPUCluster", "gpu-cluster")
             patch = {"metadata": {"labels": {NO_PLUGIN: None}}}
             running.kube.merge_patch("Node", DRA_NODE, patch)
-            # And no claim-config admission policy left behind for the next module's claims.
-            wait_for("the GPUCluster and its admission policies gone", partial(_left, running))
+            # No claim-config admission policy left for the next module's claims: deleted
+            # here, not waited for through the GPUCluster's teardown (a minute of it).
+            for name in _policy_names():
+                running.kube.delete("ValidatingAdmissionPolicy", name)
+            wait_for("the admission policies gone", partial(_left, running))
+
+
+def _policy_names() -> list[str]:
+    policies = config_policies(Gates.defaults())
+    return [o["metadata"]["name"] for o in policies if o["kind"] == "ValidatingAdmissionPolicy"]
 
 
 def _left(stack: Stack) -> bool | NotYet:
-    """Whether the GPUCluster and the admission policies it rendered are all gone."""
-    names = [("GPUCluster", "gpu-cluster")] + [
-        (o["kind"], o["metadata"]["name"])
-        for o in config_policies(Gates.defaults())
-        if o["kind"] == "ValidatingAdmissionPolicy"
-    ]
-    left = [name for kind, name in names if stack.kube.get(kind, name) is not None]
+    """Whether the admission policies the GPUCluster rendered are gone."""
+    left = [n for n in _policy_names() if stack.kube.get("ValidatingAdmissionPolicy", n)]
     return not left or NotYet(left)
 
 
