@@ -22,9 +22,10 @@ from typing import Any
 from gpu_operator.api import draconfig
 from gpu_operator.api.dragates import Gates
 from gpu_operator.api.gpucluster import DRIVER_NAME
+from gpu_operator.labels import MANAGED_BY, OPERATOR_NAME
 
 POLICY_PREFIX = "gpu.nvidia.com-configs"
-MANAGED = {"app.kubernetes.io/managed-by": "gpu-operator"}
+MANAGED = {MANAGED_BY: OPERATOR_NAME}
 INTERVALS = ("Default", "Short", "Medium", "Long")
 GPU_SHARING_FIELDS = ("strategy", "timeSlicingConfig", "mpsConfig")
 MIG_SHARING_FIELDS = ("strategy", "mpsConfig")

@@ -17,7 +17,7 @@ from gpu_operator.api import dragates
 from gpu_operator.api.base import EnvVar, Resources
 from gpu_operator.api.gpucluster import GPUClusterSpec
 from gpu_operator.api.spec import DaemonsetsSpec
-from gpu_operator.labels import DEPLOY_PREFIX
+from gpu_operator.labels import DEPLOY_PREFIX, MANAGED_BY, OPERATOR_NAME
 from gpu_operator.render.dra import device_classes
 from gpu_operator.render.dra_admission import config_policies
 from gpu_operator.render.facts import Facts
@@ -34,7 +34,7 @@ DEPLOY_LABELS = {
     VALIDATOR: DEPLOY_PREFIX + "dra-validator",
     EXPORTER: DEPLOY_PREFIX + "dcgm-exporter-dra",
 }
-MANAGED = {"app.kubernetes.io/managed-by": "gpu-operator"}
+MANAGED = {MANAGED_BY: OPERATOR_NAME}
 VALIDATIONS = "/run/nvidia/validations"
 DRIVER_ROOT_ANNOTATION = "nvidia.com/gpu-operator.driver-root"
 # The DRA init container's own results (its driver-ready file), apart from the ClusterPolicy
