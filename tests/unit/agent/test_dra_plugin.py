@@ -272,6 +272,26 @@ def test_prepare_sets_the_interval_and_unprepare_puts_default_back_across_a_rest
         assert len(recorder.calls) == 2
 
 
+def test_a_restart_puts_default_back_on_free_gpus_only(
+    paths: PluginPaths, refs: dict[str, dra_devices.DeviceRef], api: Api
+) -> None:
+    """A GPU whose claim is checkpointed keeps its interval; every other full GPU gets Default
+    (a plugin killed between setting one and checkpointing left it set)."""
+    recorder = Recorder()
+    key = api.add(long_claim("uid-held"))
+    with (
+        DraPlugin(NODE, paths, lambda: refs, api.read, no_driver, SLICING, lambda: recorder),
+        registered_client(paths) as kubelet,
+    ):
+        assert not kubelet.prepare(key).claims["uid-held"].error
+    recorder.calls.clear()
+    plugin = DraPlugin(NODE, paths, lambda: refs, api.read, no_driver, SLICING, lambda: recorder)
+    assert plugin.restore_time_slices() == [refs["gpu-1"].uuid]
+    assert recorder.calls == [(refs["gpu-1"].uuid, "Default")]  # gpu-0 stays Long
+    off = DraPlugin(NODE, paths, lambda: refs, api.read, no_driver, None, lambda: recorder)
+    assert off.restore_time_slices() == []  # without the gate the plugin sets nothing
+
+
 class Slices:
     """The API server's ResourceSlices for the plugin's loop: list, apply, delete."""
 

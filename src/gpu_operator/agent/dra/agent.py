@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from gpu_operator.agent.dra import devices as dra_devices
 from gpu_operator.agent.dra import slices
 from gpu_operator.agent.dra.health import taint_devices
+from gpu_operator.agent.dra.prepare import PrepareError
 from gpu_operator.agent.dra.server import DraPlugin, PluginPaths
 from gpu_operator.agent.driver_cdi import HostDriver, find_host_driver
 from gpu_operator.agent.gpuhealth.state import GpuHealth
@@ -149,6 +150,10 @@ def run(
         options.gates,
     )
     if options.serve_kubelet:
+        try:  # before the kubelet can send a claim
+            plugin.restore_time_slices()
+        except PrepareError as exc:  # the driver's tool failed: claims will say so too
+            log.error("putting the default time-slice back on free GPUs: %s", exc)
         plugin.start()
     owner = node_owner(kube, options.node)
     published: list[dict[str, Any]] | None = None  # what the last pass left on the server

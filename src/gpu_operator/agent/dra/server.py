@@ -147,6 +147,26 @@ class DraPlugin:
             (self.paths.cdi_dir / spec_file_name(uid)).unlink(missing_ok=True)
             self.checkpoint.remove(uid)
 
+    def restore_time_slices(self) -> list[str]:
+        """Put Default back on every full GPU no checkpointed claim holds a time-slice on: a
+        plugin killed between setting one and checkpointing its claim, or a claim the kubelet
+        let go of while the plugin was down, left it set. With TimeSlicingSettings only (the
+        plugin sets nothing otherwise); returns the UUIDs put back."""
+        if not self.gates.on("TimeSlicingSettings"):
+            return []
+        with self._lock:
+            held = {
+                p.time_slice.uuid
+                for uid in self.checkpoint.uids()
+                for p in self.checkpoint.get(uid) or ()
+                if p.time_slice is not None
+            }
+            free = sorted({r.uuid for r in self.devices().values() if not r.mig} - held)
+            settings = self.settings()
+            for uuid in free:
+                settings.set_time_slice(uuid, "Default")
+            return free
+
     def _write_spec(self, uid: str, prepared: tuple[PreparedDevice, ...]) -> None:
         refs = self.devices()
         known = {p.device: refs[p.device] for p in prepared if p.device in refs}
