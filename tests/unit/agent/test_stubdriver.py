@@ -391,3 +391,44 @@ def test_compute_mode_and_time_slice_are_the_gpus_state_shared_by_every_process(
         assert done.returncode == 2, (args, done.stdout)
     assert smi(root, "-i", "GPU-nope", "-c", "0").returncode == 6
     assert sd.read_compute_policy(root / "dev", h100).time_slice == "Long"
+
+
+def test_an_agents_simulated_nvml_and_the_stubs_c_library_share_the_compute_mode(
+    tmp_path: Path, artefacts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a simulated node's stub driver, an agent's NVML (the Python simulation) and the
+    stub's C programs keep one compute mode per GPU: set by one, read by the other."""
+    import pynvml
+
+    from gpu_operator.agent.nvml.loader import SIM_STATE
+    from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simulated_nvml
+    from gpu_operator.agent.simulated_operands import install_driver
+
+    if Path("/dev/nvidiactl").exists():
+        pytest.skip("this machine has /dev/nvidiactl (a real driver): the stub would use /dev")
+    monkeypatch.setenv("GPU_OPERATOR_STUB_ARTEFACTS", str(artefacts))
+    root = tmp_path / "driver"
+    installed = install_driver("a100-40gb:2", root, seed="node-x")
+    table = sd.read_table(next((root / LIB).glob("libnvidia-ml.so.*.*")))
+    for entry in sd.plan_layout(
+        version=installed["driver_version"], cuda_version=table.cuda_version, gpus=table.gpus
+    ):
+        if entry.kind == "node" and not (root / entry.path).exists():  # not root: stand-ins
+            (root / entry.path).parent.mkdir(exist_ok=True)
+            (root / entry.path).touch()
+    install_simulated_nvml("a100-40gb:2", seed="node-x", state_file=root / "dev" / SIM_STATE)
+    try:
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(1)
+        uuid = pynvml.nvmlDeviceGetUUID(handle)
+        assert pynvml.nvmlDeviceGetComputeMode(handle) == pynvml.NVML_COMPUTEMODE_DEFAULT
+        pynvml.nvmlDeviceSetComputeMode(handle, pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+        modes = smi(root, "--query-gpu=uuid,compute_mode", "--format=csv,noheader").stdout
+        assert f"{uuid}, Exclusive_Process" in modes.splitlines(), modes
+        assert smi(root, "-i", uuid, "-c", "PROHIBITED").returncode == 0
+        assert pynvml.nvmlDeviceGetComputeMode(handle) == pynvml.NVML_COMPUTEMODE_PROHIBITED
+        other = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert pynvml.nvmlDeviceGetComputeMode(other) == pynvml.NVML_COMPUTEMODE_DEFAULT
+        pynvml.nvmlShutdown()
+    finally:
+        uninstall_simulated_nvml()

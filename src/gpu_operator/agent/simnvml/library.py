@@ -16,6 +16,7 @@ from typing import Any
 import pynvml
 
 from . import (
+    compute_calls,
     device_calls,
     event_calls,
     health_calls,
@@ -42,6 +43,7 @@ def _merge(*tables: Mapping[str, EntryPoint]) -> dict[str, EntryPoint]:
 
 ENTRY_POINTS = _merge(
     system_calls.ENTRY_POINTS,
+    compute_calls.ENTRY_POINTS,
     device_calls.ENTRY_POINTS,
     metric_calls.ENTRY_POINTS,
     health_calls.ENTRY_POINTS,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pynvml
@@ -19,6 +20,8 @@ from .cabi import Kind, unpack_handle
 from .devices import NvmlFault, SimCi, SimGi, SimGpu
 from .faults import EventSets
 from .persistence import StateFile
+
+SIM_DIR = "gpu-operator-sim"  # the stub driver's, under its device directory
 
 
 class SimNode:
@@ -36,6 +39,7 @@ class SimNode:
         self.cuda_version = cuda_version
         self.state = state
         self.events = EventSets()
+        self.compute_modes: dict[str, int] = {}  # without a state file: by GPU UUID
         self.init_count = 0  # nvmlInit calls not yet matched by nvmlShutdown
         self._clock = clock
         self._t0 = clock()
@@ -57,6 +61,13 @@ class SimNode:
         return self._clock() - self._t0
 
     # -- shared state ------------------------------------------------------------------------
+    def dev_dir(self) -> Path | None:
+        """The directory of the GPUs' device nodes when the state file is the stub driver's
+        (``<dev>/gpu-operator-sim/``, where its C library keeps the compute policy too); None
+        for a state file elsewhere (a kwok node's) or none."""
+        folder = self.state.path.parent if self.state is not None else None
+        return folder.parent if folder is not None and folder.name == SIM_DIR else None
+
     def sync(self) -> None:
         if self.state is not None:
             self.state.sync(self.gpus)

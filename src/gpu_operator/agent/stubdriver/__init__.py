@@ -23,7 +23,7 @@ A GPU is visible when ``<device dir>/nvidia<minor>`` exists; indices follow asce
 """
 
 from .build import NO_COMPILER, build_stubs, default_cache_dir, source_hash
-from .compute import ComputePolicy, read_compute_policy
+from .compute import ComputePolicy, read_compute_policy, write_compute_policy
 from .layout import Entry, lay_out, plan_layout, remove, replace_file
 from .libraries import BIN_DIRS, LIB_DIRS, LIBRARIES, PROBE, PROGRAMS, STYLES, Library, Style
 from .table import (
@@ -71,4 +71,5 @@ __all__ = [
     "remove",
     "replace_file",
     "source_hash",
+    "write_compute_policy",
 ]

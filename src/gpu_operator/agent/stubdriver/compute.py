@@ -4,7 +4,9 @@ set through ``nvidia-smi -c`` or ``nvidia-smi compute-policy --set-timeslice``."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import fcntl
+import os
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 COMPUTE_DIR = "gpu-operator-sim/compute"
@@ -31,3 +33,34 @@ def read_compute_policy(dev_dir: str | Path, uuid: str) -> ComputePolicy:
     return ComputePolicy(
         COMPUTE_MODES[int(values.get("mode", 0))], TIME_SLICES[int(values.get("timeslice", 0))]
     )
+
+
+def write_compute_policy(
+    dev_dir: str | Path,
+    uuid: str,
+    *,
+    compute_mode: str | None = None,
+    time_slice: str | None = None,
+) -> ComputePolicy:
+    """Set one half of GPU ``uuid``'s policy, keeping the other, as ``c/nvml.c`` does: under
+    an flock on the directory, written whole and renamed into place. Returns the new policy."""
+    directory = Path(dev_dir, COMPUTE_DIR)
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        policy = read_compute_policy(dev_dir, uuid)
+        if compute_mode is not None:
+            policy = replace(policy, compute_mode=compute_mode)
+        if time_slice is not None:
+            policy = replace(policy, time_slice=time_slice)
+        text = (
+            f"mode {COMPUTE_MODES.index(policy.compute_mode)}\n"
+            f"timeslice {TIME_SLICES.index(policy.time_slice)}\n"
+        )
+        tmp = directory / f"{uuid}.{os.getpid()}"
+        tmp.write_text(text)
+        os.replace(tmp, directory / uuid)
+        return policy
+    finally:
+        os.close(fd)
