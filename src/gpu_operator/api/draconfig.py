@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, get_args
 
 from kubernetes.utils import parse_quantity
 from pydantic import AfterValidator, Field, StrictBool, StrictInt, ValidationError, model_validator
@@ -60,8 +60,12 @@ def _limit(value: str | int) -> str | int:
 Limit = Annotated[str | int, AfterValidator(_limit)]
 
 
+Interval = Literal["Default", "Short", "Medium", "Long"]
+INTERVALS: tuple[str, ...] = get_args(Interval)  # in NVIDIA's order: nvidia-smi's 0 to 3
+
+
 class TimeSlicingConfig(ApiModel):
-    interval: Literal["Default", "Short", "Medium", "Long"] | None = None
+    interval: Interval | None = None
 
 
 class MpsConfig(ApiModel):

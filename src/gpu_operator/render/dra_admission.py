@@ -26,7 +26,6 @@ from gpu_operator.labels import MANAGED_BY, OPERATOR_NAME
 
 POLICY_PREFIX = "gpu.nvidia.com-configs"
 MANAGED = {MANAGED_BY: OPERATOR_NAME}
-INTERVALS = ("Default", "Short", "Medium", "Long")
 GPU_SHARING_FIELDS = ("strategy", "timeSlicingConfig", "mpsConfig")
 MIG_SHARING_FIELDS = ("strategy", "mpsConfig")
 MPS_FIELDS = (
@@ -114,8 +113,9 @@ def _rules(gates: Gates) -> list[Rule]:
         when(
             f"{slicing} && has({s}.timeSlicingConfig.interval)",
             Rule(
-                f"{s}.timeSlicingConfig.interval in {_list(INTERVALS)}",
-                ".sharing.timeSlicingConfig.interval: must be one of " + ", ".join(INTERVALS),
+                f"{s}.timeSlicingConfig.interval in {_list(draconfig.INTERVALS)}",
+                ".sharing.timeSlicingConfig.interval: must be one of "
+                + ", ".join(draconfig.INTERVALS),
             ),
         ),
         when(mps, _keys(".sharing.mpsConfig", m, _list(MPS_FIELDS))),

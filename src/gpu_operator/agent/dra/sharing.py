@@ -15,9 +15,10 @@ from typing import Protocol
 
 from gpu_operator.agent.dra.prepare import PreparedDevice, PrepareError
 from gpu_operator.agent.driver_cdi import HostDriver
+from gpu_operator.api.draconfig import INTERVALS
 
-# nvidia-smi's values (NVIDIA's TimeSlicingConfig.Interval.Int()).
-TIME_SLICE_VALUES = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
+# nvidia-smi's values: the intervals' order (NVIDIA's TimeSlicingConfig.Interval.Int()).
+TIME_SLICE_VALUES = {name: value for value, name in enumerate(INTERVALS)}
 NVIDIA_SMI = "nvidia-smi"
 SMI_TIMEOUT_S = 30.0
 
