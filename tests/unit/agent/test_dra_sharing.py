@@ -13,9 +13,9 @@ from gpu_operator.agent.dra.sharing import NvidiaSmi
 from gpu_operator.agent.driver_cdi import find_host_driver
 from tests import prerequisites
 from tests.unit.agent.test_dra_plugin import no_driver
+from tests.unit.agent.test_stubdriver import GPUS, lay_driver
 
-GPU = sd.StubGpu(0, "GPU-00000000-1111-4000-8000-0123456789ab", "NVIDIA A100-SXM4-40GB", 40960,
-                 "00000000:07:00.0")  # fmt: skip
+GPU = GPUS[1]  # the A100, minor 0
 
 
 @pytest.fixture
@@ -23,14 +23,7 @@ def driver_root(tmp_path: Path) -> Path:
     if Path("/dev/nvidiactl").exists():
         pytest.skip("this machine has /dev/nvidiactl (a real driver): the stub would use /dev")
     prerequisites.gcc()
-    root = tmp_path / "driver"
-    created = sd.lay_out(root, version="580.95.05", cuda_version=13000, gpus=(GPU,),
-                         artefacts=sd.build_stubs())  # fmt: skip
-    for entry in sd.plan_layout(version="580.95.05", cuda_version=13000, gpus=(GPU,)):
-        if entry.kind == "node" and entry.path not in created:  # not root: stand-ins
-            (root / entry.path).parent.mkdir(exist_ok=True)
-            (root / entry.path).touch()
-    return root
+    return lay_driver(tmp_path / "driver", sd.build_stubs())
 
 
 def test_the_drivers_nvidia_smi_sets_the_time_slice_the_gpu_then_holds(driver_root: Path) -> None:

@@ -103,7 +103,9 @@ def _kwok_capacity(
     nvml.open()
     api = kube.connect()
     inventory = [nvml.inventory()]  # the latest read that succeeded
-    monitor = _kwok_monitor(nvml, api, node, gpu_health, inventory[0])
+    from gpu_operator.agent.deviceplugin.agent import EVENT_COMPONENT
+
+    monitor = _health_monitor(nvml, api, node, gpu_health, inventory[0], EVENT_COMPONENT)
 
     def advertised(view: kube.NodeView) -> tuple[dict[str, int], dict[str, int]]:
         if configs is not None:
@@ -133,33 +135,49 @@ def _kwok_capacity(
     # The watch may block for its whole timeout: a daemon thread, so a signal ends it at once.
     threading.Thread(target=run, name="kwok capacity", daemon=True).start()
     if monitor is not None:
-        from gpu_operator.agent.gpuhealth.monitor import follow_health
-
-        def xids(found: Inventory) -> list[XidEvent]:
-            return nvml.xid_events([g.index for g in found.gpus]) if found.gpus else []
-
         poll_s = args.health_poll_ms / 1000.0
-        health = (monitor, lambda: inventory[0], xids, refresh, stop, poll_s)
-        threading.Thread(target=follow_health, args=health, name="gpu health", daemon=True).start()
+        _follow_health(monitor, nvml, lambda: inventory[0], refresh, stop, poll_s)
     wait_until(stop)
     nvml.close()
     return code[0] if code else 0
 
 
-def _kwok_monitor(
-    nvml: Nvml, api: Kube, node: str, settings: HealthSettings | None, inventory: Inventory
+def _health_monitor(
+    nvml: Nvml,
+    api: Kube,
+    node: str,
+    settings: HealthSettings | None,
+    inventory: Inventory,
+    component: str,
 ) -> HealthMonitor | None:
+    """The GPU health monitor whose Events name ``component``, primed from the Node's
+    condition; None without settings."""
     if settings is None:
         return None
-    from gpu_operator.agent.deviceplugin.agent import EVENT_COMPONENT
     from gpu_operator.agent.gpuhealth.monitor import HealthMonitor, KubeNode
     from gpu_operator.kube import NO_RETRY
 
-    monitor = HealthMonitor(
-        nvml, KubeNode(api.with_retry(NO_RETRY), node, EVENT_COMPONENT), settings
-    )
+    monitor = HealthMonitor(nvml, KubeNode(api.with_retry(NO_RETRY), node, component), settings)
     monitor.prime(inventory)
     return monitor
+
+
+def _follow_health(
+    monitor: HealthMonitor,
+    nvml: Nvml,
+    inventory: Callable[[], Inventory],
+    on_change: Callable[[frozenset[str]], None],
+    stop: threading.Event,
+    poll_s: float,
+) -> None:
+    """Poll and publish ``monitor`` in a daemon thread of its own until ``stop``."""
+    from gpu_operator.agent.gpuhealth.monitor import follow_health
+
+    def xids(found: Inventory) -> list[XidEvent]:
+        return nvml.xid_events([g.index for g in found.gpus]) if found.gpus else []
+
+    health = (monitor, inventory, xids, on_change, stop, poll_s)
+    threading.Thread(target=follow_health, args=health, name="gpu health", daemon=True).start()
 
 
 # -- mps-control-daemon -------------------------------------------------------------------------
@@ -293,21 +311,12 @@ def _dra_health(
 ) -> Callable[[], dict[str, Any]] | None:
     """The GPUs' health, polled in a thread of its own (the device plugin's monitor, so the
     same GPUHealthy condition on the Node); None without settings."""
-    if settings is None:
+    from gpu_operator.agent.dra.health import EVENT_COMPONENT
+
+    monitor = _health_monitor(nvml, api, node, settings, nvml.inventory(), EVENT_COMPONENT)
+    if monitor is None:
         return None
-    from gpu_operator.agent.dra import health as dra_health
-    from gpu_operator.agent.gpuhealth.monitor import HealthMonitor, KubeNode, follow_health
-    from gpu_operator.kube import NO_RETRY
-
-    component = dra_health.EVENT_COMPONENT
-    monitor = HealthMonitor(nvml, KubeNode(api.with_retry(NO_RETRY), node, component), settings)
-    monitor.prime(nvml.inventory())
-
-    def xids(found: Inventory) -> list[XidEvent]:
-        return nvml.xid_events([g.index for g in found.gpus]) if found.gpus else []
-
-    args = (monitor, nvml.inventory, xids, lambda _: None, stop, poll_s)
-    threading.Thread(target=follow_health, args=args, name="gpu health", daemon=True).start()
+    _follow_health(monitor, nvml, nvml.inventory, lambda _: None, stop, poll_s)
     return monitor.health
 
 

@@ -27,6 +27,7 @@ from gpu_operator.agent.dra.devices import DRIVER, DeviceRef
 from gpu_operator.agent.dra.prepare import (
     PreparedDevice,
     PrepareError,
+    TimeSlice,
     cdi_spec,
     prepare_claim,
     spec_file_name,
@@ -36,6 +37,7 @@ from gpu_operator.agent.dra.sharing import (
     NvidiaSmi,
     apply_time_slices,
     reset_time_slices,
+    set_time_slices,
 )
 from gpu_operator.agent.driver_cdi import HostDriver
 from gpu_operator.api.dragates import Gates
@@ -134,7 +136,7 @@ class DraPlugin:
             prepared = prepare_claim(claim, uid, self.node, self.devices(), self.gates)
             # The GPUs first: a setting that fails leaves no spec and no checkpointed claim,
             # and the kubelet's retry sets it again.
-            apply_time_slices(self.settings(), prepared)
+            apply_time_slices(self.settings, prepared)
             self._write_spec(uid, prepared)
             self.checkpoint.put(uid, namespace, name, prepared)
             return prepared
@@ -143,7 +145,7 @@ class DraPlugin:
         with self._lock:
             done = self.checkpoint.get(uid)
             if done is not None:  # put back first: a failure keeps the claim for the retry
-                reset_time_slices(self.settings(), done)
+                reset_time_slices(self.settings, done)
             (self.paths.cdi_dir / spec_file_name(uid)).unlink(missing_ok=True)
             self.checkpoint.remove(uid)
 
@@ -162,9 +164,7 @@ class DraPlugin:
                 if p.time_slice is not None
             }
             free = sorted({r.uuid for r in self.devices().values() if not r.mig} - held)
-            settings = self.settings()
-            for uuid in free:
-                settings.set_time_slice(uuid, "Default")
+            set_time_slices(self.settings, [TimeSlice(uuid, "Default") for uuid in free])
             return free
 
     def _write_spec(self, uid: str, prepared: tuple[PreparedDevice, ...]) -> None:

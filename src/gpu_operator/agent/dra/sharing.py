@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
-from gpu_operator.agent.dra.prepare import PreparedDevice, PrepareError
+from gpu_operator.agent.dra.prepare import PreparedDevice, PrepareError, TimeSlice
 from gpu_operator.agent.driver_cdi import HostDriver
 from gpu_operator.api.draconfig import INTERVALS
 
@@ -68,15 +68,31 @@ class NvidiaSmi:
             )
 
 
-def apply_time_slices(settings: GpuSettings, prepared: Iterable[PreparedDevice]) -> None:
+def set_time_slices(settings: Callable[[], GpuSettings], slices: Sequence[TimeSlice]) -> None:
+    """Set each of ``slices``; ``settings`` is asked for only when there is one (finding the
+    driver's tool is not free, and most claims set nothing)."""
+    if slices:
+        tool = settings()
+        for slice_ in slices:
+            tool.set_time_slice(slice_.uuid, slice_.interval)
+
+
+def apply_time_slices(
+    settings: Callable[[], GpuSettings], prepared: Iterable[PreparedDevice]
+) -> None:
     """Set each prepared full GPU's time-slice its config asks for."""
-    for p in prepared:
-        if p.time_slice is not None:
-            settings.set_time_slice(p.time_slice.uuid, p.time_slice.interval)
+    set_time_slices(settings, [p.time_slice for p in prepared if p.time_slice is not None])
 
 
-def reset_time_slices(settings: GpuSettings, prepared: Iterable[PreparedDevice]) -> None:
+def reset_time_slices(
+    settings: Callable[[], GpuSettings], prepared: Iterable[PreparedDevice]
+) -> None:
     """Put back the default time-slice on each GPU a claim had set another on."""
-    for p in prepared:
-        if p.time_slice is not None and p.time_slice.interval != "Default":
-            settings.set_time_slice(p.time_slice.uuid, "Default")
+    set_time_slices(
+        settings,
+        [
+            TimeSlice(p.time_slice.uuid, "Default")
+            for p in prepared
+            if p.time_slice is not None and p.time_slice.interval != "Default"
+        ],
+    )

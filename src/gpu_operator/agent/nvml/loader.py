@@ -26,6 +26,7 @@ import pynvml
 from gpu_operator.agent.driverroot import DriverNotFound, dev_root_of, find_library
 from gpu_operator.agent.simnvml import SimulatedNvml, install_simulated_nvml
 from gpu_operator.agent.stubdriver import STUB_MARKER, read_table
+from gpu_operator.agent.stubdriver.compute import SIM_DIR
 
 from .errors import NvmlUnavailable
 
@@ -35,7 +36,7 @@ ENV_DRIVER_ROOT = "NVIDIA_DRIVER_ROOT"
 ENV_CONTAINER_DRIVER_ROOT = "CONTAINER_DRIVER_ROOT"
 # The simulated GPUs' own state (MIG mode and instances: what the hardware holds), beside the
 # device nodes that stand for the GPUs.
-SIM_STATE = "gpu-operator-sim/nvml-state.json"
+SIM_STATE = f"{SIM_DIR}/nvml-state.json"
 
 
 def driver_root_from_env(env: Mapping[str, str] = os.environ) -> str:

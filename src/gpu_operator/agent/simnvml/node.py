@@ -15,13 +15,13 @@ from typing import Any
 
 import pynvml
 
+from gpu_operator.agent.stubdriver.compute import SIM_DIR
+
 from . import telemetry
 from .cabi import Kind, unpack_handle
 from .devices import NvmlFault, SimCi, SimGi, SimGpu
 from .faults import EventSets
 from .persistence import StateFile
-
-SIM_DIR = "gpu-operator-sim"  # the stub driver's, under its device directory
 
 
 class SimNode:

@@ -9,7 +9,8 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-COMPUTE_DIR = "gpu-operator-sim/compute"
+SIM_DIR = "gpu-operator-sim"  # the simulated GPUs' own state, in their device directory
+COMPUTE_DIR = f"{SIM_DIR}/compute"
 # nvidia-smi's names, by NVML's values.
 COMPUTE_MODES = ("Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process")
 TIME_SLICES = ("Default", "Short", "Medium", "Long")
