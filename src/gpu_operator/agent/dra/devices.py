@@ -11,10 +11,11 @@ canonical form, so a slice read back compares equal to the one computed.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_operator.agent.inventory import Gpu, Inventory, MigDevice
+from gpu_operator.agent.inventory import Engines, Gpu, Inventory, MigDevice
 from gpu_operator.api.gpucluster import DRIVER_NAME
 
 DRIVER = DRIVER_NAME
@@ -80,9 +81,17 @@ def mig_profile_id(gpu: Gpu, mig: MigDevice) -> int:
     return profile.id if profile else 0
 
 
+def mig_device_name(minor: int, profile: str, profile_id: int, start: int) -> str:
+    """``gpu-<minor>-mig-<profile without dots, RFC 1123>-<GI profile id>-<placement start>``:
+    the name of a MIG device, created or only possible (``1g.10gb+me`` -> ``1g10gb-me``)."""
+    pname = re.sub(r"[^a-z0-9-]", "-", profile.replace(".", "").lower()).strip("-")
+    return f"gpu-{minor}-mig-{pname}-{profile_id}-{start}"
+
+
 def mig_name(gpu: Gpu, mig: MigDevice) -> str:
-    pname = re.sub(r"[^a-z0-9-]", "-", mig.profile.replace(".", "").lower()).strip("-")
-    return f"gpu-{gpu.minor_number}-mig-{pname}-{mig_profile_id(gpu, mig)}-{mig.placement.start}"
+    return mig_device_name(
+        gpu.minor_number, mig.profile, mig_profile_id(gpu, mig), mig.placement.start
+    )
 
 
 def _s(value: str) -> dict[str, Any]:
@@ -118,28 +127,42 @@ def gpu_device(gpu: Gpu, inventory: Inventory) -> dict[str, Any]:
     }
 
 
-def mig_device(gpu: Gpu, mig: MigDevice, inventory: Inventory) -> dict[str, Any]:
-    attributes = {
+def quantities(values: Mapping[str, int]) -> dict[str, dict[str, str]]:
+    """A capacity or counter map in API form: ``{"memory": {"value": "4864Mi"}}``."""
+    return {k: {"value": quantity(v)} for k, v in values.items()}
+
+
+def mig_capacity(sm_count: int, engines: Engines, memory_mib: int) -> dict[str, int]:
+    """A MIG device's capacity by NVIDIA's names, memory in bytes, without its memory slices."""
+    return {
+        "multiprocessors": sm_count,
+        "copyEngines": engines.copy,
+        "decoders": engines.decoder,
+        "encoders": engines.encoder,
+        "jpegEngines": engines.jpeg,
+        "ofaEngines": engines.ofa,
+        "memory": memory_mib * MIB,
+    }
+
+
+def mig_attributes(gpu: Gpu, profile: str, inventory: Inventory) -> dict[str, dict[str, Any]]:
+    """The attributes a MIG device of ``gpu`` has whether or not it exists yet (no ``uuid``)."""
+    return {
         "type": _s("mig"),
-        "uuid": _s(mig.uuid),
         "parentUUID": _s(gpu.uuid),
-        "profile": _s(mig.profile),
+        "profile": _s(profile),
         **_common(gpu, inventory),
     }
-    capacity = {
-        "multiprocessors": mig.sm_count,
-        "copyEngines": mig.engines.copy,
-        "decoders": mig.engines.decoder,
-        "encoders": mig.engines.encoder,
-        "jpegEngines": mig.engines.jpeg,
-        "ofaEngines": mig.engines.ofa,
-        "memory": mig.memory_mib * MIB,
-    }
+
+
+def mig_device(gpu: Gpu, mig: MigDevice, inventory: Inventory) -> dict[str, Any]:
+    attributes = {"uuid": _s(mig.uuid), **mig_attributes(gpu, mig.profile, inventory)}
+    capacity = mig_capacity(mig.sm_count, mig.engines, mig.memory_mib)
     capacity.update({f"memorySlice{i}": 1 for i in sorted(mig.placement.slices)})
     return {
         "name": mig_name(gpu, mig),
         "attributes": attributes,
-        "capacity": {k: {"value": quantity(v)} for k, v in capacity.items()},
+        "capacity": quantities(capacity),
     }
 
 
