@@ -47,6 +47,7 @@ KINDS: dict[str, Kind] = {
         Kind("v1", "ServiceAccount", "serviceaccounts", True),
         Kind("v1", "Event", "events", True),
         Kind("apps/v1", "DaemonSet", "daemonsets", True),
+        Kind("apps/v1", "Deployment", "deployments", True),
         Kind("apps/v1", "ControllerRevision", "controllerrevisions", True),
         Kind("rbac.authorization.k8s.io/v1", "Role", "roles", True),
         Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", True),

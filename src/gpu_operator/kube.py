@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -271,6 +272,14 @@ class Kube:
             resp.response.release_conn()
 
     # -- reads ---------------------------------------------------------------------------------
+
+    def server_version(self) -> tuple[int, int]:
+        """The API server's Kubernetes version, ``(1, 34)`` (a ``34+`` minor read as 34)."""
+        info = self.request("GET", "/version") or {}
+        major, minor = (re.match(r"\d+", str(info.get(k, ""))) for k in ("major", "minor"))
+        if major is None or minor is None:
+            raise ValueError(f"the API server's /version says {info}: no major and minor")
+        return int(major.group()), int(minor.group())
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         try:

@@ -9,7 +9,11 @@ layout, named by ``hostPaths.driverInstallDir``), with the stub driver standing 
   loads ``libnvidia-ml.so.1`` and ``libcuda.so.1`` by soname, ``nvidia-smi -L`` lists exactly its
   GPU, and a CUDA driver-API probe allocates, fills and reads back device memory;
 - the same for a pod with a DRA ResourceClaim, prepared by the GPUCluster's kubelet plugin on the
-  node where the device plugin is turned off.
+  node where the device plugin is turned off;
+- two pods sharing one claim with MPS get one control daemon (the stub driver's
+  ``nvidia-cuda-mps-control``, in a Deployment the plugin starts), holding the limits asked, that
+  both reach through the pipe the claim's CDI device mounts; the GPU is EXCLUSIVE_PROCESS while
+  it runs, and the daemon is gone and the GPU DEFAULT again once the pods are.
 
 What reaches those containers is only what the CDI specs carry: the test pods run plain runc.
 """
@@ -88,6 +92,7 @@ def _policy() -> dict[str, Any]:
 def _gpucluster(driver_install_dir: str) -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load((REPO / "examples" / "gpucluster.yaml").read_text())
     doc["spec"]["dcgmExporter"]["enabled"] = False  # the exporter's own DRA pods: not needed
+    doc["spec"]["draDriver"]["featureGates"] = {"MPSSupport": True}
     doc["spec"]["hostPaths"]["driverInstallDir"] = driver_install_dir
     return doc
 
@@ -297,3 +302,145 @@ def test_containers_get_the_driver_from_cdi_only(stack: Stack, root: str) -> Non
         m["containerPath"]: m["hostPath"] for m in json.loads(spec)["containerEdits"]["mounts"]
     }
     assert mounts["/usr/lib/x86_64-linux-gnu/libcuda.so.1"].startswith(root)
+
+
+MPS_CLAIM = "mps-shared"
+MPS_SETTINGS = {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}
+
+
+def _mps_claim(name: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """A ResourceClaim for one GPU shared with MPS with ``settings`` (its mpsConfig)."""
+    config = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+              "sharing": {"strategy": "MPS", "mpsConfig": settings}}  # fmt: skip
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}],
+            "config": [{"requests": ["gpu"],
+                        "opaque": {"driver": "gpu.nvidia.com", "parameters": config}}],
+        }},
+    }  # fmt: skip
+
+
+def _claim_pod(name: str, claim: str) -> dict[str, Any]:
+    """The workload on the DRA node, given the existing ResourceClaim ``claim`` by name."""
+    pod = _workload(name, DRA_NODE, CONTAINER_DRIVER, claim=True)
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+    return pod
+
+
+def _mps_daemons(stack: Stack) -> list[dict[str, Any]]:
+    return stack.kube.list_objects(
+        "Deployment", NS, label_selector="app.kubernetes.io/component=mps-control-daemon"
+    )
+
+
+def _compute_mode(stack: Stack, uuid: str) -> str:
+    """The GPU's compute mode as the stub driver's GPU holds it, read in the DRA plugin's pod
+    (it has the driver root mounted)."""
+    plugin = pods_on(stack, DRA_PLUGIN, DRA_NODE)[0]["metadata"]["name"]
+    script = (
+        "from gpu_operator.agent.stubdriver import read_compute_policy\n"
+        f"print(read_compute_policy('/driver-root/dev', {uuid!r}).compute_mode)"
+    )
+    return pod_exec(stack, plugin, "gpus", ["python3", "-c", script]).strip()
+
+
+def test_two_pods_sharing_an_mps_claim_reach_one_daemon_holding_its_limits(stack: Stack) -> None:
+    _use_driver_root(stack, CONTAINER_DRIVER)
+    _operands_on(stack, CONTAINER_DRIVER)
+    stack.kube.create(_mps_claim(MPS_CLAIM, MPS_SETTINGS))
+    names = ("mps-a", "mps-b")
+    try:
+        for name in names:
+            stack.kube.create(_claim_pod(name, MPS_CLAIM))
+
+        def both_ready() -> bool | NotYet:
+            pods = [stack.kube.get("Pod", n, NS) or {} for n in names]
+            return all(ready(p) for p in pods) or NotYet(
+                {n: phases([p]) for n, p in zip(names, pods, strict=True)}
+            )
+
+        try:
+            wait_for("both pods of the MPS claim Running", both_ready, timeout=180)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{diagnose(stack)}") from None
+        (daemon,) = _mps_daemons(stack)  # one daemon for the claim, Ready before the pods ran
+        assert (daemon.get("status") or {}).get("readyReplicas") == 1, daemon.get("status")
+        seen = {}
+        for name in names:
+            env = pod_exec(stack, name, "main", ["env"])
+            assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in env, env
+            (uuid,) = set(re.findall(r"=(GPU-[0-9a-f-]+)", env))
+            asked = "get_default_active_thread_percentage\nget_default_device_pinned_mem_limit 0\n"
+            said = pod_exec(
+                stack, name, "main",
+                ["sh", "-c", f"printf '{asked}' | nvidia-cuda-mps-control; "
+                             "cat /tmp/nvidia-mps/nvidia-cuda-mps-control.pid"],
+            )  # fmt: skip
+            seen[name] = (uuid, said.split())
+        assert seen["mps-a"] == seen["mps-b"], seen  # one GPU, one daemon (one pid)
+        uuid, said = seen["mps-a"]
+        assert said[:2] == ["50.0", "10240M"] and len(said) == 3, seen
+        assert _compute_mode(stack, uuid) == "Exclusive_Process"
+    finally:
+        for name in names:
+            stack.kube.delete("Pod", name, NS, grace_period_seconds=0)
+        for name in names:
+            wait_for(
+                f"{name} gone", lambda n=name: stack.kube.get("Pod", n, NS) is None, timeout=60
+            )
+        stack.kube.delete("ResourceClaim", MPS_CLAIM, NS)
+    wait_for(
+        "the claim unprepared: its MPS daemon gone",
+        lambda: not (left := _mps_daemons(stack)) or NotYet([d["metadata"]["name"] for d in left]),
+        timeout=90,
+    )
+    assert _compute_mode(stack, uuid) == "Default"
+
+
+def test_a_config_admission_cannot_judge_fails_prepare_with_its_reason_in_the_pods_events(
+    stack: Stack,
+) -> None:
+    """A per-device limit for a device index the claim was not given passes admission (it
+    cannot know how many devices the claim gets) and fails Prepare: the pod's Events name the
+    field, no daemon is started and the GPU is left as it was."""
+    _use_driver_root(stack, CONTAINER_DRIVER)
+    _operands_on(stack, CONTAINER_DRIVER)
+    limits = {"defaultPerDevicePinnedMemoryLimit": {"3": "1Gi"}}
+    name, claim = "mps-refused", "mps-refused"
+    stack.kube.create(_mps_claim(claim, limits))
+    stack.kube.create(_claim_pod(name, claim))
+    try:
+
+        def refused() -> str | NotYet:
+            events = stack.kube.list_objects(
+                "Event", NS, field_selector=f"involvedObject.kind=Pod,involvedObject.name={name}"
+            )
+            said = [f"{e.get('reason')}: {e.get('message')}" for e in events]
+            hit = next((s for s in said if "defaultPerDevicePinnedMemoryLimit.3" in s), None)
+            return hit or NotYet(said)
+
+        said = wait_for("the pod's Events to name the refused field", refused, timeout=120)
+        assert "not a GPU UUID of the claim nor an index below 1" in said, said
+        assert not ready(stack.kube.get("Pod", name, NS) or {})
+        uid = (stack.kube.get("ResourceClaim", claim, NS) or {})["metadata"]["uid"]
+        assert not [d for d in _mps_daemons(stack) if uid in d["metadata"]["name"]]
+        allocated = (stack.kube.get("ResourceClaim", claim, NS) or {})["status"]["allocation"]
+        (result,) = allocated["devices"]["results"]
+        slices = stack.kube.list_objects(
+            "ResourceSlice", field_selector=f"spec.nodeName={DRA_NODE}"
+        )
+        uuid = next(
+            d["attributes"]["uuid"]["string"]
+            for s in slices
+            for d in s["spec"].get("devices") or []
+            if d["name"] == result["device"]
+        )
+        assert _compute_mode(stack, uuid) == "Default"  # nothing changed on the GPU
+    finally:
+        stack.kube.delete("Pod", name, NS, grace_period_seconds=0)
+        wait_for(f"{name} gone", lambda: stack.kube.get("Pod", name, NS) is None, timeout=60)
+        stack.kube.delete("ResourceClaim", claim, NS)

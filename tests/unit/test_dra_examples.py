@@ -1,5 +1,5 @@
-"""examples/gpucluster.yaml, dra-pod.yaml and dra-time-slicing.yaml: valid, and they do what
-they say."""
+"""examples/gpucluster.yaml, dra-pod.yaml, dra-time-slicing.yaml and dra-mps.yaml: valid, and
+they do what they say."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from tests.schema import prune_nulls, strict, validate_kubernetes
 
 EXAMPLES = REPO / "examples"
 TIME_SLICING_ON = resolve({"TimeSlicingSettings": True})
+MPS_ON = resolve({"MPSSupport": True})
 
 
 def documents(name: str) -> list[dict[str, Any]]:
@@ -70,3 +71,23 @@ def test_the_time_slicing_example_shares_one_claim_with_the_long_interval() -> N
         draconfig.claim_configs(devices["config"], Gates.defaults(), "spec.devices.config")
     claims = [c["resources"]["claims"] for c in pod["spec"]["containers"]]
     assert claims == [[{"name": "gpu"}], [{"name": "gpu"}]]  # two containers, one claim
+
+
+def test_the_mps_example_shares_one_claim_between_two_pods_with_its_limits() -> None:
+    docs = documents("dra-mps.yaml")
+    for doc in docs:
+        assert validate_kubernetes(doc), doc["kind"]
+    claim, *pods = docs
+    entries = draconfig.claim_configs(claim["spec"]["devices"]["config"], MPS_ON, "config")
+    config = draconfig.config_for(entries, "gpu", "gpu")
+    assert isinstance(config, draconfig.GpuConfig) and config.sharing is not None
+    mps = config.sharing.mps_config
+    assert mps is not None and mps.default_active_thread_percentage == 50
+    assert draconfig.pinned_limits(mps, ["GPU-0"]) == {"GPU-0": "10240M"}
+    with pytest.raises(draconfig.ConfigError, match="MPSSupport"):  # the gate it needs
+        draconfig.claim_configs(claim["spec"]["devices"]["config"], Gates.defaults(), "config")
+    assert len(pods) == 2
+    for pod in pods:  # one claim by name: both pods share the one daemon
+        assert pod["spec"]["resourceClaims"] == [
+            {"name": "gpu", "resourceClaimName": claim["metadata"]["name"]}
+        ]

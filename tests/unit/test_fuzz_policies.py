@@ -85,8 +85,8 @@ POLICY_KINDS = frozenset(
 )
 DRIVER_KINDS = frozenset(RBAC | {"ConfigMap", "DaemonSet"})
 GPUCLUSTER_KINDS = frozenset(
-    {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service", "DeviceClass",
-     "ResourceClaimTemplate", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    RBAC | {"DaemonSet", "Service", "DeviceClass", "ResourceClaimTemplate",
+            "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 )  # fmt: skip
 KINDS = (
     Kind("ClusterPolicy", spec_schema(clusterpolicy_crd()), render_policy, POLICY_KINDS, EXAMPLES),

@@ -8,10 +8,11 @@ Deliberate differences (also in the README):
   (``DRIVER_READY_FILE``) instead of a shell sourcing it;
 - the kubelet plugin's ClusterRole is smaller: no ComputeDomains (not implemented), no pod
   reads, nodes only ``get``; ResourceSlices ``patch`` instead of ``update`` (server-side apply);
-- no MPS or driver-validation Roles, no ``vfio.gpu.nvidia.com`` DeviceClass (no MPS control
-  daemon, no passthrough), no gRPC health probes; not NVIDIA's ResourceSlice node-restriction
-  ValidatingAdmissionPolicy (a follow-up), but two of this project's that check GPU claim
-  configs at admission, which NVIDIA's driver does in a webhook;
+- the MPS Role (NVIDIA's name) grants only what the plugin does with its daemons' Deployments
+  (no update, patch or watch) and lists their pods; no driver-validation Role, no
+  ``vfio.gpu.nvidia.com`` DeviceClass (no passthrough), no gRPC health probes; not NVIDIA's
+  ResourceSlice node-restriction ValidatingAdmissionPolicy (a follow-up), but two of this
+  project's that check GPU claim configs at admission, which NVIDIA's driver does in a webhook;
 - the plugin's rolling update also says ``maxSurge: 0`` (two plugin pods on one node would fight
   over its registration socket); ``nvidia.com/gpu.deploy.*`` node selectors as NVIDIA's, but
   no nodeAffinity on NFD labels (the operator's labeller sets the deploy labels).
@@ -224,3 +225,20 @@ def test_a_count_max_unavailable_is_an_integer() -> None:
     objs = render_gpucluster(parse_gpucluster(doc), FACTS)
     for ds in (o for o in objs if o["kind"] == "DaemonSet"):
         assert ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] == 1
+
+
+def test_the_mps_role_is_nvidias_less_what_the_plugin_never_does(
+    ours: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    theirs = golden("gpucluster-dra-driver-gpus-only.yaml")
+    key = ("Role", "nvidia-dra-driver-kubeletplugin-mps")
+    mine, nvidia = verbs(ours[key]["rules"]), verbs(theirs[key]["rules"])
+    # the daemons' pods are listed to say why one is not Ready when Prepare gives up on it
+    assert mine - nvidia == {("", "pods", "list")}
+    assert {v for g, r, v in mine if r == "deployments"} == {"get", "list", "create", "delete"}
+    binding = ours[("RoleBinding", "nvidia-dra-driver-kubeletplugin-mps")]
+    assert binding["roleRef"]["name"] == key[1]
+    assert binding["subjects"] == theirs[("RoleBinding", key[1])]["subjects"]
+    (plugin,) = pod(ours[("DaemonSet", "nvidia-dra-driver-kubelet-plugin")])["containers"]
+    mounts = {m["name"]: m for m in plugin["volumeMounts"]}
+    assert mounts["plugins"]["mountPropagation"] == "Bidirectional"  # the daemons' shm

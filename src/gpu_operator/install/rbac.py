@@ -169,6 +169,8 @@ DRA_CLUSTER_RULES: tuple[Rule, ...] = (
 DRA_NAMESPACE_RULES: tuple[Rule, ...] = (
     Rule("resource.k8s.io", ("resourceclaimtemplates",), MANAGE,
          "admin-access claims of the DRA validator and exporter"),
+    Rule("apps", ("deployments",), ("get", "list", "create", "delete"),
+         "granted to the DRA plugin: one MPS control daemon per claim that shares with MPS"),
 )  # fmt: skip
 
 

@@ -24,6 +24,7 @@ from gpu_operator.render.facts import Facts
 
 PLUGIN = "nvidia-dra-driver-kubelet-plugin"
 PLUGIN_ACCOUNT = "nvidia-dra-driver-kubeletplugin"
+MPS_ROLE = f"{PLUGIN_ACCOUNT}-mps"  # NVIDIA's name
 VALIDATOR = "nvidia-dra-validator"
 EXPORTER = "nvidia-dcgm-exporter-dra"
 EXPORTER_CLAIMS = "nvidia-dcgm-exporter-admin"
@@ -40,11 +41,13 @@ DRIVER_ROOT_ANNOTATION = "nvidia.com/gpu-operator.driver-root"
 # The DRA init container's own results (its driver-ready file), apart from the ClusterPolicy
 # validator's markers in the same directory.
 DRIVER_VALIDATIONS = f"{VALIDATIONS}/dra-driver"
-# The host's root and a driver container's install dir, as NVIDIA's DRA driver mounts them.
+# The host's root and a driver container's install dir, as NVIDIA's DRA driver mounts them:
+# the install dir writable, as NVIDIA's (the simulated GPUs keep what nvidia-smi sets on them,
+# compute mode and time-slice, under the driver root's dev/).
 DRIVER_MOUNTS = [
     {"name": "host-root", "mountPath": "/host", "readOnly": True,
      "mountPropagation": "HostToContainer"},
-    {"name": "driver-install-dir", "mountPath": "/driver-root", "readOnly": True,
+    {"name": "driver-install-dir", "mountPath": "/driver-root",
      "mountPropagation": "HostToContainer"},
 ]  # fmt: skip
 # The kubelet plugin's permissions, each for one thing it does.
@@ -59,6 +62,16 @@ PLUGIN_RULES = [
     },
     # the Node's uid, so its slices are garbage-collected with it
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+]
+# In its own namespace only: one MPS control daemon per claim that shares with MPS, and the
+# state of the daemon's pod while Prepare waits for it.
+PLUGIN_NAMESPACE_RULES = [
+    {
+        "apiGroups": ["apps"],
+        "resources": ["deployments"],
+        "verbs": ["get", "list", "create", "delete"],
+    },
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
 ]
 
 
@@ -216,6 +229,9 @@ def plugin_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:
         # NVML by path from wherever the init container found the driver; no runtime hook
         {"name": "DRIVER_READY_FILE", "value": f"{DRIVER_VALIDATIONS}/driver-ready"},
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+        # what claims' MPS control daemons run: this image
+        {"name": "IMAGE_NAME", "value": facts.operator_image},
+        {"name": "IMAGE_PULL_POLICY", "value": spec.dra_driver.image_pull_policy or "IfNotPresent"},
     ]
     if gates:
         text = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(gates.items()))
@@ -231,7 +247,13 @@ def plugin_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:
         "securityContext": {"privileged": True, "runAsUser": 0},
         "volumeMounts": [
             {"name": "plugins-registry", "mountPath": f"{kubelet_dir}/plugins_registry"},
-            {"name": "plugins", "mountPath": f"{kubelet_dir}/plugins"},
+            # Bidirectional: the tmpfs a claim's MPS daemon shares with its clients, mounted
+            # here under the plugin's directory, must be what the host (and their pods) see.
+            {
+                "name": "plugins",
+                "mountPath": f"{kubelet_dir}/plugins",
+                "mountPropagation": "Bidirectional",
+            },
             {"name": "cdi", "mountPath": "/var/run/cdi"},
             {"name": "validations", "mountPath": VALIDATIONS, "readOnly": True},
             *DRIVER_MOUNTS,
@@ -273,8 +295,28 @@ def plugin_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:
         },
         "subjects": [{"kind": "ServiceAccount", "name": PLUGIN_ACCOUNT, "namespace": ns}],
     }
+    local_role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": MPS_ROLE, "namespace": ns, "labels": dict(MANAGED)},
+        "rules": PLUGIN_NAMESPACE_RULES,
+    }
+    local_binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": MPS_ROLE, "namespace": ns, "labels": dict(MANAGED)},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": MPS_ROLE,
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": PLUGIN_ACCOUNT, "namespace": ns}],
+    }
     daemonset = _daemonset(PLUGIN, ns, spec.daemonsets, pod, max_surge_zero=True)
-    return [_account(PLUGIN_ACCOUNT, ns), role, binding, *device_classes(), daemonset]
+    return [
+        _account(PLUGIN_ACCOUNT, ns), role, binding, local_role, local_binding,
+        *device_classes(), daemonset,
+    ]  # fmt: skip
 
 
 def validator_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:

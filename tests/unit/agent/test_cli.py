@@ -253,6 +253,7 @@ def test_each_module_registers_its_commands_and_imports_only_what_is_light() -> 
         "device-plugin",
         "mps-control-daemon",
         "dra-plugin",
+        "mps-claim-daemon",
         "simulate-driver",
         "simulate-toolkit",
         "simulate-fault",

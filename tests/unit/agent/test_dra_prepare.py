@@ -18,7 +18,10 @@ from gpu_operator.api.draconfig import GROUP_VERSION
 from gpu_operator.api.dragates import Gates, resolve
 
 NODE = "node-a"
-REFS = {"gpu-0": DeviceRef("GPU-0", 0), "gpu-1-mig-1g10gb-0": DeviceRef("MIG-1", 1, (1, 0))}
+REFS = {
+    "gpu-0": DeviceRef("GPU-0", 0),
+    "gpu-1-mig-1g10gb-0": DeviceRef("MIG-1", 1, (1, 0), "GPU-1"),
+}
 SLICING = resolve({"TimeSlicingSettings": True})
 MPS = resolve({"MPSSupport": True})
 
@@ -115,10 +118,20 @@ def test_each_full_gpu_gets_the_time_slice_its_config_asks_for(
             "status.allocation.devices.config[0].opaque.parameters.sharing.strategy: MPS needs "
             "the DRA driver's feature gate MPSSupport",
         ),
-        (
-            [opaque("GpuConfig", {"strategy": "MPS"})],
+        (  # what admission cannot judge: the devices the claim was given
+            [
+                opaque(
+                    "GpuConfig",
+                    {
+                        "strategy": "MPS",
+                        "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"1": "1Gi"}},
+                    },
+                    "gpu",
+                )
+            ],
             MPS,
-            "request 'gpu': MPS sharing is not built in this DRA plugin yet",
+            "mpsConfig.defaultPerDevicePinnedMemoryLimit.1: not a GPU UUID of the claim nor an "
+            "index below 1",
         ),
         (
             [opaque("GpuConfig", {"strategy": "TimeSlicing", "oops": 1})],
@@ -147,6 +160,37 @@ def test_the_claims_config_wins_over_the_class_and_subrequests_follow_their_requ
         opaque("GpuConfig", {"strategy": "TimeSlicing"}, "gpu"),
     ]
     both = resolve({"TimeSlicingSettings": True, "MPSSupport": True})
-    assert prepare_claim(claim(configs, ("gpu/large", "gpu-0")), "u1", NODE, REFS, both)
-    with pytest.raises(PrepareError, match="MPS sharing is not built"):
-        prepare_claim(claim(configs, ("other", "gpu-0")), "u1", NODE, REFS, both)
+    (sliced,) = prepare_claim(claim(configs, ("gpu/large", "gpu-0")), "u1", NODE, REFS, both)
+    assert sliced.time_slice == TimeSlice("GPU-0", "Default") and sliced.mps is None
+    (shared,) = prepare_claim(claim(configs, ("other", "gpu-0")), "u1", NODE, REFS, both)
+    assert shared.mps is not None and shared.time_slice is None
+
+
+def test_devices_sharing_one_mps_config_share_one_daemon_with_its_limits() -> None:
+    """One daemon per distinct MPS config of a claim, over the devices it applies to (a MIG
+    device's GPU goes exclusive), its name NVIDIA's; the checkpoint keeps it."""
+    refs = {**REFS, "gpu-2": DeviceRef("GPU-2", 2)}
+    mps = {
+        "strategy": "MPS",
+        "mpsConfig": {
+            "defaultActiveThreadPercentage": 50,
+            "defaultPinnedDeviceMemoryLimit": "10Gi",
+            "defaultPerDevicePinnedMemoryLimit": {"GPU-2": "2Gi"},
+        },
+    }
+    doc = claim(
+        [opaque("GpuConfig", mps, "a", "b"), opaque("MigDeviceConfig", {"strategy": "MPS"}, "m")],
+        ("a", "gpu-0"), ("b", "gpu-2"), ("m", "gpu-1-mig-1g10gb-0"),
+    )  # fmt: skip
+    prepared = {p.device: p for p in prepare_claim(doc, "u1", NODE, refs, MPS)}
+    gpus, mig = prepared["gpu-0"].mps, prepared["gpu-1-mig-1g10gb-0"].mps
+    assert gpus is not None and mig is not None
+    assert prepared["gpu-2"].mps == gpus != mig
+    assert gpus.name == f"mps-control-daemon-{gpus.id}" and gpus.id.startswith("u1-")
+    assert gpus.devices == ("GPU-0", "GPU-2") and gpus.gpus == ("GPU-0", "GPU-2")
+    assert gpus.thread_percentage == 50
+    assert gpus.pinned_limits == {"GPU-0": "10240M", "GPU-2": "2048M"}
+    assert mig.devices == ("MIG-1",) and mig.gpus == ("GPU-1",)
+    assert mig.thread_percentage is None and mig.pinned_limits == {}
+    for p in prepared.values():
+        assert PreparedDevice.from_json(p.to_json()) == p

@@ -36,6 +36,10 @@ def test_the_drivers_nvidia_smi_sets_the_time_slice_the_gpu_then_holds(driver_ro
     assert sd.read_compute_policy(driver_root / "dev", GPU.uuid) == sd.ComputePolicy()
     with pytest.raises(PrepareError, match=r"exited 6: No devices were found"):
         smi.set_time_slice("GPU-not-here", "Short")
+    smi.set_compute_mode(GPU.uuid, "EXCLUSIVE_PROCESS")  # what an MPS claim's daemon needs
+    assert sd.read_compute_policy(driver_root / "dev", GPU.uuid).compute_mode == "Exclusive_Process"
+    smi.set_compute_mode(GPU.uuid, "DEFAULT")
+    assert sd.read_compute_policy(driver_root / "dev", GPU.uuid) == sd.ComputePolicy()
 
 
 def test_without_nvidia_smi_the_setting_fails_naming_where_it_looked() -> None:

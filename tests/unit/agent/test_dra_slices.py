@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from gpu_operator.agent.dra import slices
 
 OWNER = {"name": "node-a", "uid": "1234"}
@@ -72,3 +74,88 @@ def test_more_than_128_devices_span_slices_and_shrinking_deletes() -> None:
 def test_a_node_without_gpus_publishes_an_empty_pool() -> None:
     p = slices.plan("node-a", [], [], OWNER)
     assert p.writes == 1 and p.apply[0]["spec"]["devices"] == []
+
+
+# -- DynamicMIG: counter sets laid out as the API server wants them -------------------------------
+# The 1.34 API server's limits on one ResourceSlice (pkg/apis/resource/types.go).
+MAX_SHARED_COUNTERS = 32  # counters in all counter sets of a slice
+MAX_DEVICE_COUNTERS = 1024  # counters all devices of a slice consume
+MAX_COUNTERS_PER_DEVICE = 32
+MAX_ATTRIBUTES_AND_CAPACITIES = 32  # per device
+
+
+def node_pool(key: str, gpus: int = 8) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The DynamicMIG devices and counter sets of a node with ``gpus`` GPUs of ``key``."""
+    from gpu_operator.agent.dra import partitions
+    from gpu_operator.agent.nvml import Nvml
+    from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simulated_nvml
+
+    install_simulated_nvml(f"{key}:{gpus}", seed="slices")
+    try:
+        with Nvml() as nvml:
+            return partitions.pool(nvml.inventory())
+    finally:
+        uninstall_simulated_nvml()
+
+
+def counters_in(entries: list[dict[str, Any]]) -> int:
+    return sum(len(e["counters"]) for e in entries)
+
+
+@pytest.mark.parametrize("key", ["a100-40gb", "h100-80gb", "h200-141gb", "b200-180gb"])
+def test_a_dynamic_mig_pool_is_one_slice_per_gpu_with_its_counter_set_within_1_34_limits(
+    key: str,
+) -> None:
+    devs, sets = node_pool(key)
+    out = slices.desired_slices("node-a", devs, 1, OWNER, sets, slices.COMBINED)
+    assert len(out) == 8
+    for i, s in enumerate(out):
+        spec = s["spec"]
+        if not sets:  # an A100 out of MIG mode: whole, as without DynamicMIG
+            assert [d["name"] for d in spec["devices"]] == [f"gpu-{i}"]
+            continue
+        (counter_set,) = spec["sharedCounters"]
+        assert counter_set["name"] == f"gpu-{i}-counter-set"
+        assert {c["counterSet"] for d in spec["devices"] for c in d["consumesCounters"]} == {
+            counter_set["name"]
+        }, "a device's counter set is in its own slice (1.34)"
+        assert len(spec["devices"]) <= slices.MAX_DEVICES_PER_SLICE
+        assert counters_in(spec["sharedCounters"]) <= MAX_SHARED_COUNTERS
+        consumed = [counters_in(d["consumesCounters"]) for d in spec["devices"]]
+        assert sum(consumed) <= MAX_DEVICE_COUNTERS
+        assert max(consumed) <= MAX_COUNTERS_PER_DEVICE
+        for d in spec["devices"]:
+            assert len(d["attributes"]) + len(d["capacity"]) <= MAX_ATTRIBUTES_AND_CAPACITIES
+    assert [d for s in out for d in s["spec"]["devices"]] == devs, "every device, in order"
+
+
+def test_from_1_35_counter_sets_have_a_slice_of_their_own() -> None:
+    devs, sets = node_pool("h100-80gb", gpus=2)
+    first, *per_gpu = slices.desired_slices("node-a", devs, 1, OWNER, sets, slices.SPLIT)
+    assert "devices" not in first["spec"] and first["spec"]["sharedCounters"] == sets
+    assert len(per_gpu) == 2
+    assert all("sharedCounters" not in s["spec"] for s in per_gpu)
+    assert [d for s in per_gpu for d in s["spec"]["devices"]] == devs
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in [first, *per_gpu]} == {3}
+    assert slices.dynamic_layout((1, 34)) == slices.COMBINED
+    assert slices.dynamic_layout((1, 35)) == slices.dynamic_layout((2, 0)) == slices.SPLIT
+
+
+def test_an_unchanged_dynamic_mig_pool_writes_nothing_and_a_changed_counter_set_rewrites() -> None:
+    devs, sets = node_pool("h100-80gb", gpus=2)
+    stored = published_with("node-a", devs, sets, 1)
+    unchanged = slices.plan("node-a", stored, copy.deepcopy(devs), OWNER, sets, slices.COMBINED)
+    assert unchanged.writes == 0
+    smaller = copy.deepcopy(sets)
+    smaller[1]["counters"]["memory"]["value"] = "1Gi"
+    again = slices.plan("node-a", stored, devs, OWNER, smaller, slices.COMBINED)
+    assert again.generation == 2 and again.writes == 2  # the whole pool, at a new generation
+
+
+def published_with(
+    node: str, devs: list[dict[str, Any]], sets: list[dict[str, Any]], generation: int
+) -> list[dict[str, Any]]:
+    out = slices.desired_slices(node, devs, generation, OWNER, sets, slices.COMBINED)
+    for s in out:
+        s["metadata"].update(uid="u", resourceVersion="7")
+    return out

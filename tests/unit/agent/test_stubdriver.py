@@ -432,3 +432,60 @@ def test_an_agents_simulated_nvml_and_the_stubs_c_library_share_the_compute_mode
         pynvml.nvmlShutdown()
     finally:
         uninstall_simulated_nvml()
+
+
+def test_the_mps_control_daemon_holds_the_limits_it_is_given_until_it_quits(
+    root: Path, tmp_path: Path
+) -> None:
+    """``nvidia-cuda-mps-control -d`` returns once it listens on the pipe directory; a client
+    sets and reads its defaults (a device by UUID or by index into CUDA_VISIBLE_DEVICES) and
+    the host reads them too; bad values are refused; ``quit`` takes the socket away."""
+    control = str(root / "usr/bin/nvidia-cuda-mps-control")
+    pipe, logs = tmp_path / "pipe", tmp_path / "log"
+    a100, h100 = GPUS[1].uuid, GPUS[2].uuid
+    env = {
+        **os.environ,
+        "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+        "CUDA_MPS_LOG_DIRECTORY": str(logs),
+        "CUDA_VISIBLE_DEVICES": f"{a100},{h100}",
+    }
+
+    def client(*lines: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [control], input="".join(f"{line}\n" for line in lines), env=env,
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+
+    assert client("get_default_active_thread_percentage").returncode == 1  # no daemon yet
+    assert subprocess.run([control, "-d"], env=env, timeout=30, check=False).returncode == 0
+    try:
+        assert (pipe / "control").is_socket()
+        assert (pipe / "control").stat().st_mode & 0o777 == 0o666  # any user's client connects
+        assert subprocess.run([control, "-d"], env=env, timeout=30, check=False).returncode == 1
+        done = client(
+            "set_default_active_thread_percentage 50",
+            "set_default_device_pinned_mem_limit 0 10240M",
+            f"set_default_device_pinned_mem_limit {h100} 2G",
+            "set_default_active_thread_percentage 150",
+            "set_default_device_pinned_mem_limit 2 1G",
+            "get_default_active_thread_percentage",
+            f"get_default_device_pinned_mem_limit {a100}",
+        )
+        assert done.stdout.splitlines() == [
+            "50.0",
+            "Invalid active thread percentage 150",
+            "Invalid device or limit: 2 1G",
+            "50.0",
+            "10240M",
+        ], done.stdout
+        state = sd.read_mps_state(pipe)
+        assert state is not None and state.thread_percentage == "50.0"
+        assert state.pinned_limits == {a100: "10240M", h100: "2G"}
+        assert "SIMULATED" in (logs / "control.log").read_text()
+    finally:
+        client("quit")
+    assert not (pipe / "control").exists() and sd.read_mps_state(pipe) is None
+    server = subprocess.run(
+        [str(root / "usr/bin/nvidia-cuda-mps-server")], capture_output=True, text=True, check=False
+    )
+    assert server.returncode == 1 and "SIMULATED" in server.stderr

@@ -1,5 +1,6 @@
 """``agent device-plugin`` (with ``--kwok-capacity`` for simulated kwok nodes), the SIMULATED
-``agent mps-control-daemon`` and ``agent dra-plugin``: what hands GPUs to pods."""
+``agent mps-control-daemon``, ``agent dra-plugin`` and its ``agent mps-claim-daemon``: what
+hands GPUs to pods."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from gpu_operator.agent import kube
 from gpu_operator.agent.cli.common import (
     add_common,
     add_config_args,
+    add_driver_root,
     add_node_name,
     config_dir,
     node_name,
@@ -245,6 +247,17 @@ def cmd_mps_control_daemon(args: argparse.Namespace) -> int:
         nvml.close()
 
 
+# -- mps-claim-daemon -----------------------------------------------------------------------------
+def cmd_mps_claim_daemon(args: argparse.Namespace) -> int:
+    from gpu_operator.agent.dra import mps_daemon
+
+    setup(args)
+    if not args.driver_root:
+        log.error("mps-claim-daemon needs the driver root: --driver-root")
+        return 2
+    return mps_daemon.run(args.driver_root, stop_on_signals())
+
+
 # -- dra-plugin -----------------------------------------------------------------------------------
 def cmd_dra_plugin(args: argparse.Namespace) -> int:
     from gpu_operator.agent.dra import agent as dra
@@ -293,9 +306,13 @@ def cmd_dra_plugin(args: argparse.Namespace) -> int:
                 interval_s=args.interval,
                 serve_kubelet=not args.publish_only,
                 gates=gates,
+                namespace=args.namespace,
+                image=args.image,
+                pull_policy=args.image_pull_policy,
             ),
             stop,
             health,
+            nvml,
         )
     finally:
         nvml.close()
@@ -349,6 +366,19 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--interval", type=float, default=2.0, help="seconds between inventory reads (2)"
+    )
+    p.add_argument(
+        "--namespace",
+        default=os.environ.get("NAMESPACE") or "default",
+        help="where claims' MPS control daemons run (env NAMESPACE: the plugin's own)",
+    )
+    p.add_argument(
+        "--image",
+        default=os.environ.get("IMAGE_NAME") or "",
+        help="the image claims' MPS control daemons run (env IMAGE_NAME: the plugin's own)",
+    )
+    p.add_argument(
+        "--image-pull-policy", default=os.environ.get("IMAGE_PULL_POLICY") or "IfNotPresent"
     )
     p.add_argument(
         "--publish-only", action="store_true", help="publish slices, serve no kubelet (kwok)"
@@ -435,3 +465,11 @@ def register(sub: Any) -> None:
     p.add_argument("--mig-strategy", default=os.environ.get("MIG_STRATEGY") or None)
     add_node_name(p)
     p.set_defaults(func=cmd_mps_control_daemon)
+
+    p = sub.add_parser(
+        "mps-claim-daemon",
+        help="one DRA claim's MPS control daemon: the driver's nvidia-cuda-mps-control with the "
+        "claim's defaults (the DRA plugin's Deployment runs it)",
+    )
+    add_driver_root(p)
+    p.set_defaults(func=cmd_mps_claim_daemon)

@@ -12,15 +12,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_operator.agent.dra import devices as dra_devices
-from gpu_operator.agent.dra import slices
+from gpu_operator.agent.dra import partitions, slices
 from gpu_operator.agent.dra.health import taint_devices
+from gpu_operator.agent.dra.mig_control import MigControl, MigDevices
+from gpu_operator.agent.dra.mps import DaemonPod
+from gpu_operator.agent.dra.mps_control import MpsControl
 from gpu_operator.agent.dra.prepare import PrepareError
 from gpu_operator.agent.dra.server import DraPlugin, PluginPaths
+from gpu_operator.agent.dra.sharing import NvidiaSmi
 from gpu_operator.agent.driver_cdi import HostDriver, find_host_driver
 from gpu_operator.agent.gpuhealth.state import GpuHealth
 from gpu_operator.agent.inventory import Inventory
@@ -49,30 +53,48 @@ def execute(kube: Kube, plan: slices.SlicePlan) -> None:
         kube.delete("ResourceSlice", name)
 
 
+@dataclass(frozen=True)
+class Pool:
+    """What a node publishes: its devices and, under DynamicMIG, the counter sets they consume,
+    in slices of the ``shape`` the API server wants (:mod:`.slices`)."""
+
+    devices: list[dict[str, Any]]
+    counter_sets: list[dict[str, Any]] = field(default_factory=list)
+    shape: str = slices.CHUNKS
+
+
+def pool_of(inventory: Inventory, dynamic_shape: str | None = None) -> Pool:
+    """The node's pool: its devices as they are, or (with the DynamicMIG slice shape) every
+    partition they could be cut into."""
+    if dynamic_shape is None:
+        return Pool(dra_devices.devices(inventory))
+    devices, counter_sets = partitions.pool(inventory)
+    return Pool(devices, counter_sets, dynamic_shape)
+
+
 def publish(
     kube: Kube,
     node: str,
     inventory: Inventory,
     owner: Mapping[str, str] | None = None,
     existing: list[dict[str, Any]] | None = None,
-    devices: list[dict[str, Any]] | None = None,
+    pool: Pool | None = None,
 ) -> slices.SlicePlan:
     """One observe-decide-execute pass for ``node``; the plan says what was written.
-    ``devices``: the inventory's, already computed (tainted by health)."""
+    ``pool``: the inventory's, already computed (tainted by health)."""
     current = existing_slices(kube, node) if existing is None else existing
-    wanted = dra_devices.devices(inventory) if devices is None else devices
-    plan = slices.plan(node, current, wanted, owner)
+    wanted = pool_of(inventory) if pool is None else pool
+    plan = slices.plan(node, current, wanted.devices, owner, wanted.counter_sets, wanted.shape)
     execute(kube, plan)
     if plan.writes:
         log.info("published %s generation %d (%d writes)", node, plan.generation, plan.writes)
     return plan
 
 
-def same_devices(published: list[dict[str, Any]], devices: list[dict[str, Any]]) -> bool:
-    """Whether ``published`` slices already carry exactly ``devices``."""
-    return slices.published_devices(published) == slices.published_devices(
-        slices.desired_slices("", devices, 0)
-    )
+def same_pool(published: list[dict[str, Any]], pool: Pool) -> bool:
+    """Whether ``published`` slices already carry exactly ``pool``."""
+    wanted = slices.desired_slices("", pool.devices, 0, None, pool.counter_sets, pool.shape)
+    return slices.published_devices(published) == slices.published_devices(wanted)
 
 
 def simulated_inventory(spec: str, node: str, state_file: str | Path | None = None) -> Inventory:
@@ -89,17 +111,23 @@ def simulated_inventory(spec: str, node: str, state_file: str | Path | None = No
 
 
 def publish_simulated(
-    kube: Kube, nodes: Mapping[str, str], state_dir: Path | None = None
+    kube: Kube,
+    nodes: Mapping[str, str],
+    state_dir: Path | None = None,
+    dynamic_mig: bool = False,
 ) -> dict[str, slices.SlicePlan]:
-    """Publish pools for simulated nodes (name -> ``a100-40gb:8``), as their plugins would.
+    """Publish pools for simulated nodes (name -> ``a100-40gb:8``), as their plugins would
+    (with ``dynamic_mig``, as with the DynamicMIG gate on).
 
     ``state_dir``: where ``<node>.json`` MIG state files live (shared with MIG managers).
     """
+    shape = slices.dynamic_layout(kube.server_version()) if dynamic_mig else None
     plans = {}
     for node, spec in nodes.items():
         state = state_dir / f"{node}.json" if state_dir else None
         inventory = simulated_inventory(spec, node, state)
-        plans[node] = publish(kube, node, inventory, node_owner(kube, node), existing=None)
+        pool = pool_of(inventory, shape)
+        plans[node] = publish(kube, node, inventory, node_owner(kube, node), None, pool)
     return plans
 
 
@@ -111,6 +139,9 @@ class PluginOptions:
     serve_kubelet: bool = True
     resync_s: float = 300.0  # re-read the node's slices this often even when nothing changed
     gates: Gates = field(default_factory=Gates.defaults)  # what claims' configs may ask for
+    namespace: str = ""  # where claims' MPS control daemons run (the plugin's own)
+    image: str = ""  # what they run (the plugin's own image)
+    pull_policy: str = "IfNotPresent"
 
 
 def find_driver(paths: PluginPaths) -> HostDriver:
@@ -124,36 +155,66 @@ def find_driver(paths: PluginPaths) -> HostDriver:
     return driver
 
 
+def _mps_control(
+    kube: Kube, options: PluginOptions, driver: Callable[[], HostDriver]
+) -> MpsControl:
+    def pod() -> DaemonPod:
+        return DaemonPod(
+            node=options.node,
+            namespace=options.namespace,
+            image=options.image,
+            host_driver_root=driver().host_root,
+            pull_policy=options.pull_policy,
+        )
+
+    return MpsControl(kube, options.paths.plugin_dir, pod, lambda: NvidiaSmi(driver()))
+
+
 def run(
     kube: Kube,
     read_inventory: Callable[[], Inventory],
     options: PluginOptions,
     stop: threading.Event,
     health: Callable[[], Mapping[str, GpuHealth]] | None = None,
+    nvml: MigDevices | None = None,
 ) -> int:
     """Serve the kubelet (unless told not to) and keep the pool published until ``stop``;
-    with ``health`` (the GPUs' health now), unhealthy GPUs' devices are published tainted."""
+    with ``health`` (the GPUs' health now), unhealthy GPUs' devices are published tainted.
+    With DynamicMIG, ``nvml`` creates and destroys claims' MIG devices."""
     latest: dict[str, Inventory] = {"inventory": read_inventory()}
+    dynamic_mig = options.gates.on("DynamicMIG")
+    if dynamic_mig and nvml is None:
+        raise ValueError("DynamicMIG needs the NVML session that creates MIG devices")
+    shape = slices.dynamic_layout(kube.server_version()) if dynamic_mig else None
+    by_name = partitions.refs_by_name if dynamic_mig else dra_devices.refs_by_name
 
     def refs() -> Mapping[str, dra_devices.DeviceRef]:
-        return dra_devices.refs_by_name(latest["inventory"])
+        return by_name(latest["inventory"])
 
     def read_claim(namespace: str, name: str) -> Mapping[str, Any] | None:
         return kube.get("ResourceClaim", name, namespace)
+
+    def driver() -> HostDriver:
+        return find_driver(options.paths)
 
     plugin = DraPlugin(
         options.node,
         options.paths,
         refs,
         read_claim,
-        lambda: find_driver(options.paths),
+        driver,
         options.gates,
+        mps=_mps_control(kube, options, driver) if options.gates.on("MPSSupport") else None,
+        mig=MigControl(nvml) if dynamic_mig and nvml is not None else None,
     )
     if options.serve_kubelet:
         try:  # before the kubelet can send a claim
             plugin.restore_time_slices()
+            plugin.restore_mps()
+            plugin.restore_migs()
         except PrepareError as exc:  # the driver's tool failed: claims will say so too
-            log.error("putting the default time-slice back on free GPUs: %s", exc)
+            log.error("putting GPU settings back on free GPUs: %s", exc)
+        latest["inventory"] = read_inventory()  # what putting back changed
         plugin.start()
     owner = node_owner(kube, options.node)
     published: list[dict[str, Any]] | None = None  # what the last pass left on the server
@@ -161,9 +222,9 @@ def run(
     registered = 0  # the kubelet's successful registrations of this plugin seen so far
     try:
         while True:
-            devices = dra_devices.devices(latest["inventory"])
+            pool = pool_of(latest["inventory"], shape)
             if health is not None:
-                devices = taint_devices(devices, health())
+                pool = replace(pool, devices=taint_devices(pool.devices, health()))
             now = time.monotonic()
             # The kubelet deletes a driver's slices on its node 30 s after the driver went
             # away, and all of them when it starts: a (re)registration may follow such a wipe,
@@ -171,14 +232,12 @@ def run(
             accepted = sum(1 for ok, _ in plugin.registrations.statuses if ok)
             if accepted > registered:
                 registered, resync_at = accepted, now
-            if published is None or now >= resync_at or not same_devices(published, devices):
+            if published is None or now >= resync_at or not same_pool(published, pool):
                 try:
                     # Read the slices only when the devices changed (or to resync): at 1,000
                     # nodes a list every pass would be hundreds of requests a second.
                     existing = None if published is None or now >= resync_at else published
-                    plan = publish(
-                        kube, options.node, latest["inventory"], owner, existing, devices
-                    )
+                    plan = publish(kube, options.node, latest["inventory"], owner, existing, pool)
                     published = list(plan.apply) if plan.apply else published
                     if published is None or now >= resync_at:
                         published = existing_slices(kube, options.node)

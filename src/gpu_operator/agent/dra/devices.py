@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_operator.agent.inventory import Engines, Gpu, Inventory, MigDevice
+from gpu_operator.agent.inventory import Engines, Gpu, Inventory, MigDevice, Placement
 from gpu_operator.api.gpucluster import DRIVER_NAME
 
 DRIVER = DRIVER_NAME
@@ -179,12 +179,55 @@ def devices(inventory: Inventory) -> list[dict[str, Any]]:
 
 
 @dataclass(frozen=True)
+class Partition:
+    """A MIG device DynamicMIG publishes before it exists: what Prepare creates for it (a GPU
+    instance of ``profile_index`` at ``placement``, one compute instance over all its
+    ``slices``)."""
+
+    profile: str  # "1g.10gb"
+    profile_index: int  # the NVML_GPU_INSTANCE_PROFILE_* constant
+    placement: Placement
+    slices: int  # compute slices, all in one compute instance
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile,
+            "profileIndex": self.profile_index,
+            "placement": {"start": self.placement.start, "size": self.placement.size},
+            "slices": self.slices,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Partition:
+        where = data["placement"]
+        return cls(
+            profile=str(data["profile"]),
+            profile_index=int(data["profileIndex"]),
+            placement=Placement(int(where["start"]), int(where["size"])),
+            slices=int(data["slices"]),
+        )
+
+
+@dataclass(frozen=True)
 class DeviceRef:
-    """What a CDI spec needs of a published device: its UUID and its GPU's /dev minor."""
+    """What a CDI spec needs of a published device: its UUID and its GPU's /dev minor; for a
+    partition DynamicMIG creates at Prepare, what to create (its UUID and ids come then)."""
 
     uuid: str
     minor: int
     mig: tuple[int, int] | None = None  # a MIG device's GPU and compute instance ids
+    parent: str = ""  # a MIG device's GPU's UUID
+    partition: Partition | None = None
+
+    @property
+    def gpu_uuid(self) -> str:
+        """The UUID of the whole GPU: what a compute mode is set on."""
+        return self.parent or self.uuid
+
+    @property
+    def is_mig(self) -> bool:
+        """A MIG device, existing or to be created: its config is a MigDeviceConfig's."""
+        return self.mig is not None or self.partition is not None
 
 
 def refs_by_name(inventory: Inventory) -> dict[str, DeviceRef]:
@@ -193,7 +236,9 @@ def refs_by_name(inventory: Inventory) -> dict[str, DeviceRef]:
         if gpu.mig_current:
             names.update(
                 {
-                    mig_name(gpu, m): DeviceRef(m.uuid, gpu.minor_number, (m.gi_id, m.ci_id))
+                    mig_name(gpu, m): DeviceRef(
+                        m.uuid, gpu.minor_number, (m.gi_id, m.ci_id), gpu.uuid
+                    )
                     for m in gpu.mig_devices
                 }
             )

@@ -24,7 +24,10 @@ from typing import Any
 
 from gpu_operator.agent.dra.devices import (
     ARCHITECTURES,
+    DeviceRef,
+    Partition,
     gpu_device,
+    gpu_name,
     mig_attributes,
     mig_capacity,
     mig_device_name,
@@ -154,3 +157,32 @@ def partition_devices(gpu: Gpu, inventory: Inventory) -> list[dict[str, Any]]:
     if offers_whole_gpu(gpu):
         found.append(whole_gpu_device(gpu, inventory))
     return sorted(found, key=lambda d: str(d["name"]))
+
+
+def pool(inventory: Inventory) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The node's devices and counter sets under DynamicMIG, GPUs by minor."""
+    devices: list[dict[str, Any]] = []
+    sets: list[dict[str, Any]] = []
+    for gpu in sorted(inventory.gpus, key=lambda g: g.minor_number):
+        devices.extend(partition_devices(gpu, inventory))
+        found = counter_set(gpu)
+        if found is not None:
+            sets.append(found)
+    return devices, sets
+
+
+def refs_by_name(inventory: Inventory) -> dict[str, DeviceRef]:
+    """What Prepare needs of each device :func:`pool` publishes: a whole GPU's UUID, or the
+    partition to create (its UUID is known once it exists)."""
+    refs: dict[str, DeviceRef] = {}
+    for gpu in inventory.gpus:
+        if offers_whole_gpu(gpu):
+            refs[gpu_name(gpu)] = DeviceRef(gpu.uuid, gpu.minor_number)
+        if not offers_partitions(gpu):
+            continue
+        for profile in gpu.mig_profiles:
+            for placement in profile.placements:
+                name = mig_device_name(gpu.minor_number, profile.name, profile.id, placement.start)
+                partition = Partition(profile.name, profile.index, placement, profile.slice_count)
+                refs[name] = DeviceRef("", gpu.minor_number, parent=gpu.uuid, partition=partition)
+    return refs

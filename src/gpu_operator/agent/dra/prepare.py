@@ -16,9 +16,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
-from gpu_operator.agent.dra.devices import DRIVER, DeviceRef
+from gpu_operator.agent.dra import mps
+from gpu_operator.agent.dra.devices import DRIVER, DeviceRef, Partition
+from gpu_operator.agent.dra.mps import MpsDaemon
 from gpu_operator.agent.driver_cdi import (
     CDI_VERSION,
     HostDriver,
@@ -49,12 +52,60 @@ class TimeSlice:
 
 
 @dataclass(frozen=True)
+class CreatedMig:
+    """The MIG device Prepare creates for a DynamicMIG partition: what it is to be, then (once
+    created) its GPU and compute instance ids and UUID, so Unprepare destroys exactly it."""
+
+    gpu_uuid: str
+    minor: int
+    partition: Partition
+    gi_id: int = -1
+    ci_id: int = -1
+    uuid: str = ""
+
+    @property
+    def created(self) -> bool:
+        return bool(self.uuid)
+
+    def ref(self) -> DeviceRef:
+        """The created device as a CDI spec needs it."""
+        return DeviceRef(self.uuid, self.minor, (self.gi_id, self.ci_id), self.gpu_uuid)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpuUUID": self.gpu_uuid,
+            "minor": self.minor,
+            "partition": self.partition.to_json(),
+            "gi": self.gi_id,
+            "ci": self.ci_id,
+            "uuid": self.uuid,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CreatedMig:
+        return cls(
+            gpu_uuid=str(data["gpuUUID"]),
+            minor=int(data["minor"]),
+            partition=Partition.from_json(data["partition"]),
+            gi_id=int(data["gi"]),
+            ci_id=int(data["ci"]),
+            uuid=str(data["uuid"]),
+        )
+
+
+@dataclass(frozen=True)
 class PreparedDevice:
     requests: tuple[str, ...]
     pool: str
     device: str
     cdi_ids: tuple[str, ...]
     time_slice: TimeSlice | None = None  # set at Prepare, put back to Default at Unprepare
+    mps: MpsDaemon | None = None  # started at Prepare, stopped at Unprepare
+    mig: CreatedMig | None = None  # created at Prepare, destroyed at Unprepare (DynamicMIG)
+
+    def ref(self, refs: Mapping[str, DeviceRef]) -> DeviceRef:
+        """The device to hand out: the MIG device Prepare created, else the published one."""
+        return self.mig.ref() if self.mig is not None else refs[self.device]
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -65,6 +116,10 @@ class PreparedDevice:
         }
         if self.time_slice is not None:
             out["timeSlice"] = {"uuid": self.time_slice.uuid, "interval": self.time_slice.interval}
+        if self.mps is not None:
+            out["mps"] = self.mps.to_json()
+        if self.mig is not None:
+            out["mig"] = self.mig.to_json()
         return out
 
     @classmethod
@@ -76,6 +131,8 @@ class PreparedDevice:
             device=str(data["device"]),
             cdi_ids=tuple(data["cdiIDs"]),
             time_slice=TimeSlice(str(slice_["uuid"]), str(slice_["interval"])) if slice_ else None,
+            mps=MpsDaemon.from_json(data["mps"]) if data.get("mps") else None,
+            mig=CreatedMig.from_json(data["mig"]) if data.get("mig") else None,
         )
 
 
@@ -116,32 +173,32 @@ def device_configs(
         ]
         found: dict[str, DeviceConfig] = {}
         for r in results:
-            kind: Literal["gpu", "mig"] = "mig" if refs[r["device"]].mig else "gpu"
-            config = draconfig.config_for(configs, str(r["request"]), kind)
-            _applicable(config, str(r["request"]))
-            found[r["device"]] = config
+            kind: Literal["gpu", "mig"] = "mig" if refs[r["device"]].is_mig else "gpu"
+            found[r["device"]] = draconfig.config_for(configs, str(r["request"]), kind)
     except draconfig.ConfigError as err:
         raise PrepareError("; ".join(err.problems)) from None
     return found
-
-
-def _applicable(config: DeviceConfig, request: str) -> None:
-    """Sharing this plugin does not set up yet is refused, not ignored."""
-    sharing = config.sharing
-    if sharing is not None and sharing.strategy == draconfig.MPS:
-        raise draconfig.ConfigError(
-            [f"request {request!r}: MPS sharing is not built in this DRA plugin yet"]
-        )
 
 
 def time_slice(config: DeviceConfig, ref: DeviceRef) -> TimeSlice | None:
     """The interval a full GPU's TimeSlicing config sets on it; a MIG device has none of its
     own (it is scheduled as its GPU is), and a config without sharing sets nothing."""
     sharing = config.sharing
-    if ref.mig or not isinstance(sharing, GpuSharing) or sharing.strategy != draconfig.TIME_SLICING:
+    if (
+        ref.is_mig
+        or not isinstance(sharing, GpuSharing)
+        or sharing.strategy != draconfig.TIME_SLICING
+    ):
         return None
     slicing = sharing.time_slicing_config
     return TimeSlice(ref.uuid, (slicing.interval if slicing else None) or "Default")
+
+
+def to_create(ref: DeviceRef) -> CreatedMig | None:
+    """The MIG device to create for a DynamicMIG partition; None for any other device."""
+    if ref.partition is None:
+        return None
+    return CreatedMig(ref.parent, ref.minor, ref.partition)
 
 
 def prepare_claim(
@@ -165,6 +222,10 @@ def prepare_claim(
             raise PrepareError(f"device {r['device']} is not on this node (any more)")
         by_device.setdefault(r["device"], []).append(str(r["request"]))
     configs = device_configs(claim, results, refs, gates)
+    try:
+        daemons = mps.daemons(uid, configs, refs)
+    except draconfig.ConfigError as err:  # what admission cannot judge: the devices given
+        raise PrepareError("; ".join(err.problems)) from None
     return tuple(
         PreparedDevice(
             requests=tuple(requests),
@@ -172,6 +233,8 @@ def prepare_claim(
             device=device,
             cdi_ids=(f"{CDI_KIND}={cdi_device_name(uid, device)}",),
             time_slice=time_slice(configs[device], refs[device]),
+            mps=daemons.get(device),
+            mig=to_create(refs[device]),
         )
         for device, requests in by_device.items()
     )
@@ -186,21 +249,38 @@ def cdi_spec(
     prepared: tuple[PreparedDevice, ...],
     refs: Mapping[str, DeviceRef],
     driver: HostDriver,
+    plugin_dir: Path | None = None,
 ) -> dict[str, Any]:
     """The claim's CDI spec on this driver (only device nodes present on the host: a missing
-    one would make the runtime refuse the container)."""
+    one would make the runtime refuse the container); a device shared with MPS also gives its
+    daemon's pipe and shm (under ``plugin_dir``); a MIG device Prepare created is given by
+    what it created."""
     entries = []
     for p in prepared:
-        ref = refs[p.device]
+        ref = p.ref(refs)
         caps = mig_caps(mig_minors(), ref.minor, *ref.mig) if ref.mig else ()
         edits: dict[str, Any] = {"env": [f"{env_name(p.device)}={ref.uuid}"]}
         nodes = gpu_nodes(driver, ref.minor, caps)
         if nodes:
             edits["deviceNodes"] = nodes
+        if p.mps is not None and plugin_dir is not None:
+            shared = mps.cdi_edits(mps.dirs(plugin_dir, p.mps.id))
+            edits["env"] += shared["env"]
+            edits["mounts"] = shared["mounts"]
         entries.append({"name": cdi_device_name(uid, p.device), "containerEdits": edits})
+    common = common_edits(driver)
+    if any(p.mps is not None for p in prepared) and plugin_dir is not None:
+        # The claim's own daemon's pipe and shm, not a node-wide daemon's the driver root has.
+        taken = {mps.PIPE_DIR, mps.SHM_DIR}
+        mounts = [m for m in common.get("mounts") or [] if m["containerPath"] not in taken]
+        common = (
+            {**common, "mounts": mounts}
+            if mounts
+            else {k: v for k, v in common.items() if k != "mounts"}
+        )
     return {
         "cdiVersion": CDI_VERSION,
         "kind": CDI_KIND,
         "devices": entries,
-        "containerEdits": common_edits(driver),
+        "containerEdits": common,
     }

@@ -9,6 +9,7 @@ the API again, and unpreparing an unknown claim succeeds.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -24,6 +25,9 @@ import grpc
 
 from gpu_operator.agent.dra.checkpoint import Checkpoint
 from gpu_operator.agent.dra.devices import DRIVER, DeviceRef
+from gpu_operator.agent.dra.mig_control import MigControl
+from gpu_operator.agent.dra.mps import MpsDaemon
+from gpu_operator.agent.dra.mps_control import MpsControl
 from gpu_operator.agent.dra.prepare import (
     PreparedDevice,
     PrepareError,
@@ -109,8 +113,12 @@ class DraPlugin:
         driver: Callable[[], HostDriver],
         gates: Gates | None = None,
         settings: Callable[[], GpuSettings] | None = None,
+        mps: MpsControl | None = None,
+        mig: MigControl | None = None,
     ) -> None:
         self.node = node
+        self.mps = mps  # None: claims asking for MPS are refused at Prepare
+        self.mig = mig  # DynamicMIG: None publishes no partitions, so none reaches Prepare
         self.gates = gates or Gates.defaults()
         # What sets a GPU's time-slice: the driver's nvidia-smi unless told otherwise.
         self.settings = settings or (lambda: NvidiaSmi(self.driver()))
@@ -135,10 +143,16 @@ class DraPlugin:
                 raise PrepareError(f"ResourceClaim {namespace}/{name} not found")
             prepared = prepare_claim(claim, uid, self.node, self.devices(), self.gates)
             # The GPUs first: a setting that fails leaves no spec and no checkpointed claim,
-            # and the kubelet's retry sets it again.
-            apply_time_slices(self.settings, prepared)
-            self._write_spec(uid, prepared)
-            self.checkpoint.put(uid, namespace, name, prepared)
+            # and the kubelet's retry sets it again; MIG devices made for it are destroyed.
+            prepared = self._create_migs(prepared)
+            try:
+                apply_time_slices(self.settings, prepared)
+                self._start_mps(prepared)
+                self._write_spec(uid, prepared)
+                self.checkpoint.put(uid, namespace, name, prepared)
+            except Exception:
+                self._destroy_migs(prepared)
+                raise
             return prepared
 
     def unprepare(self, uid: str) -> None:
@@ -146,6 +160,11 @@ class DraPlugin:
             done = self.checkpoint.get(uid)
             if done is not None:  # put back first: a failure keeps the claim for the retry
                 reset_time_slices(self.settings, done)
+                for daemon in _daemons(done):
+                    self._mps_control().stop(daemon)
+                for p in done:
+                    if p.mig is not None:
+                        self._mig_control().destroy(p.mig)
             (self.paths.cdi_dir / spec_file_name(uid)).unlink(missing_ok=True)
             self.checkpoint.remove(uid)
 
@@ -163,17 +182,96 @@ class DraPlugin:
                 for p in self.checkpoint.get(uid) or ()
                 if p.time_slice is not None
             }
-            free = sorted({r.uuid for r in self.devices().values() if not r.mig} - held)
+            free = sorted({r.uuid for r in self.devices().values() if not r.is_mig} - held)
             set_time_slices(self.settings, [TimeSlice(uuid, "Default") for uuid in free])
             return free
 
+    def restore_mps(self) -> list[str]:
+        """Stop every MPS daemon of this node no checkpointed claim holds and put compute mode
+        DEFAULT back on the GPUs none holds (what a plugin killed mid-Prepare, or down while a
+        claim went, left). With MPSSupport only; returns the daemons stopped."""
+        if self.mps is None:
+            return []
+        with self._lock:
+            held = [d for uid in self.checkpoint.uids() for d in _daemons(self.checkpoint.get(uid))]
+            gpus = {r.gpu_uuid for r in self.devices().values()}
+            return self.mps.stop_unheld(held, gpus)
+
+    def restore_migs(self) -> list[str]:
+        """Destroy every MIG device on a partitioned GPU that no checkpointed claim holds (a
+        plugin killed between creating a GPU instance and its compute instance, or down while
+        a claim went, left it). With DynamicMIG only; returns what went."""
+        if self.mig is None:
+            return []
+        with self._lock:
+            held = [
+                p.mig
+                for uid in self.checkpoint.uids()
+                for p in self.checkpoint.get(uid) or ()
+                if p.mig is not None
+            ]
+            return self.mig.destroy_unheld(held)
+
+    def _mig_control(self) -> MigControl:
+        if self.mig is None:
+            raise PrepareError("MIG devices on demand need the DynamicMIG feature gate")
+        return self.mig
+
+    def _create_migs(self, prepared: tuple[PreparedDevice, ...]) -> tuple[PreparedDevice, ...]:
+        """``prepared`` with its MIG devices created (whole GPUs out of MIG mode), or none of
+        them left behind."""
+        if self.mig is None:
+            if any(p.mig is not None for p in prepared):
+                self._mig_control()
+            return prepared
+        done: list[PreparedDevice] = []
+        try:
+            for p in prepared:
+                if p.mig is None:
+                    self.mig.whole_gpu(self.devices()[p.device].uuid)
+                    done.append(p)
+                else:
+                    done.append(dataclasses.replace(p, mig=self.mig.create(p.mig)))
+        except Exception:
+            self._destroy_migs(tuple(done))
+            raise
+        return tuple(done)
+
+    def _destroy_migs(self, prepared: tuple[PreparedDevice, ...]) -> None:
+        for p in prepared:
+            if p.mig is not None and p.mig.created and self.mig is not None:
+                try:
+                    self.mig.destroy(p.mig)
+                except Exception:  # the failure that matters is the one being raised
+                    log.exception("destroying MIG device %s after a failed Prepare", p.mig.uuid)
+
+    def _mps_control(self) -> MpsControl:
+        if self.mps is None:
+            raise PrepareError("MPS sharing needs the MPSSupport feature gate on this plugin")
+        return self.mps
+
+    def _start_mps(self, prepared: tuple[PreparedDevice, ...]) -> None:
+        """Each MPS daemon of the claim Ready, or none left behind."""
+        started: list[MpsDaemon] = []
+        try:
+            for daemon in _daemons(prepared):
+                started.append(daemon)
+                self._mps_control().start(daemon)
+        except Exception:
+            for daemon in started:
+                try:
+                    self._mps_control().stop(daemon)
+                except Exception:  # the failure that matters is the one being raised
+                    log.exception("stopping MPS daemon %s after a failed Prepare", daemon.name)
+            raise
+
     def _write_spec(self, uid: str, prepared: tuple[PreparedDevice, ...]) -> None:
         refs = self.devices()
-        known = {p.device: refs[p.device] for p in prepared if p.device in refs}
-        if len(known) != len(prepared):
-            missing = sorted({p.device for p in prepared} - set(known))
+        missing = sorted(p.device for p in prepared if p.mig is None and p.device not in refs)
+        if missing:
             raise PrepareError(f"prepared devices {missing} are not on this node any more")
-        spec = cdi_spec(uid, prepared, known, self.driver())
+        known = {p.device: refs[p.device] for p in prepared if p.device in refs}
+        spec = cdi_spec(uid, prepared, known, self.driver(), self.paths.plugin_dir)
         directory = self.paths.cdi_dir
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / spec_file_name(uid)
@@ -213,6 +311,15 @@ class DraPlugin:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _daemons(prepared: tuple[PreparedDevice, ...] | None) -> list[MpsDaemon]:
+    """A claim's distinct MPS daemons, in the order its devices name them."""
+    found: dict[str, MpsDaemon] = {}
+    for p in prepared or ():
+        if p.mps is not None:
+            found.setdefault(p.mps.id, p.mps)
+    return list(found.values())
 
 
 class _Service:

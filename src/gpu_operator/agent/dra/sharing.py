@@ -1,4 +1,5 @@
-"""What prepared claims set on their GPUs, and put back when unprepared: the time-slice.
+"""What prepared claims set on their GPUs, and put back when unprepared: the time-slice (and,
+for MPS, the compute mode: :mod:`gpu_operator.agent.dra.mps`).
 
 NVML has no call for a GPU's scheduling time-slice; as NVIDIA's DRA driver does, the plugin
 runs the driver's own ``nvidia-smi compute-policy -i <uuid> --set-timeslice <n>``, found in the
@@ -15,6 +16,7 @@ from typing import Protocol
 
 from gpu_operator.agent.dra.prepare import PreparedDevice, PrepareError, TimeSlice
 from gpu_operator.agent.driver_cdi import HostDriver
+from gpu_operator.agent.driverroot import DriverFiles
 from gpu_operator.api.draconfig import INTERVALS
 
 # nvidia-smi's values: the intervals' order (NVIDIA's TimeSlicingConfig.Interval.Int()).
@@ -26,29 +28,24 @@ SMI_TIMEOUT_S = 30.0
 class GpuSettings(Protocol):
     def set_time_slice(self, uuid: str, interval: str) -> None: ...
 
+    def set_compute_mode(self, uuid: str, mode: str) -> None: ...
 
-class NvidiaSmi:
-    """The driver's nvidia-smi, run with the driver's libraries."""
 
-    def __init__(self, driver: HostDriver) -> None:
-        files = driver.files
-        found = (
-            next((b for b in files.binaries if b.endswith(f"/{NVIDIA_SMI}")), None)
-            if files
-            else None
-        )
+class DriverProgram:
+    """One of the driver's programs, found in its root, run with the driver's libraries
+    searched first (so it loads the same ``libnvidia-ml.so.1`` the plugin does)."""
+
+    def __init__(self, files: DriverFiles | None, name: str) -> None:
+        found = next((b for b in files.binaries if b.endswith(f"/{name}")), None) if files else None
+        self.name = name
         self.program = files.host_path(found) if files and found else None
         self.library_dir = files.host_path(files.library_dir) if files else None
         self.searched = files.root if files else "no driver root"
 
-    def set_time_slice(self, uuid: str, interval: str) -> None:
-        self._run("compute-policy", "-i", uuid, "--set-timeslice", str(TIME_SLICE_VALUES[interval]))
-
-    def _run(self, *args: str) -> None:
+    def run(self, *args: str, stdin: str | None = None, why: str = "") -> str:
+        """Its standard output; a failure is a :class:`PrepareError` naming the command."""
         if self.program is None:
-            raise PrepareError(
-                f"no {NVIDIA_SMI} in the driver root ({self.searched}) to set {args[-1]!r} with"
-            )
+            raise PrepareError(f"no {self.name} in the driver root ({self.searched}){why}")
         env = dict(os.environ)
         if self.library_dir:
             env["LD_LIBRARY_PATH"] = os.pathsep.join(
@@ -57,8 +54,9 @@ class NvidiaSmi:
         command = [self.program, *args]
         try:
             done = subprocess.run(
-                command, env=env, capture_output=True, text=True, timeout=SMI_TIMEOUT_S, check=False
-            )
+                command, env=env, input=stdin, capture_output=True, text=True,
+                timeout=SMI_TIMEOUT_S, check=False,
+            )  # fmt: skip
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise PrepareError(f"{' '.join(command)}: {exc}") from None
         if done.returncode != 0:
@@ -66,6 +64,23 @@ class NvidiaSmi:
             raise PrepareError(
                 f"{' '.join(command)} exited {done.returncode}: {said[-1] if said else 'no output'}"
             )
+        return done.stdout
+
+
+class NvidiaSmi:
+    """The driver's nvidia-smi: what sets a GPU's time-slice and compute mode."""
+
+    def __init__(self, driver: HostDriver) -> None:
+        self.program = DriverProgram(driver.files, NVIDIA_SMI)
+
+    def set_time_slice(self, uuid: str, interval: str) -> None:
+        value = str(TIME_SLICE_VALUES[interval])
+        self.program.run(
+            "compute-policy", "-i", uuid, "--set-timeslice", value, why=f" to set {value!r} with"
+        )
+
+    def set_compute_mode(self, uuid: str, mode: str) -> None:
+        self.program.run("-i", uuid, "-c", mode, why=f" to set {mode!r} with")
 
 
 def set_time_slices(settings: Callable[[], GpuSettings], slices: Sequence[TimeSlice]) -> None:

@@ -372,6 +372,14 @@ class Nvml:
                     destroyed += 1
             return destroyed
 
+    def destroy_gpu_instance(self, index: int, gi_id: int) -> None:
+        """Destroy one GPU instance of a GPU, its compute instances first."""
+        with self._session():
+            gi = call(pynvml.nvmlDeviceGetGpuInstanceById, self._device(index), gi_id)
+            for ci, _, _ in self._ci_handles(gi):
+                call(pynvml.nvmlComputeInstanceDestroy, ci)
+            call(pynvml.nvmlGpuInstanceDestroy, gi)
+
     def create_gpu_instance(self, index: int, profile_index: int, placement: Placement) -> int:
         """Create one GPU instance of a profile at a placement; returns its GI id."""
         with self._session():

@@ -26,6 +26,7 @@ from .build import NO_COMPILER, build_stubs, default_cache_dir, source_hash
 from .compute import ComputePolicy, read_compute_policy, write_compute_policy
 from .layout import Entry, lay_out, plan_layout, remove, replace_file
 from .libraries import BIN_DIRS, LIB_DIRS, LIBRARIES, PROBE, PROGRAMS, STYLES, Library, Style
+from .mps import MpsState, read_mps_state
 from .table import (
     DRIVER_MARKER,
     STUB_MARKER,
@@ -55,6 +56,7 @@ __all__ = [
     "ComputePolicy",
     "Entry",
     "Library",
+    "MpsState",
     "StubDriverError",
     "StubGpu",
     "StubTable",
@@ -67,6 +69,7 @@ __all__ = [
     "patch_table",
     "plan_layout",
     "read_compute_policy",
+    "read_mps_state",
     "read_table",
     "remove",
     "replace_file",

@@ -91,6 +91,9 @@ class Program:
 PROGRAMS: tuple[Program, ...] = (
     Program("nvidia-smi", "nvidia-smi.c"),
     Program(PROBE, "cuda-probe.c"),
+    # MPS: one stand-in under both names (mps-control.c tells them apart by argv[0]).
+    Program("nvidia-cuda-mps-control", "mps-control.c"),
+    Program("nvidia-cuda-mps-server", "mps-control.c"),
 )
 
 
