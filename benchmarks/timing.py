@@ -15,10 +15,14 @@ class Summary:
     p95: float
     min: float
     max: float
+    p99: float = 0.0
 
 
 def summarize(samples: list[float]) -> Summary:
-    """``samples`` in seconds; p95 is the nearest-rank value."""
+    """``samples`` in seconds; p95 and p99 are nearest-rank values."""
     ms = sorted(s * 1000 for s in samples)
-    p95 = ms[min(len(ms) - 1, round(0.95 * (len(ms) - 1)))]
-    return Summary(len(ms), statistics.median(ms), p95, ms[0], ms[-1])
+
+    def rank(q: float) -> float:
+        return ms[min(len(ms) - 1, round(q * (len(ms) - 1)))]
+
+    return Summary(len(ms), statistics.median(ms), rank(0.95), ms[0], ms[-1], rank(0.99))

@@ -226,6 +226,15 @@ class LeaderElector:
                 log.warning("lease renewal failed: %s", exc)
                 renewed = None
             if renewed is not None:
+                took = (_now() - renewed).total_seconds()
+                assert self.renew_deadline_s is not None
+                if took > self.renew_deadline_s / 2:  # what an operator wants to hear first
+                    log.warning(
+                        "lease renewal took %.1fs of its %.1fs deadline (a slow API server or a "
+                        "starved process: leadership is lost past the deadline)",
+                        took,
+                        self.renew_deadline_s,
+                    )
                 self.renewed = renewed
                 due = renewed + period
             else:

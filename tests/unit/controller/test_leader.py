@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from gpu_operator.controller.leader import LeaderElector, _fmt, _parse, lease_free
+from gpu_operator.controller.leader import LeaderElector, _fmt, _now, _parse, lease_free
 from tests.unit.controller.builders import NAMESPACE
 from tests.unit.controller.fakes import FakeKube
 
@@ -287,3 +287,26 @@ def test_the_lease_is_taken_and_renewed_in_a_thread_named_lease_in_the_kernel() 
     asyncio.run(take_renew_and_hand_over())
     assert threads and set(threads) == {"lease"}
     assert spec_of(kube).get("holderIdentity") is None
+
+
+def test_a_renewal_that_took_most_of_its_deadline_is_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A renewal confirmed with less than half its deadline to spare is what comes before a
+    lost Lease on a slow link or a starved node: said while the holder still leads."""
+    leader = elector(FakeKube(), lease_seconds=9, renew_seconds=0)  # deadline 6 s
+    stop = threading.Event()
+    took = iter([timedelta(seconds=1), timedelta(seconds=4)])
+
+    def renew() -> datetime:
+        lag = next(took)
+        if lag.total_seconds() > 3:
+            stop.set()
+        return _now() - lag  # written that long before it was confirmed
+
+    leader._try = renew  # type: ignore[method-assign]
+    leader.renewed = _now()
+    with caplog.at_level(logging.WARNING, logger="gpu_operator.controller.leader"):
+        leader._renew(stop)
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("lease renewal took 4.0s of its 6.0s deadline"), warning
