@@ -393,22 +393,19 @@ def test_compute_mode_and_time_slice_are_the_gpus_state_shared_by_every_process(
     assert sd.read_compute_policy(root / "dev", h100).time_slice == "Long"
 
 
-def test_an_agents_simulated_nvml_and_the_stubs_c_library_share_the_compute_mode(
-    tmp_path: Path, artefacts: Path, monkeypatch: pytest.MonkeyPatch
+def simulated_node(
+    root: Path, artefacts: Path, monkeypatch: pytest.MonkeyPatch, spec: str, seed: str
 ) -> None:
-    """On a simulated node's stub driver, an agent's NVML (the Python simulation) and the
-    stub's C programs keep one compute mode per GPU: set by one, read by the other."""
-    import pynvml
-
+    """A simulated node's stub driver at ``root`` (its device nodes stand-ins when not root)
+    and this process's NVML the agents' simulated one over its state, as on that node."""
     from gpu_operator.agent.nvml.loader import SIM_STATE
-    from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simulated_nvml
+    from gpu_operator.agent.simulated import install_simulated_nvml
     from gpu_operator.agent.simulated_operands import install_driver
 
     if Path("/dev/nvidiactl").exists():
         pytest.skip("this machine has /dev/nvidiactl (a real driver): the stub would use /dev")
     monkeypatch.setenv("GPU_OPERATOR_STUB_ARTEFACTS", str(artefacts))
-    root = tmp_path / "driver"
-    installed = install_driver("a100-40gb:2", root, seed="node-x")
+    installed = install_driver(spec, root, seed=seed)
     table = sd.read_table(next((root / LIB).glob("libnvidia-ml.so.*.*")))
     for entry in sd.plan_layout(
         version=installed["driver_version"], cuda_version=table.cuda_version, gpus=table.gpus
@@ -416,7 +413,20 @@ def test_an_agents_simulated_nvml_and_the_stubs_c_library_share_the_compute_mode
         if entry.kind == "node" and not (root / entry.path).exists():  # not root: stand-ins
             (root / entry.path).parent.mkdir(exist_ok=True)
             (root / entry.path).touch()
-    install_simulated_nvml("a100-40gb:2", seed="node-x", state_file=root / "dev" / SIM_STATE)
+    install_simulated_nvml(spec, seed=seed, state_file=root / "dev" / SIM_STATE)
+
+
+def test_an_agents_simulated_nvml_and_the_stubs_c_library_share_the_compute_mode(
+    tmp_path: Path, artefacts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a simulated node's stub driver, an agent's NVML (the Python simulation) and the
+    stub's C programs keep one compute mode per GPU: set by one, read by the other."""
+    import pynvml
+
+    from gpu_operator.agent.simulated import uninstall_simulated_nvml
+
+    root = tmp_path / "driver"
+    simulated_node(root, artefacts, monkeypatch, "a100-40gb:2", "node-x")
     try:
         pynvml.nvmlInit()
         handle = pynvml.nvmlDeviceGetHandleByIndex(1)
@@ -489,3 +499,40 @@ def test_the_mps_control_daemon_holds_the_limits_it_is_given_until_it_quits(
         [str(root / "usr/bin/nvidia-cuda-mps-server")], capture_output=True, text=True, check=False
     )
     assert server.returncode == 1 and "SIMULATED" in server.stderr
+
+
+def test_nvidia_smi_lists_the_mig_devices_the_simulated_nvml_made_that_this_process_may_use(
+    tmp_path: Path, artefacts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent's NVML creates a MIG device; the stub's ``nvidia-smi -L`` lists it under its GPU
+    while both its capability nodes are there (a container given it through CDI), and not once
+    one is missing or the device is destroyed."""
+    from gpu_operator.agent.driverroot import mig_device_caps, parse_mig_minors
+    from gpu_operator.agent.driverroot.devices import mig_minors_text
+    from gpu_operator.agent.nvml import Nvml
+    from gpu_operator.agent.simulated import uninstall_simulated_nvml
+
+    root = tmp_path / "driver"
+    simulated_node(root, artefacts, monkeypatch, "h100-80gb:1", "node-m")
+    try:
+        with Nvml() as nvml:
+            gpu = nvml.inventory().gpus[0]
+            assert smi(root, "-L").stdout.splitlines() == [f"GPU 0: {gpu.name} (UUID: {gpu.uuid})"]
+            nvml.set_mig_mode(0, True)
+            profile = next(p for p in gpu.mig_profiles if p.name == "3g.40gb")
+            gi = nvml.create_gpu_instance(0, profile.index, profile.placements[1])
+            ci = nvml.create_compute_instance(0, gi, profile.slice_count)
+            (mig,) = nvml.gpu(0).mig_devices
+            listed = smi(root, "-L").stdout.splitlines()
+            assert listed == [
+                f"GPU 0: {gpu.name} (UUID: {gpu.uuid})",
+                f"  MIG 3g.40gb     Device  0: (UUID: {mig.uuid})",
+            ]
+            _, ci_cap = mig_device_caps(parse_mig_minors(mig_minors_text(1)), 0, gi, ci)
+            (root / ci_cap.lstrip("/")).unlink()  # a process not given this MIG device
+            assert len(smi(root, "-L").stdout.splitlines()) == 1
+            (root / ci_cap.lstrip("/")).touch()
+            nvml.destroy_gpu_instance(0, gi)
+            assert len(smi(root, "-L").stdout.splitlines()) == 1
+    finally:
+        uninstall_simulated_nvml()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import pynvml
@@ -58,8 +57,7 @@ def nvmlDeviceGetUUID(node: SimNode, handle: Any, buffer: Any, length: Any) -> N
     gpu, gi, ci = node.device(handle)
     text = gpu.uuid
     if gi is not None and ci is not None:
-        mig = uuid.uuid5(uuid.NAMESPACE_URL, f"{gpu.uuid}/{gi.id}/{ci.id}/{gi.start}")
-        text = f"MIG-{mig}"
+        text = gpu.mig_uuid(gi, ci)
     store_text(buffer, length, text)
 
 

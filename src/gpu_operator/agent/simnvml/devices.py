@@ -74,6 +74,10 @@ class SimGpu:
         assert profile is not None
         return profile
 
+    def mig_uuid(self, gi: SimGi, ci: SimCi) -> str:
+        """The UUID of the MIG device ``ci`` of ``gi``: stable for as long as it exists."""
+        return f"MIG-{uuid.uuid5(uuid.NAMESPACE_URL, f'{self.uuid}/{gi.id}/{ci.id}/{gi.start}')}"
+
     def mig_devices(self) -> list[tuple[SimGi, SimCi]]:
         return [(gi, ci) for gi in sorted(self.gis, key=lambda g: g.id) for ci in gi.cis]
 

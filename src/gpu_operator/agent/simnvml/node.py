@@ -16,6 +16,7 @@ from typing import Any
 import pynvml
 
 from gpu_operator.agent.stubdriver.compute import SIM_DIR
+from gpu_operator.agent.stubdriver.migstate import MigRow, write_mig_state
 
 from . import telemetry
 from .cabi import Kind, unpack_handle
@@ -81,6 +82,20 @@ class SimNode:
             return
         with self.state.update(self.gpus):
             yield
+        self._export_mig()
+
+    def _export_mig(self) -> None:
+        """The MIG state where the stub driver's C library reads it (a stub driver's node
+        only), so ``nvidia-smi -L`` lists what this NVML made."""
+        dev = self.dev_dir()
+        if dev is None:
+            return
+        for gpu in self.gpus:
+            rows = [
+                MigRow(gi.id, ci.id, gpu.profile_of(gi).name, gpu.mig_uuid(gi, ci))
+                for gi, ci in gpu.mig_devices()
+            ]
+            write_mig_state(dev, gpu.uuid, gpu.mig_current, rows)
 
     # -- handles -----------------------------------------------------------------------------
     def gpu_at(self, index: int) -> SimGpu:

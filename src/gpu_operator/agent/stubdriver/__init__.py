@@ -12,6 +12,7 @@ says SIMULATED; each library exports ``gpu_operator_stub_driver`` (:data:`DRIVER
 - :mod:`.libraries`: the libraries and programs, and each layout's directories
 - :mod:`.build`: :func:`build_stubs`, compiling them once per set of sources (needs gcc)
 - :mod:`.layout`: :func:`plan_layout`, :func:`lay_out` and :func:`remove`
+- :mod:`.migstate`: :func:`read_mig_state`, the MIG mode and devices the C library shows;
 - :mod:`.compute`: :func:`read_compute_policy`, the compute mode and time-slice a GPU holds
 
 Which GPUs a process sees (``c/stubdriver.h``): the device dir is ``<driver root>/dev`` when
@@ -26,6 +27,7 @@ from .build import NO_COMPILER, build_stubs, default_cache_dir, source_hash
 from .compute import ComputePolicy, read_compute_policy, write_compute_policy
 from .layout import Entry, lay_out, plan_layout, remove, replace_file
 from .libraries import BIN_DIRS, LIB_DIRS, LIBRARIES, PROBE, PROGRAMS, STYLES, Library, Style
+from .migstate import MigRow, read_mig_state, write_mig_state
 from .mps import MpsState, read_mps_state
 from .table import (
     DRIVER_MARKER,
@@ -56,6 +58,7 @@ __all__ = [
     "ComputePolicy",
     "Entry",
     "Library",
+    "MigRow",
     "MpsState",
     "StubDriverError",
     "StubGpu",
@@ -69,10 +72,12 @@ __all__ = [
     "patch_table",
     "plan_layout",
     "read_compute_policy",
+    "read_mig_state",
     "read_mps_state",
     "read_table",
     "remove",
     "replace_file",
     "source_hash",
     "write_compute_policy",
+    "write_mig_state",
 ]

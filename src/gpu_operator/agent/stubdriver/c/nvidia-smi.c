@@ -3,7 +3,8 @@
  * libnvidia-ml.so.1 by soname (as NVIDIA's does) and supports:
  *
  *     nvidia-smi                 a summary: a SIMULATED header with the versions, a line a GPU
- *     nvidia-smi -L              "GPU <i>: <name> (UUID: <uuid>)", as NVIDIA's prints it
+ *     nvidia-smi -L              "GPU <i>: <name> (UUID: <uuid>)", as NVIDIA's prints it, each
+ *                                followed by the MIG devices this process may use on it
  *     nvidia-smi --query-gpu=name,uuid,memory.total,driver_version,index,minor_number,
  *                compute_mode --format=csv[,noheader][,nounits]
  *     nvidia-smi -i <index|uuid> -c <DEFAULT|PROHIBITED|EXCLUSIVE_PROCESS|0|2|3>
@@ -49,6 +50,8 @@ static struct {
     nvmlReturn_t (*get_mode)(nvmlDevice_t, unsigned int *);
     nvmlReturn_t (*set_mode)(nvmlDevice_t, unsigned int);
     nvmlReturn_t (*set_slice)(nvmlDevice_t, unsigned int);
+    nvmlReturn_t (*mig_count)(nvmlDevice_t, unsigned int *);
+    nvmlReturn_t (*mig_handle)(nvmlDevice_t, unsigned int, nvmlDevice_t *);
 } nvml;
 
 /* nvidia-smi's names of NVML's compute modes, by value. */
@@ -99,6 +102,8 @@ static void load(void)
     *(void **)&nvml.get_mode = resolve(lib, "nvmlDeviceGetComputeMode");
     *(void **)&nvml.set_mode = resolve(lib, "nvmlDeviceSetComputeMode");
     *(void **)&nvml.set_slice = resolve(lib, "gpuOperatorStubSetTimeslice");
+    *(void **)&nvml.mig_count = resolve(lib, "nvmlDeviceGetMaxMigDeviceCount");
+    *(void **)&nvml.mig_handle = resolve(lib, "nvmlDeviceGetMigDeviceHandleByIndex");
     ret = nvml.init();
     if (ret != 0) {
         fprintf(stderr, "nvidia-smi: nvmlInit_v2: %s\n", nvml.error_string(ret));
@@ -165,8 +170,24 @@ static void list_gpus(void)
     struct gpu list[64];
     unsigned int i, n = gpus(list, 64);
 
-    for (i = 0; i < n; i++)
+    for (i = 0; i < n; i++) {
+        nvmlDevice_t dev, mig;
+        unsigned int count = 0, k;
+
         printf("GPU %u: %s (UUID: %s)\n", i, list[i].name, list[i].uuid);
+        check(nvml.handle(i, &dev), "nvmlDeviceGetHandleByIndex_v2");
+        check(nvml.mig_count(dev, &count), "nvmlDeviceGetMaxMigDeviceCount");
+        for (k = 0; k < count; k++) {
+            char name[160], uuid[96];
+            const char *profile;
+
+            if (nvml.mig_handle(dev, k, &mig) != 0 || nvml.name(mig, name, sizeof(name)) != 0 ||
+                nvml.uuid(mig, uuid, sizeof(uuid)) != 0)
+                continue;
+            profile = strstr(name, " MIG ");
+            printf("  MIG %-11s Device %2u: (UUID: %s)\n", profile ? profile + 5 : name, k, uuid);
+        }
+    }
 }
 
 static void print_field(const char *field, unsigned int index, const struct gpu *g,

@@ -45,9 +45,12 @@ typedef struct nvmlMemory_st {
     unsigned long long used;
 } nvmlMemory_t;
 
-/* The handle a caller gets points at one of these. */
+/* The handle a caller gets points at one of these: a GPU, or one of its MIG devices. */
 struct nvmlDevice_st {
-    struct stub_gpu gpu;
+    struct stub_gpu gpu;  /* a MIG device's: its GPU's */
+    unsigned int gi, ci;   /* a MIG device's GPU and compute instance */
+    char profile[32];      /* a MIG device's GPU-instance profile, "1g.10gb" */
+    char mig_uuid[STUB_UUID_LEN];
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -230,19 +233,96 @@ static const struct stub_gpu *gpu_of(nvmlDevice_t device, nvmlReturn_t *ret)
     return &device->gpu;
 }
 
+/*
+ * MIG devices. The simulated NVML (the agents' Python one) makes them and writes each GPU's to
+ * <dev>/gpu-operator-sim/mig/<uuid>: "mode <0|1>", then "mig <gi> <ci> <profile> <uuid>" a
+ * device. A process sees a MIG device only when it has both its capability nodes,
+ * <dev>/nvidia-caps/nvidia-cap<minor>, numbered as the kernel numbers them (gpu<G>/gi<I>/access
+ * = 3 + 135G + 9I, its ci<C>/access 4 + 135G + 9I + C): as a container given it through CDI.
+ */
+#define MIG_DIR "gpu-operator-sim/mig"
+#define STUB_MAX_MIGS 8
+static struct nvmlDevice_st migs[STUB_MAX_GPUS][STUB_MAX_MIGS];
+
+/* Which MIG handle this is (its GPU's index * STUB_MAX_MIGS + its own), or -1. */
+static long mig_index(nvmlDevice_t device)
+{
+    uintptr_t p = (uintptr_t)device, first = (uintptr_t)migs;
+
+    if (p < first || (p - first) % sizeof(migs[0][0]) != 0)
+        return -1;
+    if ((p - first) / sizeof(migs[0][0]) >= (uintptr_t)node.count * STUB_MAX_MIGS)
+        return -1;
+    return (long)((p - first) / sizeof(migs[0][0]));
+}
+
+static int has_cap(const char *dev, unsigned int minor)
+{
+    char name[64];
+
+    snprintf(name, sizeof(name), "nvidia-caps/nvidia-cap%u", minor);
+    return stub_exists(dev, name);
+}
+
+/* GPU ``index``'s MIG mode and the MIG devices this process may use, read now (the simulated
+ * NVML changes them at run time) into migs[index]; returns how many. Under the lock. */
+static unsigned int mig_load(unsigned int index, unsigned int *mode)
+{
+    const struct stub_gpu *gpu = &devices[index].gpu;
+    char dev[PATH_MAX], path[PATH_MAX], line[256], profile[32], uuid[STUB_UUID_LEN];
+    unsigned int gi, ci, n = 0, g = gpu->minor;
+    FILE *f;
+
+    *mode = 0;
+    if (stub_device_dir(dev, sizeof(dev)) != 0)
+        return 0;
+    if (snprintf(path, sizeof(path), "%s/%s/%s", dev, MIG_DIR, gpu->uuid) >= (int)sizeof(path))
+        return 0;
+    if (!(f = fopen(path, "r")))
+        return 0;
+    while (fgets(line, sizeof(line), f)) {
+        struct nvmlDevice_st *mig;
+
+        if (sscanf(line, "mode %u", mode) == 1)
+            continue;
+        if (sscanf(line, "mig %u %u %31s %95s", &gi, &ci, profile, uuid) != 4)
+            continue;
+        if (n >= STUB_MAX_MIGS || !has_cap(dev, 3 + 135 * g + 9 * gi) ||
+            !has_cap(dev, 4 + 135 * g + 9 * gi + ci))
+            continue;
+        mig = &migs[index][n++];
+        mig->gpu = *gpu;
+        mig->gi = gi;
+        mig->ci = ci;
+        stub_copy(mig->profile, sizeof(mig->profile), profile);
+        stub_copy(mig->mig_uuid, sizeof(mig->mig_uuid), uuid);
+    }
+    fclose(f);
+    return n;
+}
+
 STUB_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
 {
     nvmlReturn_t ret;
-    const struct stub_gpu *gpu = gpu_of(device, &ret);
+    const struct stub_gpu *gpu;
+    char mig[STUB_NAME_LEN + 40];
 
+    if (initialised() && mig_index(device) >= 0) {
+        snprintf(mig, sizeof(mig), "%s MIG %s", device->gpu.name, device->profile);
+        return put_string(name, length, mig);
+    }
+    gpu = gpu_of(device, &ret);
     return gpu ? put_string(name, length, gpu->name) : ret;
 }
 
 STUB_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
     nvmlReturn_t ret;
-    const struct stub_gpu *gpu = gpu_of(device, &ret);
+    const struct stub_gpu *gpu;
 
+    if (initialised() && mig_index(device) >= 0)
+        return put_string(uuid, length, device->mig_uuid);
+    gpu = gpu_of(device, &ret);
     return gpu ? put_string(uuid, length, gpu->uuid) : ret;
 }
 
@@ -304,32 +384,62 @@ STUB_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_
     return NVML_ERROR_NOT_FOUND;
 }
 
-/* The stub's GPUs are never in MIG mode (the simulated NVML holds MIG state). */
+/* MIG mode as the simulated NVML left it; never pending apart from current. */
 STUB_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
                                               unsigned int *pendingMode)
 {
     nvmlReturn_t ret;
     const struct stub_gpu *gpu = gpu_of(device, &ret);
+    unsigned int mode;
 
     if (!gpu)
         return ret;
     if (!currentMode || !pendingMode)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *currentMode = 0;
-    *pendingMode = 0;
+    pthread_mutex_lock(&lock);
+    mig_load((unsigned int)handle_index(device), &mode);
+    pthread_mutex_unlock(&lock);
+    *currentMode = *pendingMode = mode ? 1 : 0;
     return NVML_SUCCESS;
 }
 
+/* How many MIG devices this process may use on the GPU (NVIDIA's is the most there could be:
+ * a caller asks each index and skips those NOT_FOUND, which works the same here). */
 STUB_EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
 {
     nvmlReturn_t ret;
     const struct stub_gpu *gpu = gpu_of(device, &ret);
+    unsigned int mode;
 
     if (!gpu)
         return ret;
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *count = 0;
+    pthread_mutex_lock(&lock);
+    *count = mig_load((unsigned int)handle_index(device), &mode);
+    pthread_mutex_unlock(&lock);
+    return NVML_SUCCESS;
+}
+
+STUB_EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device,
+                                                             unsigned int index,
+                                                             nvmlDevice_t *migDevice)
+{
+    nvmlReturn_t ret;
+    const struct stub_gpu *gpu = gpu_of(device, &ret);
+    unsigned int mode, n, gpu_index;
+
+    if (!gpu)
+        return ret;
+    if (!migDevice)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    gpu_index = (unsigned int)handle_index(device);
+    pthread_mutex_lock(&lock);
+    n = mig_load(gpu_index, &mode);
+    pthread_mutex_unlock(&lock);
+    if (index >= n)
+        return NVML_ERROR_NOT_FOUND;
+    *migDevice = &migs[gpu_index][index];
     return NVML_SUCCESS;
 }
 
