@@ -183,8 +183,11 @@ def run(
     With DynamicMIG, ``nvml`` creates and destroys claims' MIG devices."""
     latest: dict[str, Inventory] = {"inventory": read_inventory()}
     dynamic_mig = options.gates.on("DynamicMIG")
-    if dynamic_mig and nvml is None:
-        raise ValueError("DynamicMIG needs the NVML session that creates MIG devices")
+    mig = None
+    if dynamic_mig:
+        if nvml is None:
+            raise ValueError("DynamicMIG needs the NVML session that creates MIG devices")
+        mig = MigControl(nvml)
     shape = slices.dynamic_layout(kube.server_version()) if dynamic_mig else None
     by_name = partitions.refs_by_name if dynamic_mig else dra_devices.refs_by_name
 
@@ -205,7 +208,7 @@ def run(
         driver,
         options.gates,
         mps=_mps_control(kube, options, driver) if options.gates.on("MPSSupport") else None,
-        mig=MigControl(nvml) if dynamic_mig and nvml is not None else None,
+        mig=mig,
     )
     if options.serve_kubelet:
         try:  # before the kubelet can send a claim

@@ -47,8 +47,11 @@ class MigControl:
     def __init__(self, nvml: MigDevices) -> None:
         self.nvml = nvml
 
+    def _find(self, uuid: str) -> Gpu | None:
+        return next((g for g in self.nvml.inventory().gpus if g.uuid == uuid), None)
+
     def _gpu(self, uuid: str) -> Gpu:
-        gpu = next((g for g in self.nvml.inventory().gpus if g.uuid == uuid), None)
+        gpu = self._find(uuid)
         if gpu is None:
             raise PrepareError(f"GPU {uuid} is not on this node (any more)")
         return gpu
@@ -70,13 +73,13 @@ class MigControl:
         try:
             gi = self.nvml.create_gpu_instance(gpu.index, part.profile_index, part.placement)
         except Exception as exc:
-            self._mig_off_if_idle(gpu.uuid)
+            self._mig_off_if_idle(gpu.index)
             raise PrepareError(f"creating {where}: {exc}") from None
         try:
             ci = self.nvml.create_compute_instance(gpu.index, gi, part.slices)
         except Exception as exc:
             self.nvml.destroy_gpu_instance(gpu.index, gi)
-            self._mig_off_if_idle(gpu.uuid)
+            self._mig_off_if_idle(gpu.index)
             raise PrepareError(f"creating the compute instance of {where}: {exc}") from None
         found = self.nvml.gpu(gpu.index).mig_devices
         device = next((m for m in found if (m.gi_id, m.ci_id) == (gi, ci)), None)
@@ -88,13 +91,13 @@ class MigControl:
 
     def destroy(self, mig: CreatedMig) -> None:
         """``mig``'s instances gone (already gone is fine), then MIG mode off if idle."""
-        gpu = next((g for g in self.nvml.inventory().gpus if g.uuid == mig.gpu_uuid), None)
+        gpu = self._find(mig.gpu_uuid)
         if gpu is None:
             return
         if any(gi.id == mig.gi_id for gi in gpu.gpu_instances):
             self.nvml.destroy_gpu_instance(gpu.index, mig.gi_id)
             log.info("destroyed MIG device %s", mig.uuid)
-        self._mig_off_if_idle(gpu.uuid)
+        self._mig_off_if_idle(gpu.index)
 
     def whole_gpu(self, uuid: str) -> None:
         """A whole GPU handed out under DynamicMIG: out of MIG mode first (the scheduler's
@@ -120,12 +123,14 @@ class MigControl:
                 if (gpu.uuid, gi.id) not in keep:
                     self.nvml.destroy_gpu_instance(gpu.index, gi.id)
                     gone.append(f"{gpu.uuid}/gi{gi.id}")
-            self._mig_off_if_idle(gpu.uuid)
+            self._mig_off_if_idle(gpu.index)
         if gone:
             log.info("destroyed MIG devices no claim holds: %s", ", ".join(gone))
         return gone
 
-    def _mig_off_if_idle(self, uuid: str) -> None:
-        gpu = next((g for g in self.nvml.inventory().gpus if g.uuid == uuid), None)
-        if gpu and gpu.mig_current and not gpu.gpu_instances and switches_mig_without_reset(gpu):
-            self.nvml.set_mig_mode(gpu.index, False)
+    def _mig_off_if_idle(self, index: int) -> None:
+        """GPU ``index`` out of MIG mode, as read now, when it holds no instance and can leave
+        the mode without a reset."""
+        gpu = self.nvml.gpu(index)
+        if gpu.mig_current and not gpu.gpu_instances and switches_mig_without_reset(gpu):
+            self.nvml.set_mig_mode(index, False)

@@ -176,12 +176,7 @@ class DraPlugin:
         if not self.gates.on("TimeSlicingSettings"):
             return []
         with self._lock:
-            held = {
-                p.time_slice.uuid
-                for uid in self.checkpoint.uids()
-                for p in self.checkpoint.get(uid) or ()
-                if p.time_slice is not None
-            }
+            held = {p.time_slice.uuid for p in self._checkpointed() if p.time_slice is not None}
             free = sorted({r.uuid for r in self.devices().values() if not r.is_mig} - held)
             set_time_slices(self.settings, [TimeSlice(uuid, "Default") for uuid in free])
             return free
@@ -193,7 +188,7 @@ class DraPlugin:
         if self.mps is None:
             return []
         with self._lock:
-            held = [d for uid in self.checkpoint.uids() for d in _daemons(self.checkpoint.get(uid))]
+            held = _daemons(self._checkpointed())
             gpus = {r.gpu_uuid for r in self.devices().values()}
             return self.mps.stop_unheld(held, gpus)
 
@@ -204,13 +199,11 @@ class DraPlugin:
         if self.mig is None:
             return []
         with self._lock:
-            held = [
-                p.mig
-                for uid in self.checkpoint.uids()
-                for p in self.checkpoint.get(uid) or ()
-                if p.mig is not None
-            ]
-            return self.mig.destroy_unheld(held)
+            return self.mig.destroy_unheld(p.mig for p in self._checkpointed() if p.mig)
+
+    def _checkpointed(self) -> tuple[PreparedDevice, ...]:
+        """Every device of every claim the checkpoint holds: what must stay as it is."""
+        return tuple(p for uid in self.checkpoint.uids() for p in self.checkpoint.get(uid) or ())
 
     def _mig_control(self) -> MigControl:
         if self.mig is None:
@@ -224,11 +217,12 @@ class DraPlugin:
             if any(p.mig is not None for p in prepared):
                 self._mig_control()
             return prepared
+        refs = self.devices()
         done: list[PreparedDevice] = []
         try:
             for p in prepared:
                 if p.mig is None:
-                    self.mig.whole_gpu(self.devices()[p.device].uuid)
+                    self.mig.whole_gpu(refs[p.device].uuid)
                     done.append(p)
                 else:
                     done.append(dataclasses.replace(p, mig=self.mig.create(p.mig)))

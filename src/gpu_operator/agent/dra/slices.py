@@ -70,9 +70,7 @@ def layout(
     if shape == SPLIT:
         return [((), tuple(counter_sets)), *((tuple(g), ()) for g in groups.values())]
     by_name = {str(c["name"]): c for c in counter_sets}
-    return [
-        (tuple(g), tuple(by_name[k] for k in (key,) if k in by_name)) for key, g in groups.items()
-    ]
+    return [(tuple(g), (by_name[k],) if k in by_name else ()) for k, g in groups.items()]
 
 
 def desired_slices(
