@@ -305,7 +305,9 @@ def test_a_lost_gpu_is_quarantined_drained_remediated_and_released_within_the_li
 
         # Though the operator was killed in the middle, the node was quarantined once, its
         # remediation started once and its driver pod deleted once (Events, the audit log).
-        reasons = [e["reason"] for e in node_events(kube, SICK)]
+        reasons = wait_for(  # the Event is its own write, after the release
+            "the GPURecovered Event", lambda: _reasons_with(kube, SICK, "GPURecovered")
+        )
         assert reasons.count("GPUQuarantined") == 1, reasons
         assert reasons.count("GPURemediationStarted") == 1, reasons
         assert reasons.count("GPURecovered") == 1, reasons
@@ -345,6 +347,12 @@ def _health_report(cluster: testenv.Cluster, line: str) -> str | NotYet:
 def _names_xid_79(kube: Kube, name: str) -> bool | NotYet:
     message = str(condition(kube, name).get("message") or "")
     return ("GPU 0 GPU-" in message and "XID 79" in message) or NotYet(message)
+
+
+def _reasons_with(kube: Kube, name: str, reason: str) -> list[str] | NotYet:
+    """The reasons of the node's Events once one is ``reason``."""
+    reasons = [e["reason"] for e in node_events(kube, name)]
+    return reasons if reason in reasons else NotYet(reasons)
 
 
 def _quarantine_seen(kube: Kube, name: str) -> bool | NotYet:
