@@ -10,21 +10,18 @@ time-slice with the stub driver's nvidia-smi."""
 
 from __future__ import annotations
 
-import os
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
 
 from gpu_operator import testenv
 from gpu_operator.agent.dra import agent as dra_agent
 from gpu_operator.agent.dra import devices as dra_devices
 from gpu_operator.agent.dra.prepare import spec_file_name
-from gpu_operator.agent.dra.server import DraPlugin, PluginPaths
+from gpu_operator.agent.dra.server import DraPlugin
 from gpu_operator.agent.dra.sharing import NvidiaSmi
 from gpu_operator.agent.driver_cdi import find_host_driver
 from gpu_operator.agent.simulated_operands import install_driver
@@ -34,6 +31,7 @@ from gpu_operator.api.dragates import resolve
 from gpu_operator.kube import Kube
 from gpu_operator.render.dra import device_classes
 
+from .dra_node_support import log_with, namespace, phase, plugin_paths, registered, slices_of
 from .support import NotYet, wait_for
 
 pytestmark = pytest.mark.real_nodes
@@ -54,23 +52,8 @@ LONG_TIME_SLICES = {
 def kube(real_cluster: testenv.Cluster) -> Iterator[tuple[Kube, str]]:
     with real_cluster.api_client() as api:
         k = Kube(api)
-        ns = f"dra-{uuid.uuid4().hex[:8]}"
-        k.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-        wait_for("the default ServiceAccount", lambda: k.get("ServiceAccount", "default", ns))
-        try:
+        with namespace(k, "dra") as ns:
             yield k, ns
-        finally:
-            k.delete("Namespace", ns)
-
-
-def _socket_dirs(node_dir: Path, tmp: Path) -> tuple[Path, Path]:
-    """Unix socket paths are limited to 107 bytes: serve under a short directory and link the
-    kubelet's names to it (the plugin watcher and the dialer follow links)."""
-    plugin = node_dir / "kubelet" / "plugins" / DRIVER
-    plugin.mkdir(parents=True, exist_ok=True)
-    (tmp / "plugin").mkdir()
-    (tmp / "reg").mkdir()
-    return tmp / "plugin", tmp / "reg"
 
 
 def test_a_pod_with_a_claim_sees_its_gpu_through_cdi_on_a_real_node(
@@ -84,13 +67,7 @@ def test_a_pod_with_a_claim_sees_its_gpu_through_cdi_on_a_real_node(
     inventory = dra_agent.simulated_inventory("a100-40gb:1", node)
     refs = dra_devices.refs_by_name(inventory)
     with tempfile.TemporaryDirectory(prefix="dra", dir="/tmp") as tmp:
-        plugin_dir, reg_dir = _socket_dirs(node_dir, Path(tmp))
-        paths = PluginPaths(
-            plugin_dir=plugin_dir,
-            registry_dir=reg_dir,
-            cdi_dir=node_dir / "cdi",
-            kubelet_plugin_dir=Path("/var/lib/kubelet/plugins") / DRIVER,
-        )
+        paths = plugin_paths(node_dir, Path(tmp))
 
         def read_claim(namespace: str, name: str) -> dict[str, Any] | None:
             return api.get("ResourceClaim", name, namespace)
@@ -111,27 +88,13 @@ def test_a_pod_with_a_claim_sees_its_gpu_through_cdi_on_a_real_node(
             lambda: no_driver,
             resolve({"TimeSlicingSettings": True}),
             lambda: NvidiaSmi(stub_driver),
-        ).start()
+        )
         uuid_ = refs["gpu-0"].uuid
 
         def time_slice() -> str:
             return read_compute_policy(stub_root / "dev", uuid_).time_slice
 
-        kubelet_sock = node_dir / "kubelet" / "plugins" / DRIVER / "dra.sock"
-        registration = node_dir / "kubelet" / "plugins_registry" / f"{DRIVER}-reg.sock"
-        try:
-            kubelet_sock.unlink(missing_ok=True)
-            os.symlink(paths.plugin_socket, kubelet_sock)
-            registration.unlink(missing_ok=True)
-            os.symlink(paths.registration_socket, registration)
-            wait_for(
-                "the kubelet to register the DRA plugin",
-                lambda: (
-                    (True, "") in (got := plugin.registrations.statuses)
-                    or NotYet({"registration statuses": list(got)})
-                ),
-                timeout=60,
-            )
+        with registered(plugin, node_dir), slices_of(api, node):
             dra_agent.publish(api, node, inventory, dra_agent.node_owner(api, node))
             api.create(
                 {
@@ -172,21 +135,12 @@ def test_a_pod_with_a_claim_sees_its_gpu_through_cdi_on_a_real_node(
                 }
             )  # fmt: skip
 
-            def running() -> str | NotYet:
-                pod = api.get("Pod", "cuda", ns) or {}
-                status = pod.get("status") or {}
-                phase = status.get("phase")
-                if phase in ("Running", "Failed"):
-                    return str(phase)
-                states = [s.get("state") for s in status.get("containerStatuses") or []]
-                return NotYet({"phase": phase, "container states": states})
-
-            assert wait_for("the pod Running", running, timeout=120) == "Running"
+            assert wait_for("the pod Running", phase(api, ns, "cuda"), timeout=120) == "Running"
 
             assert time_slice() == "Long"  # set at Prepare, before the container started
             claim_uid = next(iter(plugin.checkpoint.uids()))
             assert (node_dir / "cdi" / spec_file_name(claim_uid)).exists()
-            log = wait_for("the container's output", _log_reader(api, ns), timeout=60)
+            log = wait_for("the container's output", log_with(api, ns, "cuda", "gpu="), timeout=60)
             assert f"gpu={uuid_}" in log, log
 
             api.delete("Pod", "cuda", ns, grace_period_seconds=0)
@@ -204,19 +158,3 @@ def test_a_pod_with_a_claim_sees_its_gpu_through_cdi_on_a_real_node(
                 timeout=90,
             )
             assert time_slice() == "Default"  # put back before the spec went
-        finally:
-            plugin.stop()
-            kubelet_sock.unlink(missing_ok=True)
-            registration.unlink(missing_ok=True)
-            for s in api.list_objects("ResourceSlice", field_selector=f"spec.nodeName={node}"):
-                api.delete("ResourceSlice", s["metadata"]["name"])
-
-
-def _log_reader(api: Kube, ns: str) -> Any:
-    core = client.CoreV1Api(api.api)
-
-    def read() -> str | NotYet:
-        text = str(core.read_namespaced_pod_log("cuda", ns))
-        return text if "gpu=" in text else NotYet({"log": text[-500:]})
-
-    return read

@@ -428,6 +428,18 @@ def nvidia_runtime_wrapper(python: str, script: Path, runc: str) -> str:
     )
 
 
+def runc_wrapper(python: str, script: Path, runc: str) -> str:
+    """The executable containerd runs as the `runc` handler's runtime binary: runc, with the
+    simulated GPUs' kernel view added at `create` (the shim's other calls go straight on)."""
+    q = shlex.quote
+    return (
+        "#!/bin/sh\n# runc, plus what a GPU node's kernel shows (see nvidia_runtime.py)\n"
+        f'case " $* " in *" create "*) exec {q(python)} -I {q(str(script))} --kernel-only '
+        f'{q(runc)} "$@" ;; esac\n'
+        f'exec {q(runc)} "$@"\n'
+    )
+
+
 def env_file(env: Mapping[str, str]) -> str:
     """Shell-sourceable `KEY='value'` lines (values single-quoted, so nothing is expanded)."""
     lines = []

@@ -10,9 +10,13 @@ libraries, binaries, firmware, control device nodes) and each device's. This doe
 nothing, nor does any container while no spec exists (no toolkit or no driver yet). A device
 the spec does not have fails the container, as with NVIDIA's runtime.
 
-Run by the containerd shim as the runtime binary, through a two-line wrapper that
-`realnodes` writes: `python -I nvidia_runtime.py RUNC ARGS...`. Only the standard library, so
-each call starts fast.
+Both handlers, ``runc`` too, also give what a GPU node's kernel shows every process holding
+its devices (:func:`kernel_view`): the simulated GPUs' own state, MIG devices made at run time
+among it, which a real kernel keeps and the stub driver keeps beside its device nodes.
+
+Run by the containerd shim as the runtime binary, through a wrapper that `realnodes` writes:
+`python -I nvidia_runtime.py [--kernel-only] RUNC ARGS...` (``--kernel-only``: the ``runc``
+handler, no CDI step). Only the standard library, so each call starts fast.
 """
 
 from __future__ import annotations
@@ -27,6 +31,15 @@ from typing import Any
 
 NODE_SPEC = Path("/var/run/cdi/nvidia.json")
 OPT_OUT = ("", "void", "none")
+# The stub driver's state beside its device nodes, and the library directories its C library
+# strips to find the driver root (STUB_LIB_DIRS in the agents' stubdriver.h: keep in step;
+# testenv does not import the agents).
+SIM_STATE = "gpu-operator-sim"
+CONTROL_DEVICE = "/dev/nvidiactl"
+STUB_LIB_DIRS = (
+    "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib64", "/lib",
+)  # fmt: skip
 
 
 class CdiError(Exception):
@@ -103,6 +116,41 @@ def inject(spec: dict[str, Any], cdi: Mapping[str, Any], names: Sequence[str]) -
         apply_edits(spec, devices[name].get("containerEdits") or {})
 
 
+def driver_root_of(library: str) -> str | None:
+    """The driver root a host ``libnvidia-ml`` lies under: its directory less a library
+    directory, as the stub's C library finds its own."""
+    directory = os.path.dirname(library)
+    for suffix in STUB_LIB_DIRS:
+        if directory.endswith(suffix):
+            return directory[: len(directory) - len(suffix)] or "/"
+    return None
+
+
+def kernel_view(spec: dict[str, Any]) -> None:
+    """A container given the control device and a stub driver's ``libnvidia-ml`` sees that
+    driver's simulated GPU state, read-only, at ``/dev/gpu-operator-sim``: where its library
+    looks, beside the device nodes, for what a kernel would tell it (the MIG devices that
+    exist now, the compute policy). Other containers are left as they are."""
+    devices = (spec.get("linux") or {}).get("devices") or []
+    if not any(d.get("path") == CONTROL_DEVICE for d in devices):
+        return
+    mounts = spec.setdefault("mounts", [])
+    target = f"/dev/{SIM_STATE}"
+    if any(m.get("destination") == target for m in mounts):
+        return
+    for mount in list(mounts):
+        if not os.path.basename(mount.get("destination", "")).startswith("libnvidia-ml.so"):
+            continue
+        root = driver_root_of(str(mount.get("source", "")))
+        state = os.path.join(root, "dev", SIM_STATE) if root else None
+        if state and os.path.isdir(state):
+            mounts.append(
+                {"destination": target, "type": "bind", "source": state,
+                 "options": ["rbind", "ro", "nosuid", "noexec"]}
+            )  # fmt: skip
+            return
+
+
 def bundle_of(argv: list[str]) -> str | None:
     """The `--bundle` of a `runc ... create ...` call (the shim's other calls are passed on)."""
     if "create" not in argv:
@@ -117,19 +165,21 @@ def bundle_of(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str]) -> None:
-    runc, args = argv[0], argv[1:]
+    cdi = argv[:1] != ["--kernel-only"]
+    runc, args = (argv[0], argv[1:]) if cdi else (argv[1], argv[2:])
     bundle = bundle_of(args)
     if bundle is not None:
         config = Path(bundle, "config.json")
         spec = json.loads(config.read_text())
-        names = requested(spec.get("process", {}).get("env") or [])
+        names = requested(spec.get("process", {}).get("env") or []) if cdi else []
         if names and NODE_SPEC.exists():
             try:
                 inject(spec, json.loads(NODE_SPEC.read_text()), names)
             except (CdiError, OSError) as exc:
                 print(f"nvidia runtime (testenv): {exc}", file=sys.stderr)
                 sys.exit(1)
-            config.write_text(json.dumps(spec))
+        kernel_view(spec)
+        config.write_text(json.dumps(spec))
     os.execv(runc, [runc, *args])
 
 

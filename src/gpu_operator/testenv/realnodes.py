@@ -237,20 +237,19 @@ def write_node_files(
         json.dumps(nodeconfig.cni_conflist(node), indent=2) + "\n"
     )
     runc = shutil.which("runc") or "runc"
+    script = Path(str(resources.files("gpu_operator.testenv") / "nvidia_runtime.py"))
     nvidia_runtime = node.dir / "nvidia-container-runtime"
-    nvidia_runtime.write_text(
-        nodeconfig.nvidia_runtime_wrapper(
-            sys.executable, Path(str(resources.files("gpu_operator.testenv") /
-                                     "nvidia_runtime.py")), runc
-        )
-    )  # fmt: skip
+    nvidia_runtime.write_text(nodeconfig.nvidia_runtime_wrapper(sys.executable, script, runc))
     nvidia_runtime.chmod(0o755)
+    runc_runtime = node.dir / "runc"
+    runc_runtime.write_text(nodeconfig.runc_wrapper(sys.executable, script, runc))
+    runc_runtime.chmod(0o755)
     ctd = nodeconfig.containerd_config(
         node,
         pause_image=binaries.node_image_name("pause"),
         cni_conf_dir=node.dir / "cni",
         cni_bin_dir=CNI_BIN_DIR,
-        runc=runc,
+        runc=str(runc_runtime),
         nvidia_runtime=str(nvidia_runtime),
     )
     (node.dir / "containerd.toml").write_text(nodeconfig.to_toml(ctd))

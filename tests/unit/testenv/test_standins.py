@@ -179,3 +179,63 @@ def test_nvidia_runtime_wrapper_execs_the_script_with_runc(tmp_path: Path) -> No
         "/v/python", Path("/p/nvidia_runtime.py"), "/sbin/runc"
     )
     assert text.splitlines()[-1] == 'exec /v/python -I /p/nvidia_runtime.py /sbin/runc "$@"'
+
+
+def test_runc_wrapper_adds_the_kernel_view_at_create_only(tmp_path: Path) -> None:
+    text = nodeconfig.runc_wrapper("/v/python", Path("/p/nvidia_runtime.py"), "/sbin/runc")
+    body = text.splitlines()
+    assert body[-2] == (
+        'case " $* " in *" create "*) exec /v/python -I /p/nvidia_runtime.py --kernel-only '
+        '/sbin/runc "$@" ;; esac'
+    )
+    assert body[-1] == 'exec /sbin/runc "$@"'
+
+
+def _gpu_container(library_source: str) -> dict:  # type: ignore[type-arg]
+    return {
+        "linux": {"devices": [{"path": "/dev/nvidiactl"}, {"path": "/dev/nvidia0"}]},
+        "mounts": [
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+            {
+                "destination": "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+                "type": "bind",
+                "source": library_source,
+            },
+        ],
+    }
+
+
+def test_a_container_given_a_stub_drivers_gpus_sees_their_state_read_only(
+    tmp_path: Path,
+) -> None:
+    """As a kernel: a container holding the control device and the driver's NVML library
+    sees that driver's simulated state (MIG devices made since) where the stub looks for it."""
+    root = tmp_path / "driver"
+    (root / "dev" / "gpu-operator-sim" / "mig").mkdir(parents=True)
+    library = root / "usr" / "lib64" / "libnvidia-ml.so.570.86.15"
+    spec = _gpu_container(str(library))
+    nvidia_runtime.kernel_view(spec)
+    assert spec["mounts"][-1] == {
+        "destination": "/dev/gpu-operator-sim",
+        "type": "bind",
+        "source": str(root / "dev" / "gpu-operator-sim"),
+        "options": ["rbind", "ro", "nosuid", "noexec"],
+    }
+    again = len(spec["mounts"])
+    nvidia_runtime.kernel_view(spec)
+    assert len(spec["mounts"]) == again, "one view, however often applied"
+
+
+def test_containers_without_the_gpus_or_a_stub_driver_get_no_kernel_view(tmp_path: Path) -> None:
+    root = tmp_path / "driver"
+    (root / "dev" / "gpu-operator-sim").mkdir(parents=True)
+    library = str(root / "usr" / "lib" / "x86_64-linux-gnu" / "libnvidia-ml.so.1")
+    no_device = _gpu_container(library)
+    no_device["linux"]["devices"] = [{"path": "/dev/nvidia0"}]
+    no_state = _gpu_container(str(tmp_path / "other" / "usr" / "lib64" / "libnvidia-ml.so.1"))
+    for spec in (no_device, no_state, _spec()):
+        before = [dict(m) for m in spec["mounts"]]
+        nvidia_runtime.kernel_view(spec)
+        assert spec["mounts"] == before
+    assert nvidia_runtime.driver_root_of("/opt/x/libnvidia-ml.so.1") is None
+    assert nvidia_runtime.driver_root_of("/usr/lib64/libnvidia-ml.so.1") == "/"
