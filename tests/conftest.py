@@ -22,11 +22,18 @@ import pytest
 from tests.prerequisites import REASONS
 
 REAL_NODES = "real-nodes"
+REAL_NODES_DRIVER = "real-nodes-driver"
 REAL_NODES_OWN = "real-nodes-own-clusters"
 REAL_NODE_MODULES = "test_real_"  # every test on real kubelet nodes lives in a module named so
+# Real-node modules on the session's real-node cluster (`real_cluster`, one per worker) come in
+# two groups: the driver and DRA modules here, the rest in REAL_NODES. Each group starts its
+# cluster on its own worker, so the two overlap instead of queueing on one worker.
+DRIVER_REAL_CLUSTER = frozenset(
+    {"test_real_driver.py", "test_real_node_dra.py", "test_real_node_dynamic_mig.py"}
+)
 # Real-node modules that start real-node clusters of their own rather than share the session's
-# (`real_cluster`): they run as a second group, beside the first, so the two halves of the
-# real-node tests (the suite's longest path) overlap. Each cluster takes its own bridge subnet.
+# (`real_cluster`): they run as a group of their own, beside the two above. Each cluster takes
+# its own bridge subnet.
 OWN_REAL_CLUSTERS = frozenset(
     {
         "test_real_demo.py",
@@ -40,9 +47,9 @@ OWN_REAL_CLUSTERS = frozenset(
 # run (2 cores, 5 workers) in the comments, from the summary's "longest groups" line. Replaying
 # two earlier runs' group times through this scheduling for 200 seeds gave medians of 19.2 and
 # 19.5 minutes with only the first four listed, 17.7 and 18.4 with these twelve (4 workers).
+REAL_NODE_GROUPS = (REAL_NODES_DRIVER, REAL_NODES, REAL_NODES_OWN)
 LONGEST_FIRST = (
-    REAL_NODES,  # 14.4
-    REAL_NODES_OWN,  # 11.0
+    *REAL_NODE_GROUPS,  # TIMES
     "tests/chaos/test_chaos_outage.py",  # 7.8
     "tests/e2e/test_install_rbac.py",  # 7.0
     "tests/chaos/test_chaos.py",  # 7.6
@@ -58,13 +65,15 @@ LONGEST_FIRST = (
 
 def xdist_group(nodeid: str) -> str:
     """Which worker-sized unit a test belongs to: its module (a module-scoped cluster starts
-    once), except that the real-node tests sharing the session's real-node cluster are one unit
-    (that cluster starts once, on one worker), and those that start their own are another."""
+    once), except that the real-node tests sharing a session's real-node cluster are two units
+    (each cluster starts once, on its own worker), and those that start their own are another."""
     module = nodeid.split("::", 1)[0]
     name = Path(module).name
     if not name.startswith(REAL_NODE_MODULES):
         return module
-    return REAL_NODES_OWN if name in OWN_REAL_CLUSTERS else REAL_NODES
+    if name in OWN_REAL_CLUSTERS:
+        return REAL_NODES_OWN
+    return REAL_NODES_DRIVER if name in DRIVER_REAL_CLUSTER else REAL_NODES
 
 
 def _selects_real_nodes(config: pytest.Config) -> bool:
@@ -112,8 +121,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     misplaced = [
         i.nodeid
         for i in items
-        if i.get_closest_marker("real_nodes")
-        and xdist_group(i.nodeid) not in (REAL_NODES, REAL_NODES_OWN)
+        if i.get_closest_marker("real_nodes") and xdist_group(i.nodeid) not in REAL_NODE_GROUPS
     ]
     if misplaced:
         raise pytest.UsageError(
@@ -170,7 +178,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(
             "longest groups (minutes into the run it began + its length, worker): " + spans(groups)
         )
-        for group in (REAL_NODES, REAL_NODES_OWN):  # the groups of several modules
+        for group in REAL_NODE_GROUPS:  # the groups of several modules
             inside = [kv for kv in _SPANS.items() if kv[0].startswith(f"{group} > ")]
             if inside:
                 terminalreporter.write_line(f"  {group}, by module: {spans(inside)}")

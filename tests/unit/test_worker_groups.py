@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from tests.conftest import OWN_REAL_CLUSTERS, REAL_NODES, REAL_NODES_OWN, xdist_group
+from tests.conftest import (
+    DRIVER_REAL_CLUSTER,
+    OWN_REAL_CLUSTERS,
+    REAL_NODES,
+    REAL_NODES_DRIVER,
+    REAL_NODES_OWN,
+    xdist_group,
+)
 from tests.paths import REPO
 
 E2E = REPO / "tests" / "e2e"
@@ -10,6 +17,7 @@ E2E = REPO / "tests" / "e2e"
 
 def test_real_node_modules_split_by_whose_cluster_they_use() -> None:
     assert xdist_group("tests/e2e/test_real_stack.py::test_x") == REAL_NODES
+    assert xdist_group("tests/e2e/test_real_driver.py::test_x") == REAL_NODES_DRIVER
     assert xdist_group("tests/e2e/test_real_demo.py::test_x") == REAL_NODES_OWN
     assert xdist_group("tests/e2e/test_upgrade.py::test_x") == "tests/e2e/test_upgrade.py"
 
@@ -20,5 +28,6 @@ def test_the_modules_grouped_apart_really_start_their_own_clusters() -> None:
     for name in OWN_REAL_CLUSTERS:
         text = (E2E / name).read_text()
         assert "real_cluster" not in text, name
-    shared = [p.name for p in E2E.glob("test_real_*.py") if "real_cluster" in p.read_text()]
-    assert shared and not set(shared) & OWN_REAL_CLUSTERS
+    shared = {p.name for p in E2E.glob("test_real_*.py") if "real_cluster" in p.read_text()}
+    assert shared and not shared & OWN_REAL_CLUSTERS
+    assert shared > DRIVER_REAL_CLUSTER, "the driver group's modules exist and share a cluster"
