@@ -159,14 +159,14 @@ def bench_rss() -> None:
     imports = peak_rss_mib("import gpu_operator.agent.cli", [], out)
     discover = peak_rss_mib(
         RUNNER,
-        ["agent", "discover", "--simulate", "a100-40gb:8", "--oneshot", "--output", "-"],
+        ["agent", "discover", "--simulate", "a100-40gb:8", "--oneshot", "--output-file", "-"],
         out,
     )
     print(f"  python -c pass                                   {base:8.1f} MiB")
     print(f"  import gpu_operator.agent.cli                    {imports:8.1f} MiB")
     with_client = peak_rss_mib(
         "import gpu_operator.kube\n" + RUNNER,
-        ["agent", "discover", "--simulate", "a100-40gb:8", "--oneshot", "--output", "-"],
+        ["agent", "discover", "--simulate", "a100-40gb:8", "--oneshot", "--output-file", "-"],
         out,
     )
     print(f"  agent discover --oneshot, 8 simulated A100s      {discover:8.1f} MiB")

@@ -16,6 +16,6 @@ for style in ubuntu rhel gke; do
   .venv/bin/gpu-operator agent simulate-driver install --root "$root" --spec h100-80gb:2 \
     --style "$style" --driver-version 580.95.05 --seed compare >/dev/null
   "$BIN/nvidia-ctk" --quiet cdi generate --driver-root "$root" --format json --output "$work/ctk-$style.json"
-  .venv/bin/gpu-operator agent cdi generate --driver-root "$root" --format json > "$work/ours-$style.json"
+  .venv/bin/gpu-operator agent cdi generate --driver-root "$root" -o json > "$work/ours-$style.json"
   .venv/bin/python hack/compare_cdi_specs.py "$style" "$root" "$work/ctk-$style.json" "$work/ours-$style.json"
 done

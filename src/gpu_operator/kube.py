@@ -6,6 +6,9 @@ Answers that mean "not now" (429 with its Retry-After, 5xx, a dropped connection
 server-side apply, which cannot conflict otherwise with ``force``) are asked again a few times
 with backoff, within a deadline, so an API server restart or overload costs a delay rather than
 a failed pass. A POST is asked again only when it cannot have arrived (connection refused).
+This is the only retry layer: urllib3's own retries are off, so a dead server costs the
+attempts counted here and nothing more. A person at a terminal gets :data:`INTERACTIVE`, which
+gives up within seconds.
 """
 
 from __future__ import annotations
@@ -22,17 +25,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import urllib3
+import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from gpu_operator.kinds import KINDS, kind_of
+from gpu_operator.textfiles import decode_problem, yaml_problem
 from gpu_operator.watchstream import Repeats, WatchStream
 
 FIELD_MANAGER = "gpu-operator"
 APPLY_PATCH = "application/apply-patch+yaml"
 __all__ = [
     "FIELD_MANAGER",
+    "INTERACTIVE",
     "NO_RETRY",
+    "ClusterConfigError",
     "Fenced",
     "Kube",
     "Repeats",
@@ -70,6 +77,19 @@ class Retry:
 
 
 NO_RETRY = Retry(attempts=1)
+# A command someone waits on (``upgrade status``): a blip is asked again once or twice, a server
+# that does not answer is reported within seconds rather than after the operator's 40.
+INTERACTIVE = Retry(attempts=3, first_delay_s=0.2, max_delay_s=1.0, deadline_s=5.0)
+
+
+class ClusterConfigError(Exception):
+    """No credentials for an API server: no kubeconfig where one was looked for (and not in a
+    pod), or one the client cannot use. ``source`` says where they were looked for; ``missing``
+    tells "none there" from "there but unusable"."""
+
+    def __init__(self, source: str, problem: str, *, missing: bool = False) -> None:
+        self.source, self.problem, self.missing = source, problem, missing
+        super().__init__(f"{source}: {problem}")
 
 
 class Fenced(RuntimeError):
@@ -104,25 +124,61 @@ def _never_sent(error: Exception) -> bool:
 TOKEN_REFRESH_S = 10.0
 
 
-def api_configuration(kubeconfig: str | None = None) -> k8s.Configuration:
-    """In-cluster credentials in a pod, else the kubeconfig (``--kubeconfig``/KUBECONFIG)."""
+def api_configuration(
+    kubeconfig: str | None = None, context: str | None = None
+) -> k8s.Configuration:
+    """In-cluster credentials in a pod, else the kubeconfig (``--kubeconfig``, else KUBECONFIG,
+    else ~/.kube/config) at ``context`` (default: its current context). Raises
+    :class:`ClusterConfigError` when there is none, or it cannot be used."""
     from kubernetes import config as kubeconfig_loader
+    from kubernetes.config.config_exception import ConfigException
 
     configuration = k8s.Configuration()
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        kubeconfig_loader.load_incluster_config(  # type: ignore[no-untyped-call]
-            client_configuration=configuration
-        )
+    if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        try:
+            kubeconfig_loader.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration
+            )
+        except ConfigException as exc:
+            raise ClusterConfigError("this pod's service account", str(exc)) from None
     else:
-        kubeconfig_loader.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig, client_configuration=configuration
-        )
+        _load_kubeconfig(kubeconfig, context, configuration)
     # The client's annotations say the hook is always None; the loaders set one.
     hook: Callable[[k8s.Configuration], None] | None = configuration.refresh_api_key_hook
     if hook is not None:
         throttled = refreshing_at_most_every(hook, TOKEN_REFRESH_S)
         configuration.refresh_api_key_hook = throttled  # type: ignore[assignment]
     return configuration
+
+
+def _load_kubeconfig(
+    kubeconfig: str | None, context: str | None, configuration: k8s.Configuration
+) -> None:
+    """The kubeconfig's credentials into ``configuration``; what the loader says about a bad
+    one (its own exception, or whatever reading garbage raised) as a ClusterConfigError."""
+    from kubernetes import config as kubeconfig_loader
+    from kubernetes.config.config_exception import ConfigException
+
+    # Read here rather than by the loader, which took KUBECONFIG once, when it was imported.
+    paths = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+    files = [os.path.expanduser(p) for p in paths.split(os.pathsep) if p]
+    if not any(os.path.isfile(f) for f in files):
+        where = ", ".join(files)
+        raise ClusterConfigError(where, "no kubeconfig there, and not in a pod", missing=True)
+    try:
+        kubeconfig_loader.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=os.pathsep.join(files), context=context, client_configuration=configuration
+        )
+    except ConfigException as exc:
+        problem = str(exc).removeprefix("Invalid kube-config file. ")
+        raise ClusterConfigError(f"kubeconfig {paths}", problem) from None
+    except yaml.YAMLError as exc:
+        raise ClusterConfigError(f"kubeconfig {paths}", yaml_problem(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise ClusterConfigError(f"kubeconfig {paths}", decode_problem(exc)) from None
+    except (TypeError, AttributeError, KeyError):  # YAML, but not shaped like a kubeconfig
+        problem = "not a kubeconfig (no clusters, users and contexts in it)"
+        raise ClusterConfigError(f"kubeconfig {paths}", problem) from None
 
 
 def refreshing_at_most_every(
@@ -146,20 +202,25 @@ def refreshing_at_most_every(
     return refresh
 
 
-def _body(resp: Any) -> bytes:
-    """The whole body of a response; an ApiException (with the headers) for an error status."""
+def _body(resp: Any, method: str, path: str) -> bytes:
+    """The whole body of a response; an ApiException for an error status, with the headers
+    (Retry-After) and ``request_line`` (``GET /api/v1/nodes``: what was refused, for people)."""
     data: bytes = resp.read()
     if resp.status >= 400:
         exc = ApiException(
             status=resp.status, reason=resp.reason, body=data.decode(errors="replace")
         )
         exc.headers = resp.headers
+        exc.request_line = f"{method} {path}"  # type: ignore[attr-defined]
         raise exc
     return data
 
 
-def connect(kubeconfig: str | None = None) -> Kube:
-    return Kube(k8s.ApiClient(api_configuration(kubeconfig)))
+def connect(
+    kubeconfig: str | None = None, context: str | None = None, *, retry: Retry | None = None
+) -> Kube:
+    """A client of the API server the credentials name (see :func:`api_configuration`)."""
+    return Kube(k8s.ApiClient(api_configuration(kubeconfig, context)), retry or Retry())
 
 
 class Kube:
@@ -171,12 +232,15 @@ class Kube:
         # Set when this process must stop writing (its leadership is gone): every later
         # write, a retry included, raises Fenced instead of reaching the API server.
         self.fence = threading.Event()
-        # urllib3 would otherwise sleep whatever Retry-After says on a GET, unbounded, before
-        # this class sees the answer; it keeps retrying refused connections at once.
+        # This class is the one retry layer. urllib3's own asked again under it, at once and
+        # unseen: up to 4 connections per attempt here, a warning logged for each, even for a
+        # Lease renewal (asked once by design); and a GET would sleep whatever Retry-After
+        # says, unbounded. Off, every failure comes here at once, as MaxRetryError naming the
+        # server and the cause.
         pools = getattr(getattr(api, "rest_client", None), "pool_manager", None)
         if pools is not None:
             pools.connection_pool_kw["retries"] = urllib3.Retry(
-                total=3, respect_retry_after_header=False, raise_on_status=False
+                total=0, respect_retry_after_header=False, raise_on_status=False
             )
 
     def with_retry(self, retry: Retry) -> Kube:
@@ -200,7 +264,8 @@ class Kube:
             if method != "GET" and self.fence.is_set():
                 raise Fenced(f"{method} {path}: not sent, this process no longer leads")
             try:
-                data = _body(self._send(method, path, query, body, content_type, timeout))
+                resp = self._send(method, path, query, body, content_type, timeout)
+                data = _body(resp, method, path)
                 return json.loads(data) if data else None
             except (ApiException, urllib3.exceptions.HTTPError) as exc:
                 if attempt >= policy.attempts or not worth_retrying(method, content_type, exc):
@@ -263,7 +328,7 @@ class Kube:
         )
         try:
             if resp.status >= 400:
-                _body(resp)  # raises
+                _body(resp, "GET", KINDS[kind].collection(namespace))  # raises
             return any(chunk for chunk in resp.response.stream(4096))
         finally:
             # Close before returning the connection: the rest of the stream must not be read
@@ -360,7 +425,7 @@ class Kube:
         resp = self._send("GET", path, query, None, "application/json", timeout_s + 30)
         if resp.status >= 400:
             try:
-                _body(resp)  # raises
+                _body(resp, "GET", path)  # raises
             finally:
                 resp.response.release_conn()
         return WatchStream(resp.response, compact=compact, repeats=repeats, pace_s=pace_s)

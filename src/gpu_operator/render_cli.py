@@ -25,6 +25,7 @@ from gpu_operator.api.gpucluster import GPUClusterSpec, parse_gpucluster
 from gpu_operator.api.nvidiadriver import NVIDIADriverSpec, parse_driver_spec
 from gpu_operator.api.policy import PolicyError, parse_document
 from gpu_operator.api.spec import ClusterPolicySpec
+from gpu_operator.formats import add_output_option
 from gpu_operator.labels import OS_ID, OS_VERSION
 from gpu_operator.render import RenderedComponent, default_policy, render_components
 from gpu_operator.render.driver import KERNEL_LABEL, ExtraConfig, Pool, driver_names, render_driver
@@ -312,7 +313,10 @@ def add_render_command(sub: Any) -> None:
         "usePrecompiled: true; repeat for several",
     )
     render.add_argument(
-        "--runtime", choices=["containerd", "crio", "docker"], default=Facts.runtime
+        "--runtime",
+        choices=["containerd", "crio", "docker"],
+        default=Facts.runtime,
+        help=f"the GPU nodes' container runtime (default {Facts.runtime})",
     )
     render.add_argument("--openshift", action="store_true", help="add OpenShift SCC access")
     render.add_argument(
@@ -329,7 +333,7 @@ def add_render_command(sub: Any) -> None:
         metavar="PROFILE:COUNT",
         help="the project's agents use simulated GPUs (GPU_OPERATOR_SIMULATE), e.g. a100-40gb:8",
     )
-    render.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    add_output_option(render, ("yaml", "json"), "yaml")
     render.add_argument(
         "--summary",
         action="store_true",

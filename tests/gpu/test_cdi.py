@@ -36,7 +36,7 @@ NO_UNSHARE = "the CDI-only container needs unshare and chroot (util-linux, coreu
 
 @pytest.fixture(scope="module")
 def spec(driver: Driver) -> dict[str, Any]:
-    out = agent("cdi", "generate", "--driver-root", driver.root, "--format", "json")
+    out = agent("cdi", "generate", "--driver-root", driver.root, "-o", "json")
     generated: dict[str, Any] = json.loads(out)
     return generated
 

@@ -1,5 +1,5 @@
 """``agent discover`` (the node's labels) and ``agent mig-parted generate`` on the real GPU,
-against nvidia-smi's view. Both only read: ``--output -`` patches no Node, ``generate`` applies
+against nvidia-smi's view. Both only read: ``--output-file -`` patches no Node, ``generate`` applies
 nothing."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def product(name: str) -> str:
 
 
 def test_discover_labels_are_nvidia_smis(driver: Driver, smi_gpus: list[SmiGpu]) -> None:
-    out = agent("discover", "--oneshot", "--output", "-", "--driver-root", driver.root)
+    out = agent("discover", "--oneshot", "--output-file", "-", "--driver-root", driver.root)
     labels = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     print("\n" + "\n".join(f"  {k}={v}" for k, v in sorted(labels.items())))
     first = smi_gpus[0]

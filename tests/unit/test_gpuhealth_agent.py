@@ -471,7 +471,7 @@ def test_kwok_capacity_publishes_the_condition_and_takes_a_lost_gpu_off_allocata
     if not hasattr(sim, "inject_fault"):
         pytest.skip("the simulated library has no hardware fault injection yet")
     api = KwokNode()
-    monkeypatch.setattr(agent_kube, "connect", lambda: api)
+    monkeypatch.setattr(agent_kube, "connect", lambda *_: api)
     args = argparse.Namespace(
         simulate="a100-40gb:4",
         config_file=None,

@@ -4,6 +4,8 @@ HTTP server (the wire shapes; the API semantics are the chaos suite's, on a real
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from threading import Thread
@@ -14,7 +16,8 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpu_operator.kube import Kube, Retry, worth_retrying
+from gpu_operator.kube import INTERACTIVE, Kube, Retry, worth_retrying
+from tests.unit.netstubs import closed_port
 
 NODE = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "resourceVersion": "1"}}
 FAST = Retry(attempts=4, first_delay_s=0.01, max_delay_s=0.2, deadline_s=5)
@@ -162,3 +165,29 @@ def test_a_paged_list_keeps_what_keep_makes_of_each_object_and_the_last_version(
         {"labelSelector": "x=y", "limit": "500", "continue": "next"},
     ]
     assert [o["metadata"]["name"] for o in kube.list_objects("Node")] == ["a", "b", "c"]
+
+
+def test_a_refusal_names_the_request(server: tuple[Kube, Script]) -> None:
+    kube, script = server
+    script.answers = [(403, {})]
+    with pytest.raises(ApiException) as raised:
+        kube.get("Node", "n1")
+    assert raised.value.request_line == "GET /api/v1/nodes/n1"  # type: ignore[attr-defined]
+
+
+def test_this_is_the_only_retry_layer(caplog: pytest.LogCaptureFixture) -> None:
+    """urllib3 asks nothing again under it: a refused connection costs the attempts counted
+    here (urllib3's own three each, every one a warning, before), and a person waiting on
+    INTERACTIVE hears within seconds."""
+    config = client.Configuration()
+    config.host = f"http://127.0.0.1:{closed_port()}"
+    kube = Kube(client.ApiClient(config), INTERACTIVE)
+    assert kube.api.rest_client.pool_manager.connection_pool_kw["retries"].total == 0
+    started = time.monotonic()
+    with caplog.at_level(logging.DEBUG), pytest.raises(urllib3.exceptions.MaxRetryError):
+        kube.get("Node", "n1")
+    assert time.monotonic() - started < INTERACTIVE.deadline_s
+    said = [r.getMessage() for r in caplog.records]
+    assert len([m for m in said if m.startswith("Starting new HTTP")]) == INTERACTIVE.attempts
+    assert len([m for m in said if "asking again" in m]) == INTERACTIVE.attempts - 1
+    assert not [m for m in said if m.startswith("Retrying")]

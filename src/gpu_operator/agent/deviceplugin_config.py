@@ -19,6 +19,8 @@ from typing import Any, Literal, cast
 
 import yaml
 
+from gpu_operator.textfiles import parse_file, yaml_problem
+
 MigStrategy = Literal["none", "single", "mixed"]
 SharingStrategy = Literal["none", "time-slicing", "mps"]
 MIG_STRATEGIES: tuple[MigStrategy, ...] = ("none", "single", "mixed")
@@ -233,7 +235,7 @@ def parse_device_plugin_config(text: str) -> DevicePluginConfig:
     try:
         doc = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise DevicePluginConfigError(f"device-plugin config is not valid YAML: {exc}") from exc
+        raise DevicePluginConfigError(f"device-plugin config {yaml_problem(exc)}") from exc
     if not isinstance(doc, Mapping):
         raise DevicePluginConfigError("device-plugin config: expected a mapping")
     version = doc.get("version") or "v1"
@@ -292,7 +294,8 @@ def parse_device_plugin_config(text: str) -> DevicePluginConfig:
 
 
 def load_device_plugin_config(path: str | Path | None) -> DevicePluginConfig:
-    """Read CONFIG_FILE; no path means the defaults (no sharing)."""
+    """Read CONFIG_FILE; no path means the defaults (no sharing). FileProblem names the file
+    when it cannot be used."""
     if not path:
         return DevicePluginConfig()
-    return parse_device_plugin_config(Path(path).read_text())
+    return parse_file(path, parse_device_plugin_config, (DevicePluginConfigError,))

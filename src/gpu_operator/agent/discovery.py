@@ -263,17 +263,6 @@ def format_labels(labels: Mapping[str, str]) -> str:
     return "".join(f"{k}={v}\n" for k, v in sorted(labels.items()))
 
 
-def parse_interval(text: str | int | float) -> float:
-    """``60s``, ``1m``, ``1h``, ``90`` -> seconds (GFD_SLEEP_INTERVAL's format)."""
-    if isinstance(text, int | float):
-        return float(text)
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", text)
-    if not match:
-        raise ValueError(f"bad interval {text!r}: expected e.g. 60s, 5m")
-    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[match.group(2) or "s"]
-    return float(match.group(1)) * scale
-
-
 @dataclass(frozen=True)
 class Settings:
     """What one pass labels with: the MIG strategy and the sharing of the config that applies."""

@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpu_operator.agent.inventory import Gpu, GpuMetrics, Inventory, MigDevice, MigMetrics
 from gpu_operator.agent.podresources import KUBELET_SOCKET, Attribution, attributions_from_kubelet
+from gpu_operator.textfiles import parse_file
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,11 @@ def parse_counters(text: str) -> list[CounterSpec]:
 
 
 def load_counters(path: str | Path | None) -> list[CounterSpec]:
-    return list(DEFAULT_COUNTERS) if not path else parse_counters(Path(path).read_text())
+    """The counters CSV in ``path`` (FileProblem names it when it cannot be used); no path:
+    every field NVML has."""
+    return (
+        list(DEFAULT_COUNTERS) if not path else parse_file(path, parse_counters, (CountersError,))
+    )
 
 
 def split_supported(specs: Iterable[CounterSpec]) -> tuple[list[CounterSpec], list[str]]:

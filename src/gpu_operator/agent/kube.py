@@ -42,11 +42,11 @@ class PodView:
     phase: str = ""
 
 
-def connect() -> Kube:
+def connect(kubeconfig: str | None = None, context: str | None = None) -> Kube:
     """The in-cluster (or kubeconfig) door to the API server."""
     from gpu_operator import kube
 
-    return kube.connect()
+    return kube.connect(kubeconfig, context)
 
 
 def read_node(api: Kube, name: str) -> NodeView:

@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpu_operator.agent.inventory import Gpu, Inventory, MigProfile, Placement
+from gpu_operator.textfiles import parse_file, yaml_problem
 
 
 class MigConfigError(ValueError):
@@ -98,7 +99,7 @@ def parse_mig_config(text: str) -> MigPartedConfig:
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise MigConfigError(f"MIG config is not valid YAML: {exc}") from exc
+        raise MigConfigError(f"MIG config {yaml_problem(exc)}") from exc
     if isinstance(doc, dict) and doc.get("kind") == "ConfigMap":
         data = doc.get("data") or {}
         if not data:
@@ -112,7 +113,8 @@ def parse_mig_config(text: str) -> MigPartedConfig:
 
 
 def load_mig_config(path: str | Path) -> MigPartedConfig:
-    return parse_mig_config(Path(path).read_text())
+    """The mig-parted config in ``path``; FileProblem names the file when it cannot be used."""
+    return parse_file(path, parse_mig_config, (MigConfigError,))
 
 
 # -- planning ------------------------------------------------------------------------------------

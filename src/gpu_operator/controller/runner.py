@@ -17,6 +17,7 @@ import kopf
 from kubernetes import client as k8s
 from prometheus_client import start_http_server
 
+from gpu_operator import logsetup
 from gpu_operator.controller.clusterpolicy import ClusterPolicyController
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.crd_install import ensure_crd
@@ -377,14 +378,14 @@ def main_run(
     health_port: int,
     metrics_port: int,
     lease_seconds: int = 30,
+    context: str | None = None,
+    log_format: str | None = None,
 ) -> int:
-    """``gpu-operator run``: until SIGTERM/SIGINT, then hand leadership over and exit."""
+    """``gpu-operator run``: until SIGTERM/SIGINT, then hand leadership over and exit.
+    A bad LOG_LEVEL or LOG_FORMAT, or no credentials, fail it before anything starts."""
     import signal
 
-    logging.basicConfig(
-        level=os.environ.get("LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logsetup.configure(fmt=log_format)
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     config = OperatorConfig(
         namespace=namespace or os.environ.get("OPERATOR_NAMESPACE", "gpu-operator"),
@@ -403,7 +404,7 @@ def main_run(
         # deadline, two thirds, minus the period) before the holder gives up.
         renew_seconds=max(1.0, lease_seconds / 6),
     )
-    api_config = api_configuration(kubeconfig)
+    api_config = api_configuration(kubeconfig, context)
 
     # In the main thread kopf takes SIGTERM itself and stops its watchers before the operator
     # hears of it, so a pod's graceful stop looked like a deaf operator (exit 1, writes fenced).

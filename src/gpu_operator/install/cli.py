@@ -12,9 +12,13 @@ import yaml
 
 from gpu_operator import __version__
 from gpu_operator.api import PolicyError, parse_document
+from gpu_operator.cluster_args import add_cluster_options, cluster
+from gpu_operator.durations import EXAMPLES, duration_arg
+from gpu_operator.formats import add_output_option, object_list, structured
 from gpu_operator.install import bundle, helm, manifests
 from gpu_operator.install.helm_values import key_table_markdown
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
+from gpu_operator.textfiles import FileProblem, parse_file
 
 DEFAULT_EXAMPLE = "examples/clusterpolicy.yaml"
 
@@ -33,11 +37,11 @@ def write_files(root: Path, files: dict[str, str]) -> list[Path]:
 def load_example(path: str) -> dict[str, Any]:
     """The ClusterPolicy for alm-examples, checked so the bundle never ships a broken example."""
     try:
-        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        doc = parse_file(path, yaml.safe_load)
     except OSError as exc:
         raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+    except FileProblem as exc:
+        raise ValueError(f"{exc}: {exc.hint}") from None
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: expected a ClusterPolicy object")
     try:
@@ -52,12 +56,20 @@ def _error(message: str) -> int:
     return 1
 
 
+def _print_objects(objects: list[dict[str, Any]], output: str) -> None:
+    """Objects on stdout: YAML documents, or one JSON List."""
+    text = (
+        manifests.to_yaml(objects) if output == "yaml" else structured(object_list(objects), output)
+    )
+    sys.stdout.write(text)
+
+
 def _cmd_deploy(args: argparse.Namespace) -> int:
-    if args.output is None:
-        objects = manifests.deploy_objects(args.namespace, args.image)
-        sys.stdout.write(manifests.to_yaml(objects))
+    if args.output_dir is None:
+        _print_objects(manifests.deploy_objects(args.namespace, args.image), args.output)
         return 0
-    for path in write_files(Path(args.output), manifests.deploy_files(args.namespace, args.image)):
+    files = manifests.deploy_files(args.namespace, args.image)
+    for path in write_files(Path(args.output_dir), files):
         sys.stdout.write(f"wrote {path}\n")
     return 0
 
@@ -65,21 +77,21 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
 def _cmd_bundle(args: argparse.Namespace) -> int:
     try:
         example = load_example(args.example)
-        if args.output is None:
+        if args.output_dir is None:
             objects = bundle.bundle_objects(args.version, example, args.image)
             docs = [obj for path, obj in objects.items() if path.startswith("manifests/")]
-            sys.stdout.write(manifests.to_yaml(docs))
+            _print_objects(docs, args.output)
             return 0
         files = bundle.bundle_files(args.version, example, args.image)
     except ValueError as exc:
         return _error(str(exc))
-    for path in write_files(Path(args.output), files):
+    for path in write_files(Path(args.output_dir), files):
         sys.stdout.write(f"wrote {path}\n")
     return 0
 
 
 def _cmd_chart(args: argparse.Namespace) -> int:
-    for path in write_files(Path(args.output), helm.chart_files(args.version)):
+    for path in write_files(Path(args.output_dir), helm.chart_files(args.version)):
         sys.stdout.write(f"wrote {path}\n")
     if args.readme:
         try:
@@ -106,11 +118,10 @@ def replace_section(path: Path, name: str, body: str) -> None:
 
 def _cmd_uninstall(args: argparse.Namespace) -> int:
     from gpu_operator.install.uninstall import UninstallError, uninstall
-    from gpu_operator.kube import connect
 
     try:
         uninstall(
-            connect(args.kubeconfig),
+            cluster(args),
             sys.stdout,
             wait=args.wait,
             timeout=args.timeout,
@@ -122,15 +133,27 @@ def _cmd_uninstall(args: argparse.Namespace) -> int:
     return 0
 
 
+OUTPUT_DIR_NOTE = "; with --output-dir, the files written are listed instead"
+
+
 def add_install_commands(sub: Any) -> None:
-    """Register ``deploy``, ``bundle`` and ``uninstall`` on the top-level subparsers."""
+    """Register ``deploy``, ``bundle``, ``chart`` and ``uninstall`` on the top-level
+    subparsers."""
     deploy = sub.add_parser(
         "deploy",
         help="print or write the kubectl install (namespace, CRD, RBAC, Deployment)",
         description="The manifests `kubectl apply --server-side -f deploy/` installs.",
     )
-    deploy.add_argument("-o", "--output", metavar="DIR", help="write numbered files into DIR")
-    deploy.add_argument("-n", "--namespace", default=manifests.NAMESPACE)
+    deploy.add_argument(
+        "--output-dir", metavar="DIR", help="write them as numbered files into DIR instead"
+    )
+    add_output_option(deploy, ("yaml", "json"), "yaml", OUTPUT_DIR_NOTE)
+    deploy.add_argument(
+        "-n",
+        "--namespace",
+        default=manifests.NAMESPACE,
+        help=f"the namespace to install into (default {manifests.NAMESPACE})",
+    )
     deploy.add_argument("--image", default=DEFAULT_OPERATOR_IMAGE, help="the operator image")
     deploy.set_defaults(func=_cmd_deploy)
 
@@ -140,7 +163,10 @@ def add_install_commands(sub: Any) -> None:
         description="The ClusterServiceVersion, CRD and metadata of an OLM bundle.",
     )
     olm.add_argument("--version", required=True, help="bundle (CSV) version, e.g. 0.1.0")
-    olm.add_argument("-o", "--output", metavar="DIR", help="write manifests/, metadata/ here")
+    olm.add_argument(
+        "--output-dir", metavar="DIR", help="write manifests/ and metadata/ into DIR instead"
+    )
+    add_output_option(olm, ("yaml", "json"), "yaml", OUTPUT_DIR_NOTE)
     olm.add_argument("--image", help="operator image (default: the project's, tag v<version>)")
     olm.add_argument(
         "--example", default=DEFAULT_EXAMPLE, help=f"alm-examples ClusterPolicy ({DEFAULT_EXAMPLE})"
@@ -153,7 +179,7 @@ def add_install_commands(sub: Any) -> None:
         description="The chart in deploy/helm/gpu-operator: same CRD, RBAC and Deployment as "
         "deploy/, and a ClusterPolicy made from the values.",
     )
-    chart.add_argument("-o", "--output", required=True, metavar="DIR", help="chart directory")
+    chart.add_argument("--output-dir", required=True, metavar="DIR", help="the chart's directory")
     chart.add_argument("--version", default=__version__, help="chart version (default: ours)")
     chart.add_argument(
         "--readme", metavar="FILE", help=f"also update the {VALUES_TABLE} section of FILE"
@@ -166,24 +192,25 @@ def add_install_commands(sub: Any) -> None:
         description="Run while the operator still runs: its finalizer removes the node labels "
         "and taint it added. The Helm chart runs this as its pre-delete hook.",
     )
-    remove.add_argument(
-        "--kubeconfig", help="kubeconfig file (default: in-cluster, else KUBECONFIG)"
+    add_cluster_options(
+        remove,
+        namespace=manifests.NAMESPACE,
+        namespace_help="the operator's (operand) namespace, where --delete-crd waits for garbage "
+        f"collection (default {manifests.NAMESPACE})",
     )
     remove.add_argument(
         "--wait", action="store_true", help="wait until every policy (and the CRD) is gone"
     )
     remove.add_argument(
-        "--timeout", type=float, default=300, help="seconds --wait waits (default 300)"
+        "--timeout",
+        type=duration_arg,
+        default=300.0,
+        metavar="DURATION",
+        help=f"how long --wait waits, {EXAMPLES} (default 5m)",
     )
     remove.add_argument(
         "--delete-crd",
         action="store_true",
         help="then, once garbage collection has removed what the policies owned, the CRD too",
-    )
-    remove.add_argument(
-        "-n",
-        "--namespace",
-        default=manifests.NAMESPACE,
-        help="the operator's (operand) namespace, where --delete-crd waits for garbage collection",
     )
     remove.set_defaults(func=_cmd_uninstall)

@@ -49,7 +49,7 @@ from gpu_operator.install.helm_values import (
 from gpu_operator.render.components import REGISTRY
 
 CHART_DIR = "deploy/helm/gpu-operator"
-COMMAND = f"gpu-operator chart --output {CHART_DIR}"
+COMMAND = f"gpu-operator chart --output-dir {CHART_DIR}"
 NAMESPACE = "@@NAMESPACE@@"  # replaced by the release namespace, as a JSON string
 # Replaced by the operator image, as a JSON string; a complete reference, so the agents' image
 # env (completed from the operator's image) comes out the same.

@@ -289,7 +289,7 @@ def generated_header(command: str) -> str:
 def deploy_files(namespace: str = NAMESPACE, image: str = DEFAULT_OPERATOR_IMAGE) -> dict[str, str]:
     """deploy/'s numbered files and their text, each object in exactly one file."""
     objects = deploy_objects(namespace, image)
-    header = generated_header("gpu-operator deploy --output deploy/")
+    header = generated_header("gpu-operator deploy --output-dir deploy/")
     files = {}
     for filename, kinds in DEPLOY_FILES.items():
         docs = [obj for obj in objects if obj["kind"] in kinds]

@@ -46,6 +46,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpu_operator.labels import SIMULATED_DRIVER_ROOT as DRIVER_ROOT
 from gpu_operator.render import components
 from gpu_operator.render.driver import DEFAULT_MANAGER
 from gpu_operator.render.images import with_os_tag
@@ -89,13 +90,16 @@ STUB_ARTEFACTS = "/usr/local/lib/gpu-operator-stubdriver"
 
 # The commands each stand-in adds (under /usr/local/bin) and what they run.
 COMMANDS = {
-    "nvidia-driver": 'exec gpu-operator agent simulate-driver "$@"',
+    # Where to write is said, never defaulted (the stand-ins refuse to run without it).
+    "nvidia-driver": f'exec gpu-operator agent simulate-driver --driver-root {DRIVER_ROOT} "$@"',
     # The stub driver's own nvidia-smi, from the driver root the driver container installed.
     "nvidia-smi": (
         'root="${DRIVER_ROOT:-/run/nvidia/driver}"\n'
         'LD_LIBRARY_PATH="$root/usr/lib/x86_64-linux-gnu" exec "$root/usr/bin/nvidia-smi" "$@"'
     ),
-    "driver-manager": 'exec gpu-operator agent simulate-driver manager "$@"',
+    "driver-manager": (
+        f'exec gpu-operator agent simulate-driver --driver-root {DRIVER_ROOT} manager "$@"'
+    ),
     "nvidia-toolkit": 'exec gpu-operator agent simulate-toolkit "$@"',
     "nvidia-device-plugin": (
         'echo "SIMULATED: NVIDIA device plugin stand-in: gpu-operator agent device-plugin on '

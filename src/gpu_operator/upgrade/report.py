@@ -42,14 +42,13 @@ def age(since: str | None, now: float) -> str:
     return f"{seconds // 3600}h"
 
 
-def pool_report(
-    nodes: Iterable[Mapping[str, Any]],
-    drivers: Iterable[Mapping[str, Any]],
-    now: float | None = None,
-) -> str:
-    """``status_report`` per NVIDIADriver pool: each pool's nodes, progress and plan line."""
+def pools(
+    nodes: Iterable[Mapping[str, Any]], drivers: Iterable[Mapping[str, Any]]
+) -> list[tuple[str, list[Mapping[str, Any]], dict[str, Any]]]:
+    """Each NVIDIADriver pool, by name: its nodes and its upgrade summary (the shape of a
+    ClusterPolicy's ``status.upgrade``)."""
     nodes = list(nodes)
-    parts = []
+    found = []
     for driver in sorted(drivers, key=lambda d: d["metadata"]["name"]):
         name = driver["metadata"]["name"]
         members = [n for n in nodes if (n["metadata"].get("labels") or {}).get(DRIVER_POOL) == name]
@@ -64,10 +63,85 @@ def pool_report(
             "total": len(members),
             "message": line,
         }
-        parts.append(f"POOL {name} ({len(members)} nodes)\n" + status_report(
-            members, {"upgrade": summary}, now, all_nodes=True
-        ))  # fmt: skip
+        found.append((name, members, summary))
+    return found
+
+
+def pool_report(
+    nodes: Iterable[Mapping[str, Any]],
+    drivers: Iterable[Mapping[str, Any]],
+    now: float | None = None,
+) -> str:
+    """``status_report`` per NVIDIADriver pool: each pool's nodes, progress and plan line."""
+    parts = [
+        f"POOL {name} ({len(members)} nodes)\n"
+        + status_report(members, {"upgrade": summary}, now, all_nodes=True)
+        for name, members, summary in pools(nodes, drivers)
+    ]
     return "\n".join(parts) if parts else "no NVIDIADriver pools\n"
+
+
+def pool_document(
+    nodes: Iterable[Mapping[str, Any]],
+    drivers: Iterable[Mapping[str, Any]],
+    now: float | None = None,
+) -> dict[str, Any]:
+    """What :func:`pool_report` shows, as data (``-o json|yaml``)."""
+    return {
+        "pools": [
+            {"name": name, "nodes": node_states(members, now, all_nodes=True), "upgrade": summary}
+            for name, members, summary in pools(nodes, drivers)
+        ]
+    }
+
+
+def node_states(
+    nodes: Iterable[Mapping[str, Any]], now: float | None = None, *, all_nodes: bool = False
+) -> list[dict[str, Any]]:
+    """Each node the table shows, by name: its upgrade state (None: never had one), whether it
+    is skipped, since when (unix seconds) and for how long, and whether it is schedulable;
+    nodes that never had an upgrade state are left out unless ``all_nodes``."""
+    now = time.time() if now is None else now
+    states = []
+    for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
+        meta = node["metadata"]
+        labels = meta.get("labels") or {}
+        if UPGRADE_STATE not in labels and labels.get(UPGRADE_SKIP) != "true" and not all_nodes:
+            continue
+        since = unix_seconds((meta.get("annotations") or {}).get(UPGRADE_SINCE))
+        states.append(
+            {
+                "name": meta["name"],
+                "state": labels.get(UPGRADE_STATE) or None,
+                "skipped": is_true(labels.get(UPGRADE_SKIP)),
+                "since": since,
+                "secondsInState": None if since is None else int(now - since),
+                "schedulable": not (node.get("spec") or {}).get("unschedulable"),
+            }
+        )
+    return states
+
+
+def unix_seconds(text: str | None) -> float | None:
+    """An annotation's unix seconds (as text); None when absent or not a number."""
+    try:
+        return float(text or "")
+    except ValueError:
+        return None
+
+
+def status_document(
+    nodes: Iterable[Mapping[str, Any]],
+    policy_status: Mapping[str, Any],
+    now: float | None = None,
+    *,
+    all_nodes: bool = False,
+) -> dict[str, Any]:
+    """What :func:`status_report` shows, as data (``-o json|yaml``)."""
+    return {
+        "nodes": node_states(nodes, now, all_nodes=all_nodes),
+        "upgrade": dict(policy_status.get("upgrade") or {}),
+    }
 
 
 def status_report(
@@ -81,17 +155,14 @@ def status_report(
     nodes that never had an upgrade state are left out unless ``all_nodes``."""
     now = time.time() if now is None else now
     rows = [("NODE", "STATE", "IN STATE", "SCHEDULABLE")]
-    for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
-        meta = node["metadata"]
-        labels = meta.get("labels") or {}
-        if UPGRADE_STATE not in labels and labels.get(UPGRADE_SKIP) != "true" and not all_nodes:
-            continue
-        state = labels.get(UPGRADE_STATE) or "-"
-        if is_true(labels.get(UPGRADE_SKIP)):
+    for entry in node_states(nodes, now, all_nodes=all_nodes):
+        state = entry["state"] or "-"
+        if entry["skipped"]:
             state += " (skipped)"
-        since = (meta.get("annotations") or {}).get(UPGRADE_SINCE)
-        schedulable = "no" if (node.get("spec") or {}).get("unschedulable") else "yes"
-        rows.append((meta["name"], state, age(since, now), schedulable))
+        since = None if entry["since"] is None else str(entry["since"])
+        rows.append(
+            (entry["name"], state, age(since, now), "yes" if entry["schedulable"] else "no")
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     summary = policy_status.get("upgrade") or {}

@@ -15,7 +15,7 @@ import yaml
 
 from gpu_operator.agent import simulated_operands
 from gpu_operator.agent.cli import MODULES, add_agent_commands, monitor
-from gpu_operator.agent.nvml import current_driver_root, use_driver_root
+from gpu_operator.agent.nvml import NvmlUnavailable, current_driver_root, use_driver_root
 from gpu_operator.agent.simulated import uninstall_simulated_nvml
 from tests import prerequisites
 
@@ -93,7 +93,7 @@ def test_discover_prints_labels(capsys: pytest.CaptureFixture[str], tmp_path: Pa
                 "discover",
                 "--simulate",
                 "t4:2",
-                "--output",
+                "--output-file",
                 "-",
                 "--oneshot",
                 "--machine-type-file",
@@ -170,7 +170,7 @@ def test_separate_agents_share_one_simulated_node(tmp_path: Path) -> None:
     )
     assert applied.returncode == 0, applied.stderr
     labels = agent_process(
-        "discover", "--oneshot", "--output", "-", "--mig-strategy", "single", env=env
+        "discover", "--oneshot", "--output-file", "-", "--mig-strategy", "single", env=env
     )
     assert labels.returncode == 0, labels.stderr
     assert "nvidia.com/gpu.product=NVIDIA-A100-SXM4-40GB-MIG-1g.5gb" in labels.stdout
@@ -294,12 +294,11 @@ def test_every_nvml_command_takes_the_driver_root(
     assert parse(*command, "--driver-root", "/elsewhere").driver_root == "/elsewhere"
 
 
-def test_nvml_comes_from_the_driver_root_unless_simulated(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
-) -> None:
-    assert run(["agent", "nvml-info", "--driver-root", str(tmp_path)]) == 1
+def test_nvml_comes_from_the_driver_root_unless_simulated(tmp_path: Path) -> None:
+    # Raised for gpu_operator.cli.main to report (exit 4: no usable driver).
+    with pytest.raises(NvmlUnavailable, match=f"not found under driver root {tmp_path}"):
+        run(["agent", "nvml-info", "--driver-root", str(tmp_path)])
     assert current_driver_root() == str(tmp_path)
-    assert f"not found under driver root {tmp_path}" in capsys.readouterr().err
     use_driver_root(None)
     assert run(["agent", "nvml-info", "--simulate", "t4:1", "--driver-root", str(tmp_path)]) == 0
     assert current_driver_root() == "/"  # the simulated NVML: the root is not used
@@ -344,16 +343,21 @@ def test_simulate_driver_actions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(simulated_operands, "run_driver", record("driver"))
     monkeypatch.setattr(simulated_operands, "run_manager", record("manager"))
-    assert run(["agent", "simulate-driver", "--host-root", str(tmp_path)]) == 0
-    profile = tmp_path / "run" / "gpu-operator-sim" / "profile"
     driver = Path("/run/nvidia/driver")
+    # Where it writes is never a default: the stand-in image's command passes it.
+    root = ["--driver-root", str(driver)]
+    assert run(["agent", "simulate-driver", *root, "--host-root", str(tmp_path)]) == 0
+    profile = tmp_path / "run" / "gpu-operator-sim" / "profile"
     assert calls.pop() == ("driver", ((profile, driver), {"driver_version": None}))
     argv = ["agent", "simulate-driver", "init", "--driver-root", "/d", "--driver-version", "1.2"]
     assert run([*argv, "--host-root", str(tmp_path)]) == 0
     assert calls.pop() == ("driver", ((profile, Path("/d")), {"driver_version": "1.2"}))
     # k8s-driver-manager's entrypoint passes its own step word after the action
-    assert run(["agent", "simulate-driver", "manager", "uninstall_driver"]) == 0
+    assert run(["agent", "simulate-driver", *root, "manager", "uninstall_driver"]) == 0
     assert calls.pop() == ("manager", ((driver,), {}))
+    for action in ("init", "manager"):
+        assert run(["agent", "simulate-driver", action]) == 2
+    assert not calls
     with pytest.raises(SystemExit):
         parse("simulate-driver", "smi")  # the stub driver has a real nvidia-smi
 

@@ -331,13 +331,6 @@ def test_machine_type(tmp_path: Path) -> None:
     assert discovery.machine_type(tmp_path / "missing") == "unknown"
 
 
-@pytest.mark.parametrize(
-    ("text", "seconds"), [("60s", 60), ("5m", 300), ("90", 90), ("500ms", 0.5)]
-)
-def test_parse_interval(text: str, seconds: float) -> None:
-    assert discovery.parse_interval(text) == seconds
-
-
 def test_device_plugin_config_rejects_nonsense() -> None:
     with pytest.raises(DevicePluginConfigError):
         parse_device_plugin_config("version: v1\nflags:\n  migStrategy: sometimes\n")

@@ -462,7 +462,7 @@ def test_main_run_configures_from_flags_and_env(
             raise failure
 
     monkeypatch.setattr(runner, "run_operator", fake_run)
-    monkeypatch.setattr(runner, "api_configuration", lambda _path: k8s.Configuration())
+    monkeypatch.setattr(runner, "api_configuration", lambda *_: k8s.Configuration())
     monkeypatch.setenv("OPERATOR_IMAGE", "example.com/op:1")
     monkeypatch.setenv("DRIVER_IMAGE", "example.com/driver:2")
     monkeypatch.delenv("DEVICE_PLUGIN_IMAGE", raising=False)
@@ -495,7 +495,7 @@ def test_main_run_stops_gracefully_on_sigterm(
         stopping.set()
 
     monkeypatch.setattr(runner, "run_operator", fake_run)
-    monkeypatch.setattr(runner, "api_configuration", lambda _path: k8s.Configuration())
+    monkeypatch.setattr(runner, "api_configuration", lambda *_: k8s.Configuration())
     previous = signal.getsignal(signal.SIGTERM)
 
     def terminate_once_waiting() -> None:

@@ -32,7 +32,7 @@ def test_deploy_namespace_and_image(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_deploy_writes_numbered_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "deploy"
-    assert main(["deploy", "--output", str(out)]) == 0
+    assert main(["deploy", "--output-dir", str(out)]) == 0
     written = {p.name: p.read_text() for p in out.iterdir()}
     assert written == manifests.deploy_files()
     assert sorted(written) == [
@@ -47,7 +47,7 @@ def test_deploy_writes_numbered_files(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_bundle_writes_the_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)  # --example defaults to examples/clusterpolicy.yaml
     version = gpu_operator.__version__
-    assert main(["bundle", "--version", version, "--output", str(tmp_path)]) == 0
+    assert main(["bundle", "--version", version, "--output-dir", str(tmp_path)]) == 0
     written = {
         str(p.relative_to(tmp_path)): p.read_text() for p in tmp_path.rglob("*") if p.is_file()
     }
@@ -75,7 +75,12 @@ def test_bundle_needs_a_version() -> None:
 def test_bundle_refuses_a_version_olm_cannot_order(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    assert main(["bundle", "--version", "v1", "--example", str(EXAMPLE), "-o", str(tmp_path)]) == 1
+    assert (
+        main(
+            ["bundle", "--version", "v1", "--example", str(EXAMPLE), "--output-dir", str(tmp_path)]
+        )
+        == 1
+    )
     assert "error: bundle version must be semantic" in capsys.readouterr().err
     assert not list(tmp_path.iterdir()), "nothing written on error"
 
@@ -103,7 +108,7 @@ def test_chart_writes_the_chart_and_the_readme_table(
         "# x\n<!-- helm-values-table:start -->\nold\n<!-- helm-values-table:end -->\nz\n"
     )
     out = tmp_path / "chart"
-    assert main(["chart", "--output", str(out), "--readme", str(readme)]) == 0
+    assert main(["chart", "--output-dir", str(out), "--readme", str(readme)]) == 0
     written = {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.is_file()}
     assert written == helm.chart_files()
     text = readme.read_text()
@@ -116,7 +121,7 @@ def test_chart_says_when_the_readme_has_no_table(
 ) -> None:
     readme = tmp_path / "README.md"
     readme.write_text("# no markers\n")
-    assert main(["chart", "--output", str(tmp_path / "c"), "--readme", str(readme)]) == 1
+    assert main(["chart", "--output-dir", str(tmp_path / "c"), "--readme", str(readme)]) == 1
     assert "no <!-- helm-values-table:start -->" in capsys.readouterr().err
     assert readme.read_text() == "# no markers\n"
 

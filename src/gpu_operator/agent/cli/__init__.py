@@ -17,16 +17,26 @@ import argparse
 from typing import Any, cast
 
 from gpu_operator.agent.cli import cdi, discover, faults, mig, monitor, plugins, standins
+from gpu_operator.argtree import leaves
+from gpu_operator.logsetup import add_log_format_option
 
 MODULES = (discover, mig, monitor, plugins, standins, cdi, faults)
 
 
 def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``agent`` and its sub-commands to the main parser's sub-parsers."""
-    agent = subparsers.add_parser("agent", help="node agents (run in the operand pods)")
-    sub = agent.add_subparsers(dest="agent_command", required=True)
+    """Add ``agent`` and its sub-commands to the main parser's sub-parsers; each takes
+    ``--log-format`` (env LOG_FORMAT), as ``run`` does."""
+    agent = subparsers.add_parser(
+        "agent",
+        help="node agents (run in the operand pods)",
+        description="The node agents the operand pods run, on the node's driver or on "
+        "simulated GPUs (--simulate).",
+    )
+    sub = agent.add_subparsers(dest="agent_command", required=True, metavar="COMMAND")
     for module in MODULES:
         module.register(sub)
+    for leaf in leaves(agent):
+        add_log_format_option(leaf)
     return cast(argparse.ArgumentParser, agent)
 
 

@@ -4,29 +4,25 @@ driver a driver root holds, for humans): both about a driver root, never simulat
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_operator.agent.cli.common import add_driver_root, setup
+from gpu_operator.formats import structured
 
 if TYPE_CHECKING:
     from gpu_operator.agent.driver_cdi import HostDriver
 
 
-def _discover(args: argparse.Namespace) -> HostDriver | None:
-    """The driver under ``--driver-root``; None (its message on stderr) when there is none."""
+def _discover(args: argparse.Namespace) -> HostDriver:
+    """The driver under ``--driver-root``; DriverNotFound, saying where it looked, when there
+    is none."""
     from gpu_operator.agent.driver_cdi import discover_host_driver
-    from gpu_operator.agent.driverroot import DriverNotFound
 
     setup(args)
-    try:
-        return discover_host_driver(args.driver_root, args.host_driver_root or args.driver_root)
-    except DriverNotFound as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return None
+    return discover_host_driver(args.driver_root, args.host_driver_root or args.driver_root)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -34,8 +30,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from gpu_operator.agent.nvml import Nvml, NvmlError
 
     driver = _discover(args)
-    if driver is None:
-        return 1
     try:
         with Nvml() as nvml:
             inventory = nvml.inventory()
@@ -43,19 +37,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
         inventory = None
         print(f"NVML unavailable, the GPUs are the device nodes found: {exc}", file=sys.stderr)
     spec = generate_spec(driver, inventory, kind=args.kind)
-    fmt = args.format or ("json" if str(args.output or "").endswith(".json") else "yaml")
-    if fmt == "json":
-        text = json.dumps(spec, indent=2) + "\n"
-    else:
-        import yaml
-
-        # Through JSON: edits shared between devices would otherwise print as YAML anchors.
-        plain = json.loads(json.dumps(spec))
-        text = yaml.safe_dump(plain, sort_keys=False, default_flow_style=False)
-    if not args.output or args.output == "-":
+    target = args.output_file if args.output_file != "-" else None
+    fmt = args.output or ("json" if str(target or "").endswith(".json") else "yaml")
+    text = structured(spec, fmt)  # edits shared between devices print without YAML anchors
+    if target is None:
         sys.stdout.write(text)
         return 0
-    path = Path(args.output)
+    path = Path(target)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
@@ -67,7 +55,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from gpu_operator.agent.driverroot import dev_root_of
 
     driver = _discover(args)
-    if driver is None or driver.files is None:
+    if driver.files is None:
         return 1
     files, devices = driver.files, driver.devices
     width = max((len(lib.soname or "") for lib in files.libraries), default=0)
@@ -115,22 +103,42 @@ def _add_roots(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> None:
-    cdi = sub.add_parser("cdi", help="the driver root's CDI spec, as nvidia-ctk cdi generates it")
-    cdi_sub = cdi.add_subparsers(dest="cdi_command", required=True)
+    cdi = sub.add_parser(
+        "cdi",
+        help="the driver root's CDI spec, as nvidia-ctk cdi generates it",
+        description="The driver root as CDI sees it (never simulated GPUs).",
+    )
+    cdi_sub = cdi.add_subparsers(dest="cdi_command", required=True, metavar="COMMAND")
 
-    p = cdi_sub.add_parser("generate", help="the node's CDI spec: every GPU, MIG device, 'all'")
+    p = cdi_sub.add_parser(
+        "generate",
+        help="the node's CDI spec: every GPU, MIG device, 'all'",
+        description="The CDI spec nvidia-ctk cdi generate writes for the driver root: a device "
+        "per GPU and MIG device, and 'all'.",
+    )
     _add_roots(p)
     p.add_argument("--kind", default="nvidia.com/gpu", help="the spec's kind (nvidia.com/gpu)")
     p.add_argument(
-        "--output",
-        "-o",
+        "--output-file",
         metavar="FILE",
         default=None,
-        help="where to write the spec (default: stdout); a .json file gets JSON, else YAML",
+        help="write the spec to FILE, whole or not at all (default: stdout)",
     )
-    p.add_argument("--format", choices=["json", "yaml"], default=None, help="overrides --output")
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=("yaml", "json"),
+        default=None,
+        help="output format: yaml or json (default: json for a --output-file ending in "
+        ".json, else yaml)",
+    )
     p.set_defaults(func=cmd_generate)
 
-    p = cdi_sub.add_parser("list", help="what the driver root offers containers, as plain text")
+    p = cdi_sub.add_parser(
+        "list",
+        help="what the driver root offers containers, as plain text",
+        description="The driver's libraries, binaries, firmware and device nodes under the "
+        "driver root, as the CDI spec would mount them.",
+    )
     _add_roots(p)
     p.set_defaults(func=cmd_list)

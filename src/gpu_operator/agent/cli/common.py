@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from gpu_operator import labels
+from gpu_operator import labels, logsetup
 from gpu_operator.agent.driverready import read_ready
 from gpu_operator.agent.nvml import driver_root_from_env, use_driver_root
 from gpu_operator.agent.simulated import ENV_SIMULATE, ENV_STATE, install_simulated_nvml
@@ -31,13 +31,10 @@ def env_bool(name: str, default: bool = False) -> bool:
 
 
 def setup(args: argparse.Namespace) -> None:
-    """Logging, then NVML's source: the simulated NVML of ``--simulate``, else the driver root
-    of ``--driver-root`` (commands without one keep the loader's default)."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=os.environ.get("LOG_LEVEL", "INFO").upper(),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
+    """Logging (``--log-format``, LOG_LEVEL, LOG_FORMAT), then NVML's source: the simulated
+    NVML of ``--simulate``, else the driver root of ``--driver-root`` (commands without one
+    keep the loader's default)."""
+    logsetup.configure(fmt=getattr(args, "log_format", None))
     spec = getattr(args, "simulate", None)
     if spec:
         state = getattr(args, "simulate_state", None) or None
@@ -86,7 +83,9 @@ def add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def add_node_name(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--node-name", default=None, help="default: env NODE_NAME")
+    parser.add_argument(
+        "--node-name", default=None, help="this node's name (default: env NODE_NAME)"
+    )
 
 
 def node_name(args: argparse.Namespace) -> str | None:
@@ -106,14 +105,21 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("CONFIG_FILE_SRCDIR") or None,
         help="directory of named configs; the node label picks one (env CONFIG_FILE_SRCDIR)",
     )
-    p.add_argument("--default-config", default=os.environ.get("DEFAULT_CONFIG") or None)
+    p.add_argument(
+        "--default-config",
+        default=os.environ.get("DEFAULT_CONFIG") or None,
+        help="the named config for a node without the label (env DEFAULT_CONFIG)",
+    )
     p.add_argument(
         "--fallback-strategies",
         default=os.environ.get("FALLBACK_STRATEGIES") or "named,single",
         help="without label or default: named, single and/or empty (env FALLBACK_STRATEGIES)",
     )
     p.add_argument(
-        "--node-label", default=os.environ.get("NODE_LABEL") or labels.DEVICE_PLUGIN_CONFIG
+        "--node-label",
+        default=os.environ.get("NODE_LABEL") or labels.DEVICE_PLUGIN_CONFIG,
+        help=f"the node label naming the config (env NODE_LABEL; default "
+        f"{labels.DEVICE_PLUGIN_CONFIG})",
     )
 
 

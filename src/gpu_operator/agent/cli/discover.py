@@ -10,8 +10,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpu_operator.agent import discovery, kube
 from gpu_operator.agent.cli.common import (
     add_common,
@@ -23,7 +21,10 @@ from gpu_operator.agent.cli.common import (
     setup,
 )
 from gpu_operator.agent.deviceplugin_config import DevicePluginConfig, load_device_plugin_config
-from gpu_operator.agent.nvml import Nvml, NvmlError
+from gpu_operator.agent.nvml import Nvml
+from gpu_operator.cluster_args import add_cluster_options, credentials
+from gpu_operator.durations import EXAMPLES, parse_duration
+from gpu_operator.formats import add_output_option, structured
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def cmd_discover(args: argparse.Namespace) -> int:
         interval = (gfd.sleep_interval if gfd and gfd.sleep_interval else None) or "60s"
     oneshot = args.oneshot or env_bool("GFD_ONESHOT")
     node = node_name(args)
-    api = None if args.output else kube.connect()
+    api = None if args.output_file else kube.connect(*credentials(args))
     nvml = Nvml().open()
     try:
         return discovery.run_discover(
@@ -59,8 +60,8 @@ def cmd_discover(args: argparse.Namespace) -> int:
             settings=discovery.Settings.chooser(args.mig_strategy, config, configs),
             node_name=node,
             api=api,
-            output=args.output,
-            interval_s=discovery.parse_interval(interval),
+            output=args.output_file,
+            interval_s=parse_duration(interval),
             oneshot=oneshot,
             machine_file=Path(args.machine_type_file),
             with_timestamp=not env_bool("GFD_NO_TIMESTAMP"),
@@ -109,43 +110,53 @@ def inventory_document(nvml: Nvml) -> dict[str, Any]:
 
 def cmd_nvml_info(args: argparse.Namespace) -> int:
     setup(args)
-    try:
-        with Nvml() as nvml:
-            sys.stdout.write(yaml.safe_dump(inventory_document(nvml), sort_keys=False))
-    except NvmlError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    with Nvml() as nvml:
+        sys.stdout.write(structured(inventory_document(nvml), args.output))
     return 0
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("discover", help="GPU feature discovery: label the node")
+    p = sub.add_parser(
+        "discover",
+        help="GPU feature discovery: label the node",
+        description="Label the node with its GPUs' features (NVIDIA's gpu-feature-discovery "
+        "labels), every --sleep-interval, or once.",
+    )
     add_common(p)
     p.add_argument(
         "--mig-strategy",
         choices=["none", "single", "mixed"],
         default=os.environ.get("MIG_STRATEGY") or None,
+        help="how MIG devices are labelled (env MIG_STRATEGY; default: the config's, else none)",
     )
     p.add_argument(
         "--sleep-interval",
         default=os.environ.get("GFD_SLEEP_INTERVAL") or None,
-        help="time between passes, e.g. 60s (env GFD_SLEEP_INTERVAL)",
+        help=f"time between passes, {EXAMPLES} (env GFD_SLEEP_INTERVAL; default 60s)",
     )
     p.add_argument("--oneshot", action="store_true", help="one pass, then exit (env GFD_ONESHOT)")
     p.add_argument(
-        "--output",
-        "-o",
+        "--output-file",
+        metavar="FILE",
         default=os.environ.get("GFD_OUTPUT_FILE") or None,
-        help="'-' prints key=value lines, a path writes them; default: patch the Node",
+        help="write the labels as key=value lines to FILE ('-': stdout) instead of patching "
+        "the Node (env GFD_OUTPUT_FILE)",
     )
     add_config_args(p)
     p.add_argument(
         "--machine-type-file",
         default=os.environ.get("GFD_MACHINE_TYPE_FILE", str(discovery.MACHINE_TYPE_FILE)),
+        help="the file the machine type label is read from (env GFD_MACHINE_TYPE_FILE)",
     )
     add_node_name(p)
+    add_cluster_options(p)
     p.set_defaults(func=cmd_discover)
 
-    p = sub.add_parser("nvml-info", help="print the GPU inventory as YAML")
+    p = sub.add_parser(
+        "nvml-info",
+        help="print the GPU inventory as YAML",
+        description="What NVML reports: driver, GPUs and their MIG devices.",
+    )
     add_common(p)
+    add_output_option(p, ("yaml", "json"), "yaml")
     p.set_defaults(func=cmd_nvml_info)

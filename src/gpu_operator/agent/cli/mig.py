@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from gpu_operator.agent import kube
 from gpu_operator.agent.cli.common import add_common, add_node_name, node_name, setup
 from gpu_operator.agent.nvml import Nvml
+from gpu_operator.cluster_args import add_cluster_options, credentials
 
 if TYPE_CHECKING:
     from gpu_operator.agent.migparted import MigPartedConfig
@@ -34,7 +35,7 @@ def cmd_mig_manager(args: argparse.Namespace) -> int:
         return migparted.load_mig_config(path)
 
     namespace = args.namespace or mig_manager.DEFAULT_NAMESPACE
-    api = kube.connect()
+    api = kube.connect(*credentials(args))
     with Nvml() as nvml:
         if args.once:
             step = mig_manager.reconcile(
@@ -49,6 +50,15 @@ def cmd_mig_manager(args: argparse.Namespace) -> int:
 def cmd_mig_parted(args: argparse.Namespace) -> int:
     from gpu_operator.agent import migparted
 
+    if args.action != "generate" and not args.config_file:
+        if not os.path.exists(DEFAULT_MIG_CONFIG):
+            print(
+                f"error: mig-parted {args.action} needs a config: no {DEFAULT_MIG_CONFIG} here, "
+                "give one with -f FILE (env CONFIG_FILE)",
+                file=sys.stderr,
+            )
+            return 2
+        args.config_file = DEFAULT_MIG_CONFIG
     setup(args)
     with Nvml() as nvml:
         if args.action == "generate":
@@ -73,7 +83,13 @@ def cmd_mig_parted(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("mig-manager", help="apply the MIG layout named by nvidia.com/mig.config")
+    p = sub.add_parser(
+        "mig-manager",
+        help="apply the MIG layout named by nvidia.com/mig.config",
+        description="NVIDIA's k8s-mig-manager: apply the mig-parted config the node's "
+        "nvidia.com/mig.config label names, pausing the GPU operands meanwhile, and report "
+        "the outcome in nvidia.com/mig.config.state.",
+    )
     add_common(p)
     p.add_argument(
         "--config-file",
@@ -81,18 +97,35 @@ def register(sub: Any) -> None:
         help="mig-parted config or ConfigMap YAML (env CONFIG_FILE)",
     )
     add_node_name(p)
-    p.add_argument(
-        "--namespace",
-        default=os.environ.get("DEFAULT_GPU_CLIENTS_NAMESPACE"),
-        help="where the operands to pause run (env DEFAULT_GPU_CLIENTS_NAMESPACE; "
+    add_cluster_options(
+        p,
+        namespace=os.environ.get("DEFAULT_GPU_CLIENTS_NAMESPACE"),
+        namespace_help="where the operands to pause run (env DEFAULT_GPU_CLIENTS_NAMESPACE; "
         "default gpu-operator)",
     )
     p.add_argument("--once", action="store_true", help="reconcile until idle, then exit")
     p.set_defaults(func=cmd_mig_manager)
 
-    p = sub.add_parser("mig-parted", help="plan/apply a MIG config locally, or generate configs")
+    p = sub.add_parser(
+        "mig-parted",
+        help="plan/apply a MIG config locally, or generate configs",
+        description="What nvidia-mig-parted does, on this node's GPUs: plan or apply one named "
+        "config of a mig-parted config file, or print standard configs for these GPUs.",
+    )
     add_common(p)
-    p.add_argument("action", choices=["plan", "apply", "generate"])
-    p.add_argument("config", nargs="?", default="all-disabled", help="config name")
-    p.add_argument("--config-file", "-f", default=os.environ.get("CONFIG_FILE", DEFAULT_MIG_CONFIG))
+    p.add_argument(
+        "action",
+        choices=["plan", "apply", "generate"],
+        help="plan: print what applying would do; apply: do it; generate: print configs",
+    )
+    p.add_argument(
+        "config", nargs="?", default="all-disabled", help="config name (default all-disabled)"
+    )
+    p.add_argument(
+        "--config-file",
+        "-f",
+        metavar="FILE",
+        default=os.environ.get("CONFIG_FILE") or None,
+        help=f"mig-parted config or ConfigMap YAML (env CONFIG_FILE; default {DEFAULT_MIG_CONFIG})",
+    )
     p.set_defaults(func=cmd_mig_parted)

@@ -15,6 +15,7 @@ from gpu_operator.agent import kube, validate
 from gpu_operator.agent.cli.common import add_common, add_node_name, env_bool, node_name, setup
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.agent.podresources import KUBELET_SOCKET
+from gpu_operator.cluster_args import add_cluster_options, credentials
 
 if TYPE_CHECKING:
     from gpu_operator.agent.driverready import DriverLocation
@@ -77,7 +78,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return 1
     read_node = None
     if "plugin" in components and node:
-        api = kube.connect()
+        api = kube.connect(*credentials(args))
 
         def read_node() -> kube.NodeView:
             return kube.read_node(api, node)
@@ -143,7 +144,12 @@ def uvm_device(args: argparse.Namespace) -> Path | Callable[[], Path] | None:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("exporter", help="Prometheus GPU metrics on :9400 (dcgm-exporter names)")
+    p = sub.add_parser(
+        "exporter",
+        help="Prometheus GPU metrics on :9400 (dcgm-exporter names)",
+        description="Serve the GPUs' metrics under dcgm-exporter's names and labels on "
+        "/metrics, read from NVML every --interval-ms.",
+    )
     add_common(p)
     p.add_argument(
         "--collectors",
@@ -151,16 +157,24 @@ def register(sub: Any) -> None:
         default=os.environ.get("DCGM_EXPORTER_COLLECTORS") or None,
         help="counters CSV (env DCGM_EXPORTER_COLLECTORS); default: all NVML fields",
     )
-    p.add_argument("--address", "-a", default=os.environ.get("DCGM_EXPORTER_LISTEN", ":9400"))
+    p.add_argument(
+        "--address",
+        "-a",
+        default=os.environ.get("DCGM_EXPORTER_LISTEN", ":9400"),
+        help="[HOST]:PORT to serve on (env DCGM_EXPORTER_LISTEN; default :9400)",
+    )
     p.add_argument(
         "--interval-ms",
         "-c",
         type=int,
         default=int(os.environ.get("DCGM_EXPORTER_INTERVAL", "30000")),
+        help="milliseconds between NVML reads (env DCGM_EXPORTER_INTERVAL; default 30000)",
     )
     p.add_argument(
         "--pod-resources-socket",
         default=os.environ.get("POD_RESOURCES_SOCKET", KUBELET_SOCKET),
+        help=f"the kubelet's PodResources socket (env POD_RESOURCES_SOCKET; default "
+        f"{KUBELET_SOCKET})",
     )
     p.add_argument(
         "--kubernetes",
@@ -172,13 +186,24 @@ def register(sub: Any) -> None:
     )
     p.set_defaults(func=cmd_exporter)
 
-    p = sub.add_parser("validate", help="validate driver, toolkit, CUDA and device plugin")
+    p = sub.add_parser(
+        "validate",
+        help="validate driver, toolkit, CUDA and device plugin",
+        description="Check each component of the node's GPU stack and write NVIDIA's "
+        "validation files (the marker files other operands wait for).",
+    )
     add_common(p)
     p.add_argument(
-        "--components", default=os.environ.get("COMPONENTS", ",".join(validate.COMPONENTS))
+        "--components",
+        default=os.environ.get("COMPONENTS", ",".join(validate.COMPONENTS)),
+        help=f"comma-separated, of {', '.join(validate.COMPONENTS)} (env COMPONENTS; default all)",
     )
     p.add_argument(
-        "--output-dir", default=os.environ.get("VALIDATIONS_DIR", str(validate.VALIDATIONS_DIR))
+        "--output-dir",
+        metavar="DIR",
+        default=os.environ.get("VALIDATIONS_DIR", str(validate.VALIDATIONS_DIR)),
+        help=f"where the validation files go (env VALIDATIONS_DIR; default "
+        f"{validate.VALIDATIONS_DIR})",
     )
     p.add_argument(
         "--runtime-config",
@@ -222,7 +247,10 @@ def register(sub: Any) -> None:
         default=env_bool("WITH_WAIT"),
         help="wait until every check passes, then exit 0 (an init container; env WITH_WAIT)",
     )
-    p.add_argument("--interval", type=float, default=10.0)
-    p.add_argument("--oneshot", action="store_true")
+    p.add_argument(
+        "--interval", type=float, default=10.0, help="seconds between checks (default 10)"
+    )
+    p.add_argument("--oneshot", action="store_true", help="check once, then exit")
     add_node_name(p)
+    add_cluster_options(p)
     p.set_defaults(func=cmd_validate)

@@ -25,6 +25,7 @@ from gpu_operator.agent.cli.common import (
 from gpu_operator.agent.deviceplugin.settings import ENV_NAMES as PLUGIN_ENV
 from gpu_operator.agent.deviceplugin_config import load_device_plugin_config
 from gpu_operator.agent.nvml import Nvml, NvmlError, simulated
+from gpu_operator.cluster_args import add_cluster_options, credentials
 from gpu_operator.stopping import stop_on_signals, wait_until
 
 if TYPE_CHECKING:
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from gpu_operator.kube import Kube
 
 log = logging.getLogger(__name__)
+
+CDI_ROOT_HELP = "where CDI specs are written for the container runtime (env CDI_ROOT)"
 
 
 # -- device-plugin ------------------------------------------------------------------------------
@@ -76,7 +79,11 @@ def cmd_device_plugin(args: argparse.Namespace) -> int:
         config_file=args.config_file,
         configs=configs,
         node=node,
-        api=kube.connect() if (configs is not None or gpu_health is not None) and node else None,
+        api=(
+            kube.connect(*credentials(args))
+            if (configs is not None or gpu_health is not None) and node
+            else None
+        ),
         gpu_health=gpu_health,
     )
 
@@ -103,7 +110,7 @@ def _kwok_capacity(
     overrides = {env: getattr(args, env.lower()) for env in PLUGIN_ENV}
     nvml = Nvml()
     nvml.open()
-    api = kube.connect()
+    api = kube.connect(*credentials(args))
     inventory = [nvml.inventory()]  # the latest read that succeeded
     from gpu_operator.agent.deviceplugin.agent import EVENT_COMPONENT
 
@@ -190,12 +197,7 @@ def cmd_mps_control_daemon(args: argparse.Namespace) -> int:
     from gpu_operator.agent.deviceplugin.settings import plugin_settings
 
     setup(args)
-    nvml = Nvml()
-    try:
-        nvml.open()
-    except NvmlError as exc:
-        log.error("%s", exc)
-        return 1
+    nvml = Nvml().open()
     # Simulated GPUs (--simulate, or the stub driver of a simulated node) get the simulated
     # daemon; real GPUs need NVIDIA's.
     if not simulated():
@@ -209,7 +211,7 @@ def cmd_mps_control_daemon(args: argparse.Namespace) -> int:
             )
         return 2
     node = node_name(args)
-    api = kube.connect() if args.config_dir and node else None
+    api = kube.connect(*credentials(args)) if args.config_dir and node else None
     try:
         configs = config_dir(args)
     except ConfigSelectionError as exc:
@@ -288,7 +290,7 @@ def cmd_dra_plugin(args: argparse.Namespace) -> int:
         return 2
     stop = stop_on_signals()
     nvml = Nvml().open()
-    api = kube.connect()
+    api = kube.connect(*credentials(args))
     health = _dra_health(nvml, api, node, settings, stop, args.health_poll_ms / 1000.0)
     try:
         return dra.run(
@@ -341,6 +343,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "dra-plugin",
         help="DRA kubelet plugin: publish GPUs as ResourceSlices, prepare claims with CDI",
+        description="The node's GPUs as DRA ResourceSlices, and the kubelet plugin that "
+        "prepares claims for them with CDI specs (NVIDIA's DRA driver's names and gates).",
     )
     add_common(p)
     add_node_name(p)
@@ -348,12 +352,17 @@ def register(sub: Any) -> None:
         "--kubelet-registrar-directory-path",
         default=os.environ.get("KUBELET_REGISTRAR_DIRECTORY_PATH")
         or "/var/lib/kubelet/plugins_registry",
+        help="where the kubelet finds plugins' registration sockets (env "
+        "KUBELET_REGISTRAR_DIRECTORY_PATH)",
     )
     p.add_argument(
         "--kubelet-plugins-directory-path",
         default=os.environ.get("KUBELET_PLUGINS_DIRECTORY_PATH") or "/var/lib/kubelet/plugins",
+        help="where the plugin's own socket and state go (env KUBELET_PLUGINS_DIRECTORY_PATH)",
     )
-    p.add_argument("--cdi-root", default=os.environ.get("CDI_ROOT") or "/var/run/cdi")
+    p.add_argument(
+        "--cdi-root", default=os.environ.get("CDI_ROOT") or "/var/run/cdi", help=CDI_ROOT_HELP
+    )
     p.add_argument(
         "--host-driver-root",
         default=os.environ.get("NVIDIA_DRIVER_ROOT") or "/",
@@ -367,10 +376,10 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--interval", type=float, default=2.0, help="seconds between inventory reads (2)"
     )
-    p.add_argument(
-        "--namespace",
-        default=os.environ.get("NAMESPACE") or "default",
-        help="where claims' MPS control daemons run (env NAMESPACE: the plugin's own)",
+    add_cluster_options(
+        p,
+        namespace=os.environ.get("NAMESPACE") or "default",
+        namespace_help="where claims' MPS control daemons run (env NAMESPACE: the plugin's own)",
     )
     p.add_argument(
         "--image",
@@ -378,7 +387,9 @@ def register(sub: Any) -> None:
         help="the image claims' MPS control daemons run (env IMAGE_NAME: the plugin's own)",
     )
     p.add_argument(
-        "--image-pull-policy", default=os.environ.get("IMAGE_PULL_POLICY") or "IfNotPresent"
+        "--image-pull-policy",
+        default=os.environ.get("IMAGE_PULL_POLICY") or "IfNotPresent",
+        help="their image pull policy (env IMAGE_PULL_POLICY; default IfNotPresent)",
     )
     p.add_argument(
         "--publish-only", action="store_true", help="publish slices, serve no kubelet (kwok)"
@@ -401,10 +412,14 @@ def register(sub: Any) -> None:
         "device-plugin",
         help="kubelet device plugin: advertise and allocate GPUs, MIG devices and replicas "
         "(env GPU_HEALTH_CONDITION=true: also publish the node's GPUHealthy condition)",
+        description="NVIDIA's k8s-device-plugin, from its own config file and environment: "
+        "advertise the node's GPUs, MIG devices and shared replicas to the kubelet and "
+        "allocate them to containers.",
     )
     add_common(p)
     add_config_args(p)
     add_node_name(p)
+    add_cluster_options(p)
     for env in PLUGIN_ENV:
         p.add_argument(
             "--" + env.lower().replace("_", "-"),
@@ -417,7 +432,9 @@ def register(sub: Any) -> None:
         default=os.environ.get("KUBELET_SOCKET") or "/var/lib/kubelet/device-plugins/kubelet.sock",
         help="plugin sockets go next to it (env KUBELET_SOCKET)",
     )
-    p.add_argument("--cdi-root", default=os.environ.get("CDI_ROOT") or "/var/run/cdi")
+    p.add_argument(
+        "--cdi-root", default=os.environ.get("CDI_ROOT") or "/var/run/cdi", help=CDI_ROOT_HELP
+    )
     p.add_argument("--sysfs-root", default="/sys", help="for NUMA nodes and PCIe roots")
     p.add_argument(
         "--mps-dir",
@@ -438,7 +455,12 @@ def register(sub: Any) -> None:
         help="a GPU quiet this long after an XID, answering NVML, is healthy again; 0: never "
         "(env DP_XID_RECOVERY_SECONDS)",
     )
-    p.add_argument("--health-poll-ms", type=int, default=500)
+    p.add_argument(
+        "--health-poll-ms",
+        type=int,
+        default=500,
+        help="milliseconds between GPU health polls (500)",
+    )
     p.add_argument(
         "--kwok-capacity",
         action="store_true",
@@ -452,6 +474,9 @@ def register(sub: Any) -> None:
         "mps-control-daemon",
         help="SIMULATED MPS control daemon: the pipe and .started files the plugin's MPS "
         "resources need, for simulated GPUs only",
+        description="Lay out what the device plugin's MPS-shared resources wait for (the "
+        "control pipe and .started file) under --mps-root; simulated GPUs only, no CUDA MPS "
+        "server runs.",
     )
     add_common(p)
     p.add_argument(
@@ -462,14 +487,21 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--mps-root", default="/mps", help="the host's MPS root, as mounted here")
     add_config_args(p)
-    p.add_argument("--mig-strategy", default=os.environ.get("MIG_STRATEGY") or None)
+    p.add_argument(
+        "--mig-strategy",
+        default=os.environ.get("MIG_STRATEGY") or None,
+        help="overrides the config's (env MIG_STRATEGY)",
+    )
     add_node_name(p)
+    add_cluster_options(p)
     p.set_defaults(func=cmd_mps_control_daemon)
 
     p = sub.add_parser(
         "mps-claim-daemon",
         help="one DRA claim's MPS control daemon: the driver's nvidia-cuda-mps-control with the "
         "claim's defaults (the DRA plugin's Deployment runs it)",
+        description="Run the driver's nvidia-cuda-mps-control for one DRA claim, with the "
+        "claim's defaults, until stopped.",
     )
     add_driver_root(p)
     p.set_defaults(func=cmd_mps_claim_daemon)

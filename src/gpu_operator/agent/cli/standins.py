@@ -1,5 +1,9 @@
 """``agent simulate-driver`` and ``agent simulate-toolkit``: the SIMULATED stand-ins for NVIDIA's
 driver and container-toolkit images (testenv only; :mod:`gpu_operator.agent.simulated_operands`).
+
+Each writes into the host it runs on, so none has a default for where it writes: run by hand
+without its target paths, it refuses in one line (exit 2) rather than lay a stub driver into
+/run/nvidia/driver or a containerd drop-in into /etc/containerd. The stand-in images pass them.
 """
 
 from __future__ import annotations
@@ -15,19 +19,27 @@ from gpu_operator.agent.cli.common import setup
 from gpu_operator.agent.stubdriver import STYLES  # light: the NVML loader imports it anyway
 
 
+def _refuse(command: str, missing: list[str]) -> int:
+    """Exit 2 with one line naming the options the command needs."""
+    print(f"error: {command} needs {', '.join(missing)}: it writes there", file=sys.stderr)
+    return 2
+
+
 def cmd_simulate_driver(args: argparse.Namespace) -> int:
     from gpu_operator.agent import simulated_operands as sim
 
-    setup(args)
     if args.action == "install":
         return _install(args)
     if args.action == "uninstall":
         if not args.root:
-            print("error: simulate-driver uninstall needs --root", file=sys.stderr)
-            return 2
+            return _refuse("simulate-driver uninstall", ["--root"])
+        setup(args)
         removed = sim.uninstall_driver(Path(args.root))
         sim.say(f"stub driver removed from {args.root}" if removed else "no stub driver there")
         return 0
+    if not args.driver_root:
+        return _refuse(f"simulate-driver {args.action}", ["--driver-root"])
+    setup(args)
     driver_root = Path(args.driver_root)
     if args.action == "manager":
         return sim.run_manager(driver_root)
@@ -46,8 +58,8 @@ def _install(args: argparse.Namespace) -> int:
 
     missing = [f"--{name}" for name in ("root", "spec", "seed") if not getattr(args, name)]
     if missing:
-        print(f"error: simulate-driver install needs {', '.join(missing)}", file=sys.stderr)
-        return 2
+        return _refuse("simulate-driver install", missing)
+    setup(args)
     root = Path(args.root)
     try:
         info = sim.install_driver(
@@ -70,6 +82,8 @@ def _install(args: argparse.Namespace) -> int:
 def cmd_simulate_toolkit(args: argparse.Namespace) -> int:
     from gpu_operator.agent import simulated_operands as sim
 
+    if not args.containerd_config:
+        return _refuse("simulate-toolkit", ["--containerd-config (env CONTAINERD_CONFIG)"])
     setup(args)  # NVML from --driver-root: the CDI spec names the driver's GPUs
     return sim.run_toolkit(
         Path(args.containerd_config),
@@ -84,6 +98,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "simulate-driver",
         help="SIMULATED NVIDIA driver container (testenv stand-in images only)",
+        description="Lay a stub driver (real ELF libraries over a simulated NVML) out in a "
+        "driver root, as NVIDIA's driver container installs the driver; testenv only.",
     )
     p.add_argument(
         "action",
@@ -95,8 +111,18 @@ def register(sub: Any) -> None:
     )
     # k8s-driver-manager's own step word (uninstall_driver); the stand-in has only that one.
     p.add_argument("step", nargs="?", help=argparse.SUPPRESS)
-    p.add_argument("--host-root", default=os.environ.get("HOST_ROOT", "/host"))
-    p.add_argument("--driver-root", default=labels.SIMULATED_DRIVER_ROOT)
+    p.add_argument(
+        "--host-root",
+        default=os.environ.get("HOST_ROOT", "/host"),
+        help="where the host's / is mounted: the node's GPU profile is read from it (env "
+        "HOST_ROOT; default /host)",
+    )
+    p.add_argument(
+        "--driver-root",
+        default=None,
+        help=f"init/manager: the driver root to lay out or clear (the driver container's "
+        f"is {labels.SIMULATED_DRIVER_ROOT}); required",
+    )
     p.add_argument(
         "--driver-version",
         default=os.environ.get("DRIVER_VERSION"),
@@ -111,12 +137,20 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "simulate-toolkit",
         help="SIMULATED NVIDIA container toolkit (testenv stand-in images only)",
+        description="Declare the nvidia runtime in a drop-in beside the containerd config and "
+        "keep the node's CDI spec, as NVIDIA's toolkit container does; testenv only.",
     )
     p.add_argument(
         "--containerd-config",
-        default=os.environ.get("CONTAINERD_CONFIG", "/etc/containerd/config.toml"),
+        default=os.environ.get("CONTAINERD_CONFIG") or None,
+        help="the containerd config, as mounted here: the drop-in goes into conf.d/ beside "
+        "it (env CONTAINERD_CONFIG); required",
     )
-    p.add_argument("--runtime-class", default=os.environ.get("CONTAINERD_RUNTIME_CLASS", "nvidia"))
+    p.add_argument(
+        "--runtime-class",
+        default=os.environ.get("CONTAINERD_RUNTIME_CLASS", "nvidia"),
+        help="the runtime's name (env CONTAINERD_RUNTIME_CLASS; default nvidia)",
+    )
     p.add_argument(
         "--cdi-dir",
         default="/var/run/cdi" if os.environ.get("CDI_ENABLED") == "true" else None,
