@@ -36,15 +36,21 @@ def test_readme_install_use_and_uninstall(testenv_bin_dir: Path) -> None:
     with private_cluster(testenv_bin_dir, gpu_nodes=2, cpu_nodes=1) as cluster:
         kc = cluster.kubeconfig
         gpu_operator = [sys.executable, "-m", "gpu_operator"]
-        # Another namespace and image, as the README shows (the output is checked here).
-        image = "registry.example.com/gpu-operator:v0.1.0"
-        other = subprocess.run(
-            [*gpu_operator, "deploy", "-n", "gpus", "--image", image],
-            capture_output=True, text=True, check=True, cwd=REPO,
-        ).stdout  # fmt: skip
-        assert "namespace: gpus" in other and image in other
+        image = "registry.example.com/gpu-operator:v0.1.0"  # the image the README pushes
 
-        run(kc, "kubectl", "apply", "--server-side", "-f", "deploy/")
+        def deploy(*args: str) -> str:
+            return subprocess.run(
+                [*gpu_operator, "deploy", *args, "--image", image],
+                capture_output=True, text=True, check=True, cwd=REPO,
+            ).stdout  # fmt: skip
+
+        # Another namespace, as the README shows (the output is checked here).
+        other = deploy("-n", "gpus")
+        assert "namespace: gpus" in other and image in other
+        manifests = deploy()
+        assert image in manifests
+
+        run(kc, "kubectl", "apply", "--server-side", "-f", "-", stdin=manifests)
         # The Deployment's image cannot run here (kwok plays the kubelets): run the operator
         # in-process with the Deployment's own ServiceAccount instead.
         operator = start_operator(service_account_config(cluster, NS, "gpu-operator", ""), NS)
@@ -63,6 +69,7 @@ def test_readme_install_use_and_uninstall(testenv_bin_dir: Path) -> None:
             ).stdout  # fmt: skip
             assert "done" in out
             run(kc, "kubectl", "delete", "clusterpolicy", "--all")
+            run(kc, "kubectl", "delete", "gpucluster", "--all")
             with cluster.api_client() as api:
                 kube = Kube(api)
                 wait_for(
@@ -76,7 +83,7 @@ def test_readme_install_use_and_uninstall(testenv_bin_dir: Path) -> None:
                     assert not [k for k in labels if k.startswith("nvidia.com/")], labels
         finally:
             operator.stop()
-        run(kc, "kubectl", "delete", "-f", "deploy/", "--wait=false")
+        run(kc, "kubectl", "delete", "-f", "-", "--wait=false", stdin=manifests)
         with cluster.api_client() as api:
             kube = Kube(api)
             assert kube.get("ClusterRole", "gpu-operator") is None
