@@ -143,6 +143,13 @@ def test_lint_and_template_give_valid_objects(
         else:
             assert validate_kubernetes(obj), f"no schema for {obj['kind']}"
     assert kinds.count("ClusterPolicy") == 1 and kinds.count("Deployment") == 1
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    env = {
+        e["name"]: e.get("value")
+        for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    # NVIDIA's default, operator.logging.develMode: false, is its JSON (production) logging.
+    assert env.get("LOG_FORMAT") == ("json" if name == "nvidia-defaults" else None)
     hooks = {o["metadata"]["name"] for o in objects if o["kind"] == "Pod"}
     upgrade_crd = name != "no-crd-hooks"
     assert hooks == {helm.UNINSTALL_HOOK, *([helm.CRD_HOOK] if upgrade_crd else [])}

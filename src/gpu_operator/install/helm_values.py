@@ -106,6 +106,12 @@ CHART_KEYS: tuple[ValuesKey, ...] = (
         "LOG_LEVEL of the operator (debug, info, error; a number means debug)",
     ),
     ValuesKey(
+        "operator.logging.develMode",
+        BOOLEAN,
+        "LOG_FORMAT of the operator: true, text lines; false, JSON objects (as NVIDIA's "
+        "production logging); unset, text",
+    ),
+    ValuesKey(
         "operator.upgradeCRD",
         BOOLEAN,
         "pre-install/pre-upgrade hook applies the chart's CRD before anything else; false also "
@@ -154,8 +160,12 @@ IGNORED_KEYS: tuple[ValuesKey, ...] = (
         "constraints yet",
         ignored=True,
     ),
-    ValuesKey("operator.logging.timeEncoding", STRING, "the operator's log format is fixed", True),
-    ValuesKey("operator.logging.develMode", BOOLEAN, "the operator's log format is fixed", True),
+    ValuesKey(
+        "operator.logging.timeEncoding",
+        STRING,
+        "the operator's log times are fixed: local time in text lines, RFC 3339 UTC in JSON",
+        True,
+    ),
     ValuesKey(
         "driver.nvidiaDriverCRD.deployDefaultCR",
         BOOLEAN,

@@ -56,10 +56,11 @@ def test_every_nvidia_key_is_handled_and_said_how() -> None:
     assert {how: len(keys) for how, keys in found.items()} == {
         "ClusterPolicy": 141,
         "accepted, not implemented": 91,
-        "chart": 17,
-        "ignored": 21,
+        "chart": 18,
+        "ignored": 20,
     }
     assert "nfd.enabled" in found["ignored"] and "operator.cleanupCRD" in found["chart"]
+    assert "operator.logging.develMode" in found["chart"]
 
 
 @pytest.mark.parametrize(
