@@ -131,9 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_agent_commands(sub)
     crd = sub.add_parser(
         "crd",
-        help="print the ClusterPolicy (or GPUCluster) CustomResourceDefinition, or apply both",
-        description="Print a CRD; with --apply, install or upgrade both in the cluster as the "
-        "operator does at start-up (a newer CRD there is left alone).",
+        help="print one CustomResourceDefinition, or apply all three",
+        description="Print the ClusterPolicy, GPUCluster or NVIDIADriver CRD; with --apply, "
+        "install or upgrade all three in the cluster as the operator does at start-up (a newer "
+        "CRD there is left alone).",
     )
     crd.add_argument(
         "--kind",
@@ -172,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-install-crd",
         dest="install_crd",
         action="store_false",
-        help="do not install or upgrade the ClusterPolicy and NVIDIADriver CRDs at start-up",
+        help="do not install or upgrade the ClusterPolicy, GPUCluster and NVIDIADriver CRDs "
+        "at start-up",
     )
     run.add_argument(
         "--no-leader-election",
