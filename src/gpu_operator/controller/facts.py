@@ -6,8 +6,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from gpu_operator.api.spec import ClusterPolicySpec
-from gpu_operator.controller.nodes import NodePolicy, Taint, is_gpu_node
 from gpu_operator.labels import NFD_PREFIX, OS_ID, OS_VERSION
+from gpu_operator.node_labels import NodePolicy, Taint, is_gpu_node
 from gpu_operator.render.components import REGISTRY, section
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE, Facts, NodeOS, Runtime
 from gpu_operator.render.user_configs import referenced_configmaps

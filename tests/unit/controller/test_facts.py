@@ -14,7 +14,7 @@ from gpu_operator.controller.facts import (
     node_os,
     node_policy,
 )
-from gpu_operator.controller.nodes import Taint
+from gpu_operator.node_labels import Taint
 from gpu_operator.render.facts import NodeOS
 from gpu_operator.render.user_configs import referenced_configmaps
 from gpu_operator.views import NodeView
