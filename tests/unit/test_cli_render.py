@@ -181,10 +181,11 @@ DRA_PLUGIN = ("DaemonSet", "nvidia-dra-driver-kubelet-plugin")
 
 
 def rendered(argv: list[str], capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
-    """The objects ``render`` prints, each checked against Kubernetes' own schema."""
+    """The objects ``render`` prints, each checked against Kubernetes' own schema (stderr holds
+    at most notes on what was left out)."""
     assert main(["render", *argv]) == 0
     out, err = capsys.readouterr()
-    assert err == ""
+    assert all(line.startswith("note: ") for line in err.splitlines()), err
     docs = list(yaml.safe_load_all(out))
     for doc in docs:
         assert validate_kubernetes(doc), f"no schema for {doc['kind']}"
