@@ -123,7 +123,7 @@ def _cmd_uninstall(args: argparse.Namespace) -> int:
 
 
 def add_install_commands(sub: Any) -> None:
-    """Register ``deploy``, ``bundle`` and ``uninstall`` on the top-level subparsers."""
+    """Register ``deploy``, ``bundle``, ``chart`` and ``uninstall`` on the top-level subparsers."""
     deploy = sub.add_parser(
         "deploy",
         help="print or write the kubectl install (namespace, CRD, RBAC, Deployment)",
@@ -162,15 +162,20 @@ def add_install_commands(sub: Any) -> None:
 
     remove = sub.add_parser(
         "uninstall",
-        help="delete every ClusterPolicy (the operator cleans the nodes), then the CRD if asked",
-        description="Run while the operator still runs: its finalizer removes the node labels "
-        "and taint it added. The Helm chart runs this as its pre-delete hook.",
+        help="delete every ClusterPolicy, NVIDIADriver and GPUCluster, clean the nodes, then "
+        "the CRDs if asked",
+        description="Run while the operator still runs: its finalizers remove the node labels "
+        "and taint it added and tear the DRA stack down in order (once it is gone, this removes "
+        "its finalizers and cleans the nodes itself). The Helm chart runs this as its pre-delete "
+        "hook.",
     )
     remove.add_argument(
         "--kubeconfig", help="kubeconfig file (default: in-cluster, else KUBECONFIG)"
     )
     remove.add_argument(
-        "--wait", action="store_true", help="wait until every policy (and the CRD) is gone"
+        "--wait",
+        action="store_true",
+        help="wait until every resource (and the CRDs) is gone and the nodes are clean",
     )
     remove.add_argument(
         "--timeout", type=float, default=300, help="seconds --wait waits (default 300)"
@@ -178,12 +183,13 @@ def add_install_commands(sub: Any) -> None:
     remove.add_argument(
         "--delete-crd",
         action="store_true",
-        help="then, once garbage collection has removed what the policies owned, the CRD too",
+        help="then, once garbage collection has removed what they owned, the three CRDs too",
     )
     remove.add_argument(
         "-n",
         "--namespace",
         default=manifests.NAMESPACE,
-        help="the operator's (operand) namespace, where --delete-crd waits for garbage collection",
+        help="the operator's (operand) namespace: where its Deployment runs, and where "
+        "--delete-crd waits for garbage collection",
     )
     remove.set_defaults(func=_cmd_uninstall)
