@@ -9,26 +9,21 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-import yaml
-
 from gpu_operator import __version__
 from gpu_operator.agent.cli import add_agent_commands
-from gpu_operator.api import KIND, PolicyError, parse_document
 from gpu_operator.api.crd import all_crds
-from gpu_operator.api.legacy import migrate
 from gpu_operator.argtree import leaves
-from gpu_operator.cli_errors import USAGE, exit_codes_text, explain, one_line
+from gpu_operator.cli_errors import BAD_INPUT, USAGE, exit_codes_text, explain, one_line
 from gpu_operator.cluster_args import add_cluster_options, cluster
 from gpu_operator.formats import add_output_option, structured
 from gpu_operator.install.cli import add_install_commands
 from gpu_operator.logsetup import add_log_format_option, wants_debug
-from gpu_operator.render.engine import SAFE_LOADER
+from gpu_operator.migrate_cli import add_migrate_command
 from gpu_operator.render_cli import add_render_command, dump_yaml
 
 if TYPE_CHECKING:
@@ -76,48 +71,6 @@ def _cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_migrate(args: argparse.Namespace) -> int:
-    """Every ClusterPolicy in the file rewritten for today's schema; other documents as they are."""
-    try:
-        if args.file == "-":
-            text = sys.stdin.read()
-        else:
-            with open(args.file, encoding="utf-8") as handle:
-                text = handle.read()
-        docs = [d for d in yaml.load_all(text, Loader=SAFE_LOADER) if d is not None]
-    except OSError as exc:
-        return _fail(f"{args.file}: cannot read: {exc.strerror or exc}")
-    except yaml.YAMLError as exc:
-        return _fail(f"{args.file}: not valid YAML: {exc}")
-    out, problems = [], []
-    for doc in docs:
-        if not isinstance(doc, dict) or doc.get("kind") != KIND:
-            out.append(doc)
-            continue
-        result = migrate(doc)
-        name = (result.document.get("metadata") or {}).get("name", "?")
-        for note in result.notes:
-            sys.stderr.write(f"{args.file}: {name}: {note}\n")
-        try:
-            parse_document(result.document)
-        except PolicyError as exc:
-            problems += [f"{args.file}: {name}: {p}" for p in exc.problems]
-        out.append(result.document)
-    if args.output == "json":
-        body = out[0] if len(out) == 1 else {"apiVersion": "v1", "kind": "List", "items": out}
-        sys.stdout.write(json.dumps(body, indent=2) + "\n")
-    else:
-        sys.stdout.write(dump_yaml(out))
-    if problems:
-        return _fail("\n".join(["still invalid after migration:", *problems]))
-    return 0
-
-
-def _fail(message: str) -> int:
-    sys.stderr.write("".join(f"error: {line}\n" for line in message.splitlines()))
-    return 1
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="gpu-operator",
@@ -151,15 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_install_commands(sub)
     add_render_command(sub)
 
-    migrate_cmd = sub.add_parser(
-        "migrate",
-        help="rewrite an old ClusterPolicy for today's schema",
-        description="Print the file with every field NVIDIA moved or removed at its place today "
-        "(what changed goes to stderr; exit 1 if something else is still invalid).",
-    )
-    migrate_cmd.add_argument("-f", "--file", required=True, help="YAML file, '-' for stdin")
-    add_output_option(migrate_cmd, ("yaml", "json"), "yaml")
-    migrate_cmd.set_defaults(func=_cmd_migrate)
+    add_migrate_command(sub)
 
     run = sub.add_parser(
         "run",
@@ -317,7 +262,9 @@ def _cmd_upgrade_status(args: argparse.Namespace) -> int:
     kube = cluster(args, INTERACTIVE)
     if not _policies(kube, args.policy):
         named = f" named {args.policy}" if args.policy else ""
-        return _fail(f"no ClusterPolicy{named} found: apply one (e.g. examples/clusterpolicy.yaml)")
+        found = f"no ClusterPolicy{named} found"
+        sys.stderr.write(one_line(found, "apply one (e.g. examples/clusterpolicy.yaml)") + "\n")
+        return BAD_INPUT
 
     def page() -> str:
         chosen = _policies(kube, args.policy)

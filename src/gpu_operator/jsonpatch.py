@@ -1,6 +1,7 @@
 """JSON-patch operations on lists and maps the API shares with others (a Node's labels,
 annotations and taints): each removal checked in place with a ``test``, so a write planned from
-an older read fails rather than removing what someone else put there."""
+an older read fails rather than removing what someone else put there. And the merge patch of
+another shared list, an object's finalizers."""
 
 from __future__ import annotations
 
@@ -78,3 +79,12 @@ def merge_patch_to(current: Mapping[str, Any], new: Mapping[str, Any]) -> dict[s
         else:
             patch[key] = value
     return patch
+
+
+def finalizer_body(obj: Mapping[str, Any], finalizer: str, *, add: bool) -> dict[str, Any]:
+    """A merge patch adding or removing ``finalizer`` from ``obj``'s list, keeping the others.
+    The resourceVersion makes a concurrent edit of the list fail instead of being lost."""
+    meta = obj["metadata"]
+    current = list(meta.get("finalizers") or ())
+    finalizers = [*current, finalizer] if add else [f for f in current if f != finalizer]
+    return {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}

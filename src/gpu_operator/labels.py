@@ -28,6 +28,10 @@ MIG_CONFIG = "nvidia.com/mig.config"
 MIG_CONFIG_STATE = "nvidia.com/mig.config.state"
 DEVICE_PLUGIN_CONFIG = "nvidia.com/device-plugin.config"
 OWNED_ANNOTATION = "nvidia.com/gpu-operator.owned"  # what the operator added to the node
+# The operator's finalizers: on a ClusterPolicy until the nodes are clean, on the GPUCluster
+# until its DRA stack is torn down in order.
+NODE_CLEANUP_FINALIZER = "nvidia.com/gpu-operator-node-cleanup"
+DRA_TEARDOWN_FINALIZER = "nvidia.com/gpu-operator-dra-teardown"
 NFD_PREFIX = "feature.node.kubernetes.io/"
 NFD_GPU_LABELS = (
     "feature.node.kubernetes.io/pci-10de.present",

@@ -3,8 +3,12 @@
 Each document of the file is checked by its API module's parser (every bad field named, nothing
 printed unless all are valid) and rendered by the renderer its controller uses: ``render`` for a
 ClusterPolicy, ``render.driver`` per node pool for an NVIDIADriver (as ``driver_decide`` does),
-``render.gpucluster`` for a GPUCluster. The command-line options stand in for the cluster facts
-the controllers observe.
+``render.gpucluster`` for a GPUCluster. Documents of other kinds (the ConfigMaps beside a policy,
+a workload) are printed unchanged, as ``kubectl apply`` would apply them; the ConfigMaps a
+ClusterPolicy names are read as the controller reads them from its namespace. The command-line
+options stand in for the other cluster facts the controllers observe. What the API server would
+refuse is refused here first: names that are not DNS-1123 names, and two documents making the
+same object.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import yaml
@@ -21,21 +25,36 @@ import yaml
 from gpu_operator.api import gpucluster as gpc
 from gpu_operator.api import nvidiadriver as nvd
 from gpu_operator.api import policy
+from gpu_operator.api.formats import DNS_LABEL_MAX, dns_name, image_name
 from gpu_operator.api.gpucluster import GPUClusterSpec, parse_gpucluster
 from gpu_operator.api.nvidiadriver import NVIDIADriverSpec, parse_driver_spec
-from gpu_operator.api.policy import PolicyError, parse_document
+from gpu_operator.api.policy import PolicyError, name_problems, parse_document
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.formats import add_output_option
 from gpu_operator.labels import OS_ID, OS_VERSION
 from gpu_operator.render import RenderedComponent, default_policy, render_components
-from gpu_operator.render.driver import KERNEL_LABEL, ExtraConfig, Pool, driver_names, render_driver
+from gpu_operator.render.driver import (
+    KERNEL_LABEL,
+    POOL_LABEL,
+    ExtraConfig,
+    Pool,
+    driver_names,
+    render_driver,
+)
 from gpu_operator.render.engine import SAFE_LOADER
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE, Facts, NodeOS
 from gpu_operator.render.gpucluster import render_gpucluster
+from gpu_operator.render.user_configs import (
+    config_facts,
+    reference_problems,
+    referenced_configmaps,
+)
+from gpu_operator.textfiles import read_text, yaml_problem
 
 CLUSTERPOLICY, GPUCLUSTER = policy.KIND, gpc.KIND
 KINDS = {CLUSTERPOLICY: policy.API_VERSION, nvd.KIND: nvd.API_VERSION, GPUCLUSTER: gpc.API_VERSION}
 KNOWN = f"{CLUSTERPOLICY}, {nvd.KIND} or {GPUCLUSTER}"
+GROUP = policy.GROUP  # of all three kinds
 
 DESCRIPTION = f"""\
 Render documents into the Kubernetes objects the operator would apply for them,
@@ -49,6 +68,10 @@ offline. -f takes one YAML document or a multi-document stream of these kinds:
     the DaemonSet's name is of metadata.uid, or of the name when there is none.
   {GPUCLUSTER} ({KINDS[GPUCLUSTER]}): the DRA stack: the kubelet plugin DaemonSet
     and its RBAC, the DeviceClasses, the DRA validator and dcgm-exporter.
+
+Documents of any other kind are printed unchanged. The ConfigMaps a ClusterPolicy
+names (device-plugin, MIG manager, exporter configs) are read from the file when
+they are in it, in the --namespace, as the operator reads them from its own.
 
 --namespace and --operator-image apply to every kind; --node-os, --runtime and
 --openshift to ClusterPolicy and NVIDIADriver; --mps-config and --simulate-gpus
@@ -67,12 +90,19 @@ def dump_yaml(docs: Sequence[object]) -> str:
 
 @dataclass(frozen=True)
 class Document:
-    """One valid document of the stream: its kind, name and parsed spec."""
+    """One valid document of the stream: its kind, name and parsed spec; a document of
+    another kind has no spec and is passed through as it was read (``body``)."""
 
     kind: str
     name: str
     uid: str
-    spec: ClusterPolicySpec | NVIDIADriverSpec | GPUClusterSpec
+    spec: ClusterPolicySpec | NVIDIADriverSpec | GPUClusterSpec | None
+    number: int = 0  # its place in the file, from 1
+    body: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"document {self.number} ({self.kind} {self.name})".replace(" )", ")")
 
 
 @dataclass(frozen=True)
@@ -80,22 +110,20 @@ class Rendered:
     document: Document
     objects: list[dict[str, Any]]
     summary: str
+    notes: tuple[str, ...] = ()  # what was left out, and the option that renders it
 
 
 def read_documents(path: str) -> list[dict[str, Any]]:
     """The non-empty YAML documents of ``path`` (``-``: stdin), each a mapping."""
     try:
-        if path == "-":
-            text = sys.stdin.read()
-        else:
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read()
+        # A file that is not UTF-8 text raises a FileProblem naming it.
+        text = sys.stdin.read() if path == "-" else read_text(path)
     except OSError as exc:
         raise CliError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
         docs = [d for d in yaml.load_all(text, Loader=SAFE_LOADER) if d is not None]
     except yaml.YAMLError as exc:
-        raise CliError(f"{path}: not valid YAML: {exc}") from None
+        raise CliError(f"{path}: {yaml_problem(exc)}") from None
     if not docs:
         raise CliError(f"{path}: expected a {KNOWN} object, found no document")
     for doc in docs:
@@ -105,12 +133,18 @@ def read_documents(path: str) -> list[dict[str, Any]]:
 
 
 def parse_nvidiadriver(doc: Mapping[str, Any]) -> NVIDIADriverSpec:
-    """A whole NVIDIADriver object, checked as its API server does (kind, name, spec, CEL)."""
+    """A whole NVIDIADriver object, checked as its API server does (kind, name, spec, CEL).
+
+    Its name is also the value of its nodes' pool label, so it has a label value's length.
+    """
     problems = []
     if doc.get("apiVersion") != nvd.API_VERSION:
         problems.append(f"apiVersion: must be {nvd.API_VERSION} (got {doc.get('apiVersion')!r})")
-    if not (doc.get("metadata") or {}).get("name"):
+    name = (doc.get("metadata") or {}).get("name")
+    if not name:
         problems.append("metadata.name: required (the driver's objects are named after it)")
+    else:
+        problems += name_problems(name, DNS_LABEL_MAX, f"it is the value of the {POOL_LABEL} label")
     if problems:
         raise PolicyError(problems)
     spec = doc.get("spec")
@@ -122,23 +156,46 @@ def parse_nvidiadriver(doc: Mapping[str, Any]) -> NVIDIADriverSpec:
     return parsed
 
 
-def parse(doc: Mapping[str, Any]) -> Document:
+def is_operator_kind(doc: Mapping[str, Any]) -> bool:
+    """A document for the operator's parsers: one of its kinds in its group (or with no
+    apiVersion, which is then named): another group's ``ClusterPolicy`` (Kyverno's) is not."""
+    api_version = doc.get("apiVersion")
+    group = str(api_version).split("/", 1)[0] if api_version else GROUP
+    return doc.get("kind") in KINDS and group == GROUP
+
+
+def passed_through(doc: Mapping[str, Any]) -> tuple[str, str]:
+    """The kind and name of a document of another kind: what ``kubectl apply`` needs."""
+    problems = []
+    for key in ("apiVersion", "kind"):
+        if not isinstance(doc.get(key), str) or not doc.get(key):
+            problems.append(f"{key}: required (every document must be a Kubernetes object)")
+    name = (doc.get("metadata") or {}).get("name")
+    if not isinstance(name, str) or not name:
+        problems.append("metadata.name: required (kubectl apply names every object)")
+    if problems:
+        raise PolicyError(problems)
+    return str(doc["kind"]), str(name)
+
+
+def parse(doc: Mapping[str, Any], number: int = 0) -> Document:
     """``doc`` validated by its kind's parser; ``PolicyError`` names every bad field."""
-    kind = doc.get("kind")
     meta = doc.get("metadata")
     if meta is not None and not isinstance(meta, Mapping):
         raise PolicyError([f"metadata: must be a mapping (got {type(meta).__name__})"])
+    if not is_operator_kind(doc):
+        kind, name = passed_through(doc)
+        return Document(kind, name, "", None, number, doc)
+    kind = str(doc["kind"])
     name, uid = str((meta or {}).get("name") or ""), str((meta or {}).get("uid") or "")
     spec: ClusterPolicySpec | NVIDIADriverSpec | GPUClusterSpec
     if kind == CLUSTERPOLICY:
         spec = parse_document(doc)
     elif kind == nvd.KIND:
         spec = parse_nvidiadriver(doc)
-    elif kind == GPUCLUSTER:
-        spec = parse_gpucluster(doc)
     else:
-        raise PolicyError([f"kind: must be {KNOWN} (got {kind!r})"])
-    return Document(kind, name, uid or name, spec)
+        spec = parse_gpucluster(doc)
+    return Document(kind, name, uid or name, spec, number, doc)
 
 
 def load(path: str) -> list[Document]:
@@ -146,14 +203,88 @@ def load(path: str) -> list[Document]:
     docs = read_documents(path)
     parsed, problems = [], []
     for number, doc in enumerate(docs, 1):
-        where = f"{path} (document {number})" if len(docs) > 1 else path
         try:
-            parsed.append(parse(doc))
+            parsed.append(parse(doc, number))
         except PolicyError as exc:
-            problems += [f"{where}: {problem}" for problem in exc.problems]
+            problems += [f"{where(path, number, len(docs))}: {problem}" for problem in exc.problems]
     if problems:
         raise CliError("\n".join(problems))
     return parsed
+
+
+def where(path: str, number: int, count: int) -> str:
+    return f"{path} (document {number})" if count > 1 else path
+
+
+def _namespace_of(doc: Document) -> str | None:
+    return (doc.body.get("metadata") or {}).get("namespace")
+
+
+def with_configmaps(docs: Sequence[Document], facts: Facts, path: str) -> Facts:
+    """``facts`` with what the ConfigMaps of the file in ``facts.namespace`` tell (as the
+    controller learns it from its namespace); a ConfigMap a policy names that is elsewhere, or
+    a choice a policy makes that its ConfigMap lacks, is a ``CliError``."""
+    configmaps = [d for d in docs if d.spec is None and d.kind == "ConfigMap"]
+    here = {d.name: d.body for d in configmaps if _namespace_of(d) in (None, "", facts.namespace)}
+    problems = []
+    for doc in docs:
+        if not isinstance(doc.spec, ClusterPolicySpec):
+            continue
+        at = where(path, doc.number, len(docs))
+        for name in referenced_configmaps(doc.spec):
+            elsewhere = [d for d in configmaps if d.name == name and d.name not in here]
+            for cm in elsewhere:
+                problems.append(
+                    f"{where(path, cm.number, len(docs))}: metadata.namespace: the operator reads "
+                    f"ConfigMap {name} from its namespace {facts.namespace!r} (got "
+                    f"{_namespace_of(cm)!r}): move it there, or render with -n {_namespace_of(cm)}"
+                )
+        problems += [f"{at}: {p}" for p in reference_problems(doc.spec, here)]
+    if problems:
+        raise CliError("\n".join(problems))
+    learned = config_facts(list(here.values()))
+    return replace(
+        facts,
+        config_hashes={**facts.config_hashes, **learned.hashes},
+        mps_configs=facts.mps_configs | learned.mps,
+        configmap_keys=tuple(sorted({**dict(facts.configmap_keys), **learned.keys}.items())),
+    )
+
+
+def _identity(obj: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    """What names an object in the API: group, kind, namespace and name."""
+    group = str(obj.get("apiVersion") or "").rpartition("/")[0]
+    meta = obj.get("metadata") or {}
+    return group, str(obj.get("kind")), str(meta.get("namespace") or ""), str(meta.get("name"))
+
+
+def duplicates(rendered: Sequence[Rendered], path: str) -> list[str]:
+    """One line for each two documents that make the same object: the second would overwrite
+    the first when applied (two ClusterPolicies: only the oldest is ever active)."""
+    first: dict[tuple[str, str, str, str], Document] = {}
+    clashes: dict[tuple[int, int], list[tuple[str, str, str, str]]] = {}
+    docs = {part.document.number: part.document for part in rendered}
+    for part in rendered:
+        for obj in part.objects:
+            key = _identity(obj)
+            earlier = first.setdefault(key, part.document)
+            if earlier is not part.document:
+                clashes.setdefault((earlier.number, part.document.number), []).append(key)
+    lines = []
+    for (a, b), keys in clashes.items():
+        _, kind, namespace, name = min(keys, key=lambda k: k[1] != "DaemonSet")
+        more = f" (and {len(keys) - 1} more objects)" if len(keys) > 1 else ""
+        both = {docs[a].kind, docs[b].kind}
+        fix = (
+            "only the oldest ClusterPolicy is ever active: keep one"
+            if both == {CLUSTERPOLICY}
+            else "keep one of them"
+        )
+        lines.append(
+            f"{path}: {docs[a].label} and {docs[b].label} both make {kind} "
+            f"{namespace + '/' if namespace else ''}{name}{more}: {fix}"
+        )
+    return lines
 
 
 def table(rows: Sequence[Sequence[str]]) -> str:
@@ -189,12 +320,9 @@ def object_table(objects: Sequence[Mapping[str, Any]]) -> str:
 def driver_pools(
     spec: NVIDIADriverSpec, name: str, facts: Facts, kernels: Sequence[str]
 ) -> list[Pool]:
-    """The pools the controller would find on nodes of ``facts.node_oses`` (and ``kernels``)."""
+    """The pools the controller would find on nodes of ``facts.node_oses`` (and ``kernels``):
+    none for a precompiled driver without ``kernels``, as for nodes without the kernel label."""
     precompiled = bool(spec.use_precompiled)
-    if precompiled and not kernels:
-        raise CliError(
-            f"{nvd.KIND} {name}: spec.usePrecompiled: true needs the nodes' kernel: give --kernel"
-        )
     pools: dict[tuple[str, str | None], Pool] = {}
     for os in facts.node_oses:
         for kernel in kernels if precompiled else [None]:
@@ -210,7 +338,10 @@ def driver_pools(
 def render_document(
     doc: Document, facts: Facts, kernels: Sequence[str], taint_key: str
 ) -> Rendered:
-    """What the controller of ``doc.kind`` renders for it, with a summary table."""
+    """What the controller of ``doc.kind`` renders for it, with a summary table; a document of
+    another kind, as it is."""
+    if doc.spec is None:
+        return Rendered(doc, [dict(doc.body)], object_table([doc.body]))
     if isinstance(doc.spec, ClusterPolicySpec):
         parts = render_components(doc.spec, facts)
         summary = summary_table(parts)
@@ -221,6 +352,7 @@ def render_document(
     if isinstance(doc.spec, NVIDIADriverSpec):
         extra = ExtraConfig(
             namespace=facts.namespace,
+            configmap_keys=dict(facts.configmap_keys),
             openshift=facts.openshift,
             runtime=facts.runtime,
             gpu_taint_key=taint_key,
@@ -232,7 +364,14 @@ def render_document(
                 objects += render_driver(doc.spec, pool, names, extra)
             except ValueError as err:
                 raise CliError(f"{nvd.KIND} {doc.name}: spec.{err}") from None
-        return Rendered(doc, objects, object_table(objects))
+        notes: tuple[str, ...] = ()
+        if doc.spec.use_precompiled and not kernels:
+            notes = (
+                f"{nvd.KIND} {doc.name}: spec.usePrecompiled: true: its driver DaemonSets are "
+                "per kernel, none rendered: give --kernel (the nodes' kernel-version.full)",
+            )
+        summary = object_table(objects) + "".join(f"not rendered: {n}\n" for n in notes)
+        return Rendered(doc, objects, summary, notes)
     objects = render_gpucluster(doc.spec, facts)
     summary = object_table(objects)
     if doc.spec.compute_domains_enabled:
@@ -246,6 +385,14 @@ def _fail(message: str) -> int:
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
+    for flag, value, check in (
+        ("--namespace", args.namespace, lambda v: dns_name(v, label=True)),
+        ("--operator-image", args.operator_image, image_name),
+    ):
+        try:
+            check(value)
+        except ValueError as exc:
+            return _fail(f"{flag} {value!r}: {exc}")
     facts = Facts(
         namespace=args.namespace,
         runtime=args.runtime,
@@ -257,6 +404,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
     )
     try:
         docs = load(args.file) if args.file else [Document(CLUSTERPOLICY, "", "", default_policy())]
+        facts = with_configmaps(docs, facts, args.file)
     except CliError as exc:
         return _fail(str(exc))
     # NVIDIADrivers tolerate the GPU taint of the ClusterPolicy beside them, as in the cluster.
@@ -266,12 +414,16 @@ def _cmd_render(args: argparse.Namespace) -> int:
         rendered = [render_document(d, facts, args.kernel or (), taint_key) for d in docs]
     except CliError as exc:
         return _fail(f"{args.file}: {exc}")
+    clashes = duplicates(rendered, args.file)
+    if clashes:
+        return _fail("\n".join(clashes))
     if args.summary:
         for part in rendered:
             if len(rendered) > 1:
                 sys.stdout.write(f"# {part.document.kind} {part.document.name}\n")
             sys.stdout.write(part.summary)
         return 0
+    sys.stderr.write("".join(f"note: {n}\n" for part in rendered for n in part.notes))
     objects = [obj for part in rendered for obj in part.objects]
     if args.output == "json":
         items = {"apiVersion": "v1", "kind": "List", "items": objects}
@@ -296,7 +448,9 @@ def add_render_command(sub: Any) -> None:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    render.add_argument("-f", "--file", help=f"YAML file of {KNOWN} documents, '-' for stdin")
+    render.add_argument(
+        "-f", "--file", help=f"YAML file of {KNOWN} (and other) documents, '-' for stdin"
+    )
     render.add_argument("-n", "--namespace", default=Facts.namespace, help="operand namespace")
     render.add_argument(
         "--node-os",

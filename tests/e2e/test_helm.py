@@ -5,7 +5,8 @@ our CRD) need no cluster. Then, on clusters of kwok GPU nodes: `helm install` wi
 default values and with a real-world values file reaches `ready`; `helm upgrade --set
 driver.version=...` rolls the new driver across the nodes; the pre-install/pre-upgrade hook
 puts a newer CRD in place before the ClusterPolicy is applied; `helm uninstall` leaves the nodes
-as they were and no object of the release behind.
+as they were and no object of the release behind: no resource of the operator's kinds, no
+DaemonSet (an NVIDIADriver's too), and with operator.cleanupCRD none of the three CRDs.
 
 What runs and what is played: the images cannot run on kwok nodes, so
 
@@ -47,7 +48,9 @@ from gpu_operator.controller.crd_install import SCHEMA_ANNOTATION, VERSION_ANNOT
 from gpu_operator.controller.runner import IMAGE_ENV_NAMES, OperatorThread, RunOptions
 from gpu_operator.install import helm
 from gpu_operator.install.helm_values import MOVES, handled
+from gpu_operator.install.uninstall_plan import CRDS, RESOURCE_KINDS
 from gpu_operator.kube import Kube
+from gpu_operator.labels import DRIVER_POOL
 from tests.e2e.support import (
     NotYet,
     policy_api_served,
@@ -469,12 +472,13 @@ def test_nvidia_defaults_install_upgrade_driver_and_uninstall(
 
             helm_.run("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "3m")
             uninstall = hooks.ran(helm.UNINSTALL_HOOK)
-            assert "every ClusterPolicy and GPUCluster is gone" in uninstall.output
+            assert "uninstalled: no ClusterPolicy, NVIDIADriver or GPUCluster" in uninstall.output
         finally:
             operator.stop()
         wait_nothing_left(kube)
-        # NVIDIA's values say operator.cleanupCRD: false, as NVIDIA's chart keeps its CRD.
-        assert kube.get("CustomResourceDefinition", "clusterpolicies.nvidia.com") is not None
+        # NVIDIA's values say operator.cleanupCRD: false, as NVIDIA's chart keeps its CRDs.
+        assert all(kube.get("CustomResourceDefinition", name) is not None for name in CRDS)
+        assert not [obj for kind in RESOURCE_KINDS for obj in kube.list_objects(kind)]
         assert_nodes_as_before(kube, before)
 
 
@@ -548,10 +552,38 @@ def test_real_world_values_new_crd_first_and_nothing_left(
             )
             wait_for("ready again", lambda: ready(kube), timeout=60)
 
+            # The driver moves to NVIDIADriver pools: the operator makes the `default` one,
+            # whose DaemonSet and node pool label are the operator's to remove on uninstall too.
+            kube.merge_patch(
+                "ClusterPolicy",
+                helm.POLICY_NAME,
+                {"spec": {"driver": {"enabled": True, "useNvidiaDriverCRD": True}}},
+            )
+            wait_for("the GPU node in the default pool", lambda: in_default_pool(kube), timeout=180)
+
             helm_.run("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "3m")
             assert "--delete-crd" in hooks.ran(helm.UNINSTALL_HOOK).args
         finally:
             operator.stop()
         wait_nothing_left(kube)
-        assert kube.get("CustomResourceDefinition", "clusterpolicies.nvidia.com") is None
+        # No CRD of the project is left (Helm never deletes crds/), so no resource of theirs;
+        # no DaemonSet (wait_nothing_left), node label, annotation or taint either.
+        assert [name for name in CRDS if kube.get("CustomResourceDefinition", name)] == []
         assert_nodes_as_before(kube, before)
+
+
+def in_default_pool(kube: Kube) -> bool | NotYet:
+    """Every GPU node in the default NVIDIADriver's pool, with that driver's DaemonSet."""
+    pools = {
+        n["metadata"]["name"]: n["metadata"].get("labels", {}).get(DRIVER_POOL)
+        for n in kube.list_objects("Node")
+        if "gpu" in n["metadata"]["name"]
+    }
+    owned = [
+        d["metadata"]["name"]
+        for d in kube.list_objects("DaemonSet", NS)
+        if any(r.get("kind") == "NVIDIADriver" for r in d["metadata"].get("ownerReferences", []))
+    ]
+    if owned and pools and set(pools.values()) == {"default"}:
+        return True
+    return NotYet({"pools": pools, "NVIDIADriver DaemonSets": owned})

@@ -106,7 +106,7 @@ def test_unimplemented_sections_are_reported_when_enabled() -> None:
         (
             {"daemonsets": {"rollingUpdate": {"maxUnavailable": "one"}}},
             "spec.daemonsets.rollingUpdate.maxUnavailable",
-            "pattern",
+            "0% to 100%",
         ),
         ({"devicePlugn": {}}, "spec.devicePlugn", "unknown field"),
         ({"driver": {"verison": "1"}}, "spec.driver.verison", "unknown field"),

@@ -9,6 +9,7 @@ import jsonschema
 import pytest
 import yaml
 
+from gpu_operator.api import PolicyError, parse_spec
 from gpu_operator.api.crd import clusterpolicy_crd
 from gpu_operator.cli import dump_yaml
 from tests import prerequisites
@@ -148,3 +149,31 @@ def test_our_schema_rejects_bad_enum_and_unknown_fields() -> None:
         jsonschema.validate({"spec": {"mig": {"strategy": "bogus"}}}, strict)
     with pytest.raises(jsonschema.ValidationError, match="devicePlugn"):
         jsonschema.validate({"spec": {"devicePlugn": {}}}, strict)
+
+
+# A resource quantity and whether Kubernetes takes it for a request or limit.
+QUANTITIES = {
+    "512Ki": True, "4Gi": True, "500m": True, "2": True, 2: True, "1e3": True, "+1": True,
+    ".5": True, "1.5": True, "0": True,
+    "-5Gi": False, -1: False, "512ki": False, "1.2.3": False, "1K": False, " 1": False,
+    "NaN": False, "5 Gi": False, "": False,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("value", "valid"), QUANTITIES.items(), ids=[repr(q) for q in QUANTITIES])
+def test_the_crd_and_the_models_agree_on_resource_quantities(value: int | str, valid: bool) -> None:
+    """The API server refuses at `kubectl apply` what the operator would refuse (naming the
+    field), and takes what NVIDIA's CRD takes but a negative amount."""
+    spec = {"driver": {"resources": {"limits": {"memory": value}}}}
+    try:
+        jsonschema.validate({"spec": spec}, _strict(ours()))
+        schema_takes = True
+    except jsonschema.ValidationError as exc:
+        assert list(exc.absolute_path)[-1] == "memory"
+        schema_takes = False
+    try:
+        parse_spec(spec)
+        model_takes = True
+    except PolicyError:
+        model_takes = False
+    assert (schema_takes, model_takes) == (valid, valid)

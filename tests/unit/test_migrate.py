@@ -14,6 +14,7 @@ from gpu_operator.api import PolicyError, parse_document, parse_spec
 from gpu_operator.api.crd import clusterpolicy_crd
 from gpu_operator.api.legacy import BY_PATH, MIGRATE, migrate, migrate_spec
 from gpu_operator.cli import main
+from gpu_operator.migrate_cli import indentation, migrate_file
 from tests import prerequisites
 from tests.paths import REPO
 
@@ -272,3 +273,102 @@ def test_cli_says_what_migration_cannot_fix(capsys: pytest.CaptureFixture[str]) 
 def test_cli_names_an_unreadable_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_cli(["migrate", "-f", str(tmp_path / "nope.yaml")], capsys)
     assert code == 1 and "cannot read" in err
+
+
+COMMENTED = """\
+# A policy kept in git since 2021
+apiVersion: nvidia.com/v1
+kind: ClusterPolicy
+metadata:
+  name: old   # the name
+spec:
+  operator:
+    deployGFD: true   # old switch
+    # the runtime, by hand
+    defaultRuntime: containerd
+  # feature discovery
+  gfd:
+    migStrategy: single
+    # GFD ends here
+  # the driver, pinned
+  driver:
+    version: "550.54.15"   # tested
+    tolerations:
+      - key: dedicated   # our GPU pool
+        operator: Exists
+---
+# kept as it is
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: kept}
+"""
+REMOVED = ("    deployGFD: true   # old switch", "    migStrategy: single", "    tolerations:")
+MOVED = ("      - key: dedicated   # our GPU pool", "        operator: Exists")
+
+
+def test_cli_keeps_every_comment_and_the_layout_of_what_it_leaves(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only the lines of the fields that moved change: each other line (comments, quotes,
+    flow maps, indentation) is there as it was, in its order; a moved list keeps its comments."""
+    old = tmp_path / "old.yaml"
+    old.write_text(COMMENTED)
+    code, out, err = run_cli(["migrate", "-f", str(old)], capsys)
+    assert code == 0, err
+    kept = [line for line in COMMENTED.splitlines() if line not in REMOVED + MOVED]
+    assert [line for line in out.splitlines() if line in kept] == kept
+    assert all(line in out.splitlines() for line in MOVED)
+    want = [migrate(d).document if d["kind"] == "ClusterPolicy" else d for d in
+            yaml.safe_load_all(COMMENTED)]  # fmt: skip
+    assert list(yaml.safe_load_all(out)) == want
+
+
+def test_wild_documents_are_rewritten_in_place() -> None:
+    """Each legacy document of the wild, rewritten in its file, reads as `migrate` decided and
+    is valid; none of its comments is lost; a current one is left exactly as it is."""
+    for path in wild_documents():
+        text = path.read_text()
+        migrated = migrate_file(text, path.name)
+        if migrated.text is None:
+            assert migrated.notes == [], path.name
+            continue
+        docs = [d for d in yaml.safe_load_all(migrated.text) if d is not None]
+        assert docs == [migrate(d).document for d in yaml.safe_load_all(text) if d], path.name
+        for doc in docs:
+            parse_document(doc)
+        comments = [line.strip() for line in text.splitlines() if line.strip().startswith("#")]
+        assert all(c in migrated.text for c in comments), path.name
+
+
+def test_cli_says_nothing_to_migrate_and_prints_the_file_as_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    current = tmp_path / "current.yaml"
+    text = (REPO / "examples" / "time-slicing.yaml").read_text()
+    current.write_text(text)
+    code, out, err = run_cli(["migrate", "-f", str(current)], capsys)
+    assert (code, out, err) == (0, text, f"{current}: nothing to migrate\n")
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "---\n"], ids=repr)
+def test_cli_refuses_a_file_without_a_document(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    empty = tmp_path / "empty.yaml"
+    empty.write_text(text)
+    code, out, err = run_cli(["migrate", "-f", str(empty)], capsys)
+    assert (code, out) == (1, "")
+    assert err == f"error: {empty}: no document to migrate: expected ClusterPolicy objects\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("a:\n  b:\n  - c\n", (2, 2, 0)),
+        ("a:\n    b: 1\n    c:\n      - d\n", (4, 4, 2)),
+        ("a:\n  - b\n", (2, 4, 2)),
+        ("a: 1\n", (2, 2, 0)),
+    ],
+)
+def test_indentation_is_the_files_own(text: str, expected: tuple[int, int, int]) -> None:
+    assert indentation(text) == expected

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from gpu_operator.controller.nodes import NodePolicy, Owned, Taint, is_gpu_node, plan_node
 from gpu_operator.labels import OWNED_ANNOTATION
+from gpu_operator.node_labels import NodePolicy, Owned, Taint, is_gpu_node, plan_node
 from gpu_operator.views import NodeView
 from tests.unit.controller.builders import node_object
 from tests.unit.controller.fakes import FakeKube

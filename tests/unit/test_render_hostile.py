@@ -34,7 +34,7 @@ def hostile_spec(value: str) -> dict[str, Any]:
             "priorityClassName": value,
             "tolerations": [{"key": value, "operator": "Equal", "value": value}],
         },
-        "driver": {"version": value, "env": [{"name": "HOSTILE", "value": value}]},
+        "driver": {"env": [{"name": "HOSTILE", "value": value}]},
         "toolkit": {"installDir": value, "args": [value, "--x"]},
         "dcgm": {"enabled": True, "args": [value], "env": [{"name": "HOSTILE", "value": value}]},
         "devicePlugin": {
@@ -53,7 +53,6 @@ def hostile_spec(value: str) -> dict[str, Any]:
                 "additionalLabels": {"k": value, value: "key"},
             },
         },
-        "gfd": {"repository": value, "image": value},
         "migManager": {"config": {"name": value}, "gpuClientsConfig": {"name": value}},
         "validator": {"plugin": {"env": [{"name": "HOSTILE", "value": value}]}},
         "hostPaths": {"rootFS": value, "driverInstallDir": value},
@@ -62,8 +61,10 @@ def hostile_spec(value: str) -> dict[str, Any]:
 
 def hostile_policy(value: str) -> ClusterPolicySpec:
     policy = parse_spec(hostile_spec(value))
-    # The API rejects such label values; the renderer must not depend on that.
+    # The API rejects such label values and the models such image parts; the renderer must
+    # not depend on that.
     policy.daemonsets.labels = {"example.com/team": value, value: "key"}
+    policy.gfd.repository = policy.gfd.image = value
     return policy
 
 
@@ -152,9 +153,9 @@ def test_hostile_strings_come_out_unchanged() -> None:
     assert monitor["spec"]["endpoints"][0]["interval"] == HOSTILE
     assert monitor["metadata"]["labels"]["k"] == HOSTILE
     assert monitor["metadata"]["labels"][HOSTILE] == "key"
-    driver = by_name(objects, "DaemonSet", "nvidia-driver-daemonset-ubuntu22.04")
-    image = driver["spec"]["template"]["spec"]["containers"][0]["image"]
-    assert HOSTILE in image
+    gfd = by_name(objects, "DaemonSet", "gpu-feature-discovery")
+    image = gfd["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image.startswith(f"{HOSTILE}/{HOSTILE}:")
     # the hostile text never leaks anywhere but whole values and keys
     leaked = [s for o in objects for s in strings(o) if "injected" in s and HOSTILE not in s]
     assert leaked == []

@@ -7,7 +7,6 @@ custom resources.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -20,6 +19,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+
+from gpu_operator.api import formats
 
 
 def drop_nulls(value: Any) -> Any:
@@ -70,59 +71,62 @@ def crd_default(value: Any) -> dict[str, Any]:
 
 
 NonNegativeInt = Annotated[int, Field(ge=0)]
-QUANTITY = r"^[+-]?[0-9.]+([eE][+-]?[0-9]+|[numkMGTPE]i?)?$"
 
 
-def _quantity(value: int | str) -> int | str:
-    if isinstance(value, str) and not re.fullmatch(QUANTITY, value):
-        raise ValueError("must be a Kubernetes quantity such as 500m, 2 or 4Gi")
+def _resource_quantity(value: int | str) -> int | str:
+    formats.resource_quantity(value)
     return value
 
 
+# A resource request or limit, kept as written; the CRD refuses a negative one (its pattern
+# for text, its minimum for a number), so `kubectl apply` names the field.
 Quantity = Annotated[
-    int | str, AfterValidator(_quantity), WithJsonSchema({"x-kubernetes-int-or-string": True})
+    int | str,
+    AfterValidator(_resource_quantity),
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "pattern": formats.NON_NEGATIVE_QUANTITY,
+            "minimum": 0,
+        }
+    ),
 ]
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]
-INT_OR_PERCENT = r"^([0-9]+|(100|[1-9]?[0-9])%)$"
-
-
-def _int_or_percent(value: int | str) -> int | str:
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError("must not be negative")
-    elif not re.fullmatch(INT_OR_PERCENT, value):
-        raise ValueError('must be a count such as 1 or a percent from 0% to 100% such as "25%"')
-    return value
-
 
 # A count or a percent, e.g. 1, "1" or "25%", kept exactly as the user wrote it.
 IntOrPercent = Annotated[
     int | str,
-    AfterValidator(_int_or_percent),
-    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": INT_OR_PERCENT}),
+    AfterValidator(formats.int_or_percent),
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": formats.INT_OR_PERCENT}),
+]
+# The same, where NVIDIA's schema has a string (a DaemonSet's rollingUpdate.maxUnavailable).
+PercentText = Annotated[
+    str,
+    AfterValidator(formats.int_or_percent),
+    WithJsonSchema({"type": "string", "pattern": formats.INT_OR_PERCENT}),
 ]
 
 
-DURATION = r"^([0-9]+h)?([0-9]+m)?([0-9]+s)?$"
-_DURATION_PARTS = re.compile(r"([0-9]+)([hms])")
-_UNIT_S = {"h": 3600, "m": 60, "s": 1}
-
-
 def _duration(value: str) -> str:
-    if not value or not re.fullmatch(DURATION, value):
-        raise ValueError('must be a duration such as "30s", "5m" or "1h30m"')
+    formats.duration_seconds(value)
     return value
 
 
 # A Go-style duration of hours, minutes and seconds ("90s", "5m", "1h30m"), kept as written.
 Duration = Annotated[
-    str, AfterValidator(_duration), WithJsonSchema({"type": "string", "pattern": DURATION})
+    str, AfterValidator(_duration), WithJsonSchema({"type": "string", "pattern": formats.DURATION})
 ]
 
 
 def duration_s(value: str) -> float:
     """Seconds in a :data:`Duration` (validated before it gets here)."""
-    return float(sum(int(n) * _UNIT_S[unit] for n, unit in _DURATION_PARTS.findall(value)))
+    return formats.duration_seconds(value)
+
+
+# The three parts of an image reference, each checked against the grammar the kubelet parses.
+ImageRepository = Annotated[str, AfterValidator(formats.image_repository)]
+ImageName = Annotated[str, AfterValidator(formats.image_name)]
+ImageVersion = Annotated[str, AfterValidator(formats.image_version)]
 
 
 class EnvVar(ApiModel):
@@ -131,18 +135,36 @@ class EnvVar(ApiModel):
 
 
 class Resources(ApiModel):
+    """A container's requests and limits; no request may be above its limit."""
+
+    # (The docstring is the CRD's description. The API server refuses such a pod, so the
+    # policy is refused instead; a limit alone also sets the request, which is then equal.)
+
     limits: dict[str, Quantity] | None = None
     requests: dict[str, Quantity] | None = None
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> Resources:
+        for name, request in (self.requests or {}).items():
+            limit = (self.limits or {}).get(name)
+            if limit is None:
+                continue
+            if formats.quantity(request) > formats.quantity(limit):
+                raise ValueError(
+                    f"requests.{name} ({request}) is above limits.{name} ({limit}): lower the "
+                    "request or raise the limit"
+                )
+        return self
 
 
 class ImageRef(ApiModel):
     """Where an image comes from; missing parts are completed from the component's default."""
 
-    repository: str | None = Field(
+    repository: ImageRepository | None = Field(
         default=None, description="Registry and path, e.g. nvcr.io/nvidia."
     )
-    image: str | None = Field(default=None, description="Image name, or a full reference.")
-    version: str | None = Field(default=None, description="Tag, or a sha256:... digest.")
+    image: ImageName | None = Field(default=None, description="Image name, or a full reference.")
+    version: ImageVersion | None = Field(default=None, description="Tag, or a sha256:... digest.")
     image_pull_policy: PullPolicy | None = None
     image_pull_secrets: list[str] | None = None
 

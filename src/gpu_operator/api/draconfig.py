@@ -15,14 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Annotated, Any, Final, Literal, get_args
 
-from kubernetes.utils import parse_quantity
 from pydantic import AfterValidator, Field, StrictBool, StrictInt, ValidationError, model_validator
 
 from gpu_operator.api.base import ApiModel
 from gpu_operator.api.dragates import Gates
+from gpu_operator.api.formats import quantity
 from gpu_operator.api.gpucluster import DRIVER_NAME as DRIVER
 from gpu_operator.api.policy import describe_validation_error
 
@@ -42,14 +41,9 @@ class ConfigError(ValueError):
         super().__init__("; ".join(self.problems))
 
 
-def _bytes(value: str | int) -> Decimal:
-    amount: Decimal = parse_quantity(value)  # type: ignore[no-untyped-call]
-    return amount
-
-
 def _limit(value: str | int) -> str | int:
     try:
-        amount = _bytes(value)
+        amount = quantity(value)
     except ValueError:
         raise ValueError("must be a Kubernetes quantity such as 512Mi or 10Gi") from None
     if amount < MIB:
@@ -255,4 +249,4 @@ def pinned_limits(mps: MpsConfig, uuids: Sequence[str]) -> dict[str, str]:
 
 
 def _mib(value: str | int) -> str:
-    return f"{int(_bytes(value)) // MIB}M"
+    return f"{int(quantity(value)) // MIB}M"

@@ -16,7 +16,10 @@ from pydantic import Field, ValidationError
 from gpu_operator.api.base import (
     ApiModel,
     EnvVar,
+    ImageName,
     ImageRef,
+    ImageRepository,
+    ImageVersion,
     IntOrPercent,
     NonNegativeInt,
     Probe,
@@ -153,11 +156,11 @@ class NVIDIADriverSpec(ApiModel):
     kernel_module_type: Literal["auto", "open", "proprietary"] | None = Field(
         default=None, json_schema_extra=crd_default("auto")
     )
-    repository: str | None = None
-    image: str = Field(
+    repository: ImageRepository | None = None
+    image: ImageName = Field(
         default="nvcr.io/nvidia/driver", json_schema_extra=crd_default("nvcr.io/nvidia/driver")
     )
-    version: str | None = Field(
+    version: ImageVersion | None = Field(
         default=None, description="Driver version, or only the branch for precompiled drivers."
     )
     image_pull_policy: str | None = None

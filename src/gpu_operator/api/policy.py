@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpu_operator.api.base import drop_nulls
+from gpu_operator.api.formats import dns_name
 from gpu_operator.api.legacy import MIGRATE, hint
 from gpu_operator.api.spec import ClusterPolicySpec
 
@@ -70,6 +71,16 @@ def describe_validation_error(exc: ValidationError, kind: str = KIND) -> list[st
     return [*lines, MIGRATE] if moved else lines
 
 
+def name_problems(name: Any, max_length: int | None = None, why: str = "") -> list[str]:
+    """``metadata.name``'s problem, if it is no DNS-1123 subdomain (of ``max_length``): the
+    API server refuses it, and the operator derives its objects' names from it."""
+    try:
+        dns_name(str(name), max_length=max_length)
+    except ValueError as exc:
+        return [f"metadata.name: {exc}{f' ({why})' if why else ''} (got {name!r})"]
+    return []
+
+
 def parse_spec(spec: Mapping[str, Any] | None) -> ClusterPolicySpec:
     """Validate a ClusterPolicy ``spec``; raise ``PolicyError`` naming every bad field."""
     try:
@@ -85,6 +96,9 @@ def parse_document(doc: Mapping[str, Any]) -> ClusterPolicySpec:
         problems.append(f"apiVersion: must be {API_VERSION} (got {doc.get('apiVersion')!r})")
     if doc.get("kind") != KIND:
         problems.append(f"kind: must be {KIND} (got {doc.get('kind')!r})")
+    meta = doc.get("metadata")
+    if isinstance(meta, Mapping) and meta.get("name"):
+        problems += name_problems(meta["name"])
     if problems:
         raise PolicyError(problems)
     spec = doc.get("spec")

@@ -10,10 +10,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, StringConstraints
+from pydantic import AfterValidator, Field
 
 from gpu_operator.api.base import (
-    INT_OR_PERCENT,
     ApiModel,
     Component,
     ConfigRef,
@@ -25,6 +24,7 @@ from gpu_operator.api.base import (
     NamedConfig,
     NonNegativeInt,
     OpenSection,
+    PercentText,
     Probe,
     ServiceMonitor,
     Toleration,
@@ -92,7 +92,7 @@ class PodSecurityContext(ApiModel):
 
 
 class RollingUpdate(ApiModel):
-    max_unavailable: Annotated[str, StringConstraints(pattern=INT_OR_PERCENT)] | None = Field(
+    max_unavailable: PercentText | None = Field(
         default=None, description='Pods of one DaemonSet down at once: "1" or "25%".'
     )
 

@@ -27,9 +27,8 @@ from gpu_operator.controller.actions import (
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.facts import gather_facts, nfd_present, node_policy
 from gpu_operator.controller.memory import Memory
-from gpu_operator.controller.nodes import NodePolicy, is_gpu_node, plan_node
 from gpu_operator.controller.notices import node_event, object_event
-from gpu_operator.controller.plan import Owner, finalizer_body, key_of, plan_changes, stamp
+from gpu_operator.controller.plan import Owner, key_of, plan_changes, stamp
 from gpu_operator.controller.pools import handback_pending, handover_pending
 from gpu_operator.controller.readiness import (
     NodeKinds,
@@ -53,7 +52,9 @@ from gpu_operator.controller.rollout_stage import (
 from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.controller.status import Observation, active_policy, compute_status
 from gpu_operator.events import iso_time
-from gpu_operator.jsonpatch import merge_patch_to
+from gpu_operator.jsonpatch import finalizer_body, merge_patch_to
+from gpu_operator.labels import NODE_CLEANUP_FINALIZER
+from gpu_operator.node_labels import NodePolicy, is_gpu_node, plan_node
 from gpu_operator.remediation import (
     HealthSummary,
 )
@@ -76,7 +77,7 @@ from gpu_operator.upgrade.canary import CanaryPolicy, Rollout, RolloutDecision, 
 from gpu_operator.upgrade.planner import progress
 from gpu_operator.views import NodeView
 
-FINALIZER = "nvidia.com/gpu-operator-node-cleanup"
+FINALIZER = NODE_CLEANUP_FINALIZER
 # Kinds the operator applies and watches (so it can diff and prune them); OPTIONAL_KINDS too, but
 # only where their CRD is served (the Prometheus operator's ServiceMonitor).
 APPLIED_KINDS = frozenset(

@@ -22,7 +22,6 @@ from gpu_operator.api.nvidiadriver import NVIDIADriverSpec, parse_driver_spec
 from gpu_operator.controller.actions import Action, Apply, Create, Patch, Prune, Stage
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.decide import _upgrade_stage
-from gpu_operator.controller.nodes import is_gpu_node
 from gpu_operator.controller.plan import Observed, Owner, plan_changes, stamp
 from gpu_operator.controller.pools import (
     Assignment,
@@ -49,6 +48,7 @@ from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.controller.status import UPGRADE_FAILED, active_policy, condition, upgrade_failed
 from gpu_operator.events import event_body, iso_time
 from gpu_operator.jsonpatch import merge_patch_to
+from gpu_operator.node_labels import is_gpu_node
 from gpu_operator.render.driver import (
     POOL_LABEL,
     ExtraConfig,

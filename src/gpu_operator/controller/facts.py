@@ -6,10 +6,11 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from gpu_operator.api.spec import ClusterPolicySpec
-from gpu_operator.controller.nodes import NodePolicy, Taint, is_gpu_node
 from gpu_operator.labels import NFD_PREFIX, OS_ID, OS_VERSION
+from gpu_operator.node_labels import NodePolicy, Taint, is_gpu_node
 from gpu_operator.render.components import REGISTRY, section
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE, Facts, NodeOS, Runtime
+from gpu_operator.render.user_configs import referenced_configmaps
 from gpu_operator.views import NodeView
 
 _RUNTIMES: dict[str, Runtime] = {"containerd": "containerd", "cri-o": "crio", "docker": "docker"}
@@ -30,21 +31,6 @@ def detect_runtime(nodes: Iterable[NodeView], fallback: Runtime) -> Runtime:
         if scheme in _RUNTIMES:
             seen[_RUNTIMES[scheme]] += 1
     return seen.most_common(1)[0][0] if seen else fallback
-
-
-def referenced_configmaps(spec: ClusterPolicySpec) -> tuple[str, ...]:
-    """User ConfigMaps whose content shapes operand pods (edits must roll those pods)."""
-    names = []
-    refs = (
-        spec.device_plugin.config,
-        spec.mig_manager.config,
-        spec.mig_manager.gpu_clients_config,
-        spec.dcgm_exporter.config,
-    )
-    for ref in refs:
-        if ref is not None and ref.name:
-            names.append(ref.name)
-    return tuple(names)
 
 
 def gather_facts(

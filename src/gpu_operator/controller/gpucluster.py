@@ -42,13 +42,13 @@ from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.execute import api_reason
 from gpu_operator.controller.loop import Loop
 from gpu_operator.controller.metrics import PrometheusMetrics
-from gpu_operator.controller.nodes import is_gpu_node
-from gpu_operator.controller.plan import Owner, content_hash, finalizer_body, stamp
+from gpu_operator.controller.plan import Owner, content_hash, stamp
 from gpu_operator.controller.status import active_policy, condition
 from gpu_operator.events import event_body, now_iso
-from gpu_operator.jsonpatch import merge_patch_to
+from gpu_operator.jsonpatch import finalizer_body, merge_patch_to
 from gpu_operator.kube import Kube
-from gpu_operator.labels import DEPLOY_PREFIX
+from gpu_operator.labels import DEPLOY_PREFIX, DRA_TEARDOWN_FINALIZER
+from gpu_operator.node_labels import is_gpu_node
 from gpu_operator.render.facts import Facts
 from gpu_operator.render.gpucluster import (
     DEPLOY_LABELS,
@@ -64,7 +64,7 @@ log = logging.getLogger(__name__)
 CONFLICT = "DevicePluginConflict"
 CONFLICT_REASON = "DevicePluginAndDRA"
 DEVICE_PLUGIN_LABEL = DEPLOY_PREFIX + "device-plugin"
-FINALIZER = "nvidia.com/gpu-operator-dra-teardown"
+FINALIZER = DRA_TEARDOWN_FINALIZER
 CLAIM_HOLDERS = (VALIDATOR, EXPORTER)  # their pods hold ResourceClaims of the plugin's driver
 
 

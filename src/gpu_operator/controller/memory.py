@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from gpu_operator.controller.actions import Apply, Key, Outcome, Patch, Prune, describe
-from gpu_operator.controller.nodes import NodePolicy
+from gpu_operator.node_labels import NodePolicy
 
 
 @dataclass(frozen=True)

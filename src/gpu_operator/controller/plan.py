@@ -123,12 +123,3 @@ def plan_changes(
             apply.append(dict(obj))
     prune = sorted(k for k in seen if k not in wanted)
     return ObjectChanges(apply, prune, skipped)
-
-
-def finalizer_body(obj: Mapping[str, Any], finalizer: str, *, add: bool) -> dict[str, Any]:
-    """A merge patch adding or removing ``finalizer`` from ``obj``'s list, keeping the others.
-    The resourceVersion makes a concurrent edit of the list fail instead of being lost."""
-    meta = obj["metadata"]
-    current = list(meta.get("finalizers") or ())
-    finalizers = [*current, finalizer] if add else [f for f in current if f != finalizer]
-    return {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}

@@ -23,9 +23,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpu_operator.controller.nodes import is_gpu_node
 from gpu_operator.controller.readiness import daemonset_pod_spec, should_run
 from gpu_operator.labels import COMPONENT
+from gpu_operator.node_labels import is_gpu_node
 from gpu_operator.render.driver import POOL_LABEL
 from gpu_operator.upgrade.fleet import DRIVER_COMPONENTS
 from gpu_operator.views import NodeView, daemonset_owners, pod_ready

@@ -10,10 +10,10 @@ from gpu_operator.api import ClusterPolicySpec
 from gpu_operator.controller.actions import Action, DeletePod, Evict, Patch, Stage
 from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.memory import Memory
-from gpu_operator.controller.nodes import is_gpu_node
 from gpu_operator.controller.notices import node_event
 from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.labels import UPGRADE_STATE
+from gpu_operator.node_labels import is_gpu_node
 from gpu_operator.remediation import (
     HealthNode,
     HealthPlan,

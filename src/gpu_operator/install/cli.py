@@ -188,9 +188,12 @@ def add_install_commands(sub: Any) -> None:
 
     remove = sub.add_parser(
         "uninstall",
-        help="delete every ClusterPolicy (the operator cleans the nodes), then the CRD if asked",
-        description="Run while the operator still runs: its finalizer removes the node labels "
-        "and taint it added. The Helm chart runs this as its pre-delete hook.",
+        help="delete every ClusterPolicy, NVIDIADriver and GPUCluster, clean the nodes, then "
+        "the CRDs if asked",
+        description="Run while the operator still runs: its finalizers remove the node labels "
+        "and taint it added and tear the DRA stack down in order (once it is gone, this removes "
+        "its finalizers and cleans the nodes itself). The Helm chart runs this as its pre-delete "
+        "hook.",
     )
     add_cluster_options(
         remove,
@@ -199,7 +202,9 @@ def add_install_commands(sub: Any) -> None:
         f"collection (default {manifests.NAMESPACE})",
     )
     remove.add_argument(
-        "--wait", action="store_true", help="wait until every policy (and the CRD) is gone"
+        "--wait",
+        action="store_true",
+        help="wait until every resource (and the CRDs) is gone and the nodes are clean",
     )
     remove.add_argument(
         "--timeout",
@@ -211,6 +216,6 @@ def add_install_commands(sub: Any) -> None:
     remove.add_argument(
         "--delete-crd",
         action="store_true",
-        help="then, once garbage collection has removed what the policies owned, the CRD too",
+        help="then, once garbage collection has removed what they owned, the three CRDs too",
     )
     remove.set_defaults(func=_cmd_uninstall)

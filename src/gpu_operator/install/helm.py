@@ -11,10 +11,11 @@ Hooks, all running the project's image (the ``gpu-operator`` CLI):
 * pre-install/pre-upgrade (``operator.upgradeCRD``): ``gpu-operator crd --apply``. Helm installs
   ``crds/`` only when the CRD is absent and never upgrades it; this applies the chart's CRD
   before the new ClusterPolicy is applied, so no new field of it is pruned by an old CRD.
-* pre-delete: ``gpu-operator uninstall --wait`` deletes every ClusterPolicy while the operator
-  still runs and waits for its finalizer (node labels and taint), then, with
-  ``operator.cleanupCRD``, waits for garbage collection of what the policies owned and deletes
-  the CRD.
+* pre-delete: ``gpu-operator uninstall --wait`` deletes every ClusterPolicy, NVIDIADriver and
+  GPUCluster while the operator still runs, waits for its finalizers (node labels and taint, the
+  DRA teardown) and cleans what is left on the nodes, then, with ``operator.cleanupCRD``, waits
+  for garbage collection of what they owned and deletes the three CRDs (Helm never deletes
+  ``crds/``).
 
 Hook pods are plain Pods (``restartPolicy: OnFailure``), each with a ServiceAccount and a
 ClusterRole of its own made of ``rbac`` rules, deleted by Helm when the hook succeeds.
@@ -174,15 +175,15 @@ def crd_hook_objects() -> list[dict[str, Any]]:
 
 
 def uninstall_hook_objects(delete_crd: bool) -> list[dict[str, Any]]:
-    """The pre-delete hook; deleting the CRD too needs to see garbage collection finish."""
+    """The pre-delete hook; deleting the CRDs too needs to see garbage collection finish."""
     # Helm's --timeout bounds the wait; the pod's own is only a backstop.
-    args = ["uninstall", "--wait", "--timeout", "3500"]
+    args = ["uninstall", "--wait", "--timeout", "3500", "--namespace", NAMESPACE]
+    waits = rbac.UNINSTALL_NAMESPACE_RULES
     if not delete_crd:
-        return hook_objects(UNINSTALL_HOOK, "pre-delete", rbac.UNINSTALL_RULES, args)
-    rules = (*rbac.UNINSTALL_RULES, rbac.CRD_DELETE_RULE, *rbac.listing(rbac.CLUSTER_RULES))
-    args += ["--delete-crd", "--namespace", NAMESPACE]
-    waits = rbac.listing(rbac.NAMESPACE_RULES)
-    return hook_objects(UNINSTALL_HOOK, "pre-delete", rules, args, waits)
+        return hook_objects(UNINSTALL_HOOK, "pre-delete", rbac.UNINSTALL_RULES, args, waits)
+    rules = (*rbac.UNINSTALL_RULES, rbac.CRD_DELETE_RULE, *rbac.CREATED_CLUSTER_RULES)
+    waits = (*waits, *rbac.CREATED_NAMESPACE_RULES)
+    return hook_objects(UNINSTALL_HOOK, "pre-delete", rules, [*args, "--delete-crd"], waits)
 
 
 def _source(name: str, text: dict[str, str] | None = None, **data: Any) -> str:
@@ -283,9 +284,10 @@ install.
 `helm install` and `helm upgrade` apply the chart's CRD first (pre-install/pre-upgrade hook,
 `operator.upgradeCRD`), then the new ClusterPolicy, so an older CRD in the cluster prunes none
 of its fields; a driver version change rolls across the nodes as `driver.upgradePolicy` says.
-`helm uninstall` deletes the ClusterPolicy first (pre-delete hook) and waits while the operator
-removes its node labels and taint; with `operator.cleanupCRD` (this chart's default; NVIDIA's
-is false) the CRD goes too, once garbage collection has removed what the policy owned.
+`helm uninstall` deletes the ClusterPolicy, every NVIDIADriver and the GPUCluster first
+(pre-delete hook) and waits while the operator removes its node labels and taint; with
+`operator.cleanupCRD` (this chart's default; NVIDIA's is false) the three CRDs go too, once
+garbage collection has removed what those resources owned.
 
 {key_table_markdown()}"""
 

@@ -120,7 +120,7 @@ CHART_KEYS: tuple[ValuesKey, ...] = (
     ValuesKey(
         "operator.cleanupCRD",
         BOOLEAN,
-        "the pre-delete hook also deletes the CRD once every ClusterPolicy is gone",
+        "the pre-delete hook also deletes the three CRDs once every resource of theirs is gone",
     ),
     ValuesKey(
         "extraObjects",

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_operator.labels import OPERATOR_NAME
+
 READ = ("get", "list", "watch")
 MANAGE = ("get", "list", "watch", "create", "patch", "delete")
 
@@ -202,20 +204,45 @@ def role(
     }
 
 
-# The Helm chart's pre-delete hook (`gpu-operator uninstall --wait`): delete every policy while
-# the operator still runs, so its finalizer cleans the nodes, and wait until they are gone.
+# The Helm chart's pre-delete hook (`gpu-operator uninstall --wait`): delete every resource of
+# the operator's kinds while the operator still runs, so its finalizers clean the nodes, wait
+# until they are gone (removing those finalizers itself once the operator is gone), and clean
+# what is left on the nodes.
 UNINSTALL_RULES: tuple[Rule, ...] = (
     Rule(
         "nvidia.com",
         ("clusterpolicies",),
-        ("list", "delete"),
-        "delete every ClusterPolicy and wait for the operator's finalizer",
+        ("list", "delete", "patch"),
+        "delete every ClusterPolicy and wait for the operator's finalizer (remove it when the "
+        "operator is gone)",
     ),
     Rule(
         "nvidia.com",
         ("gpuclusters",),
+        ("list", "delete", "patch"),
+        "delete the GPUCluster and wait for its DRA stack's ordered teardown (remove the "
+        "finalizer when the operator is gone)",
+    ),
+    Rule(
+        "nvidia.com",
+        ("nvidiadrivers",),
         ("list", "delete"),
-        "delete the GPUCluster and wait for its DRA stack's ordered teardown",
+        "delete every NVIDIADriver (garbage collection takes its driver DaemonSets)",
+    ),
+    Rule(
+        "",
+        ("nodes",),
+        ("list", "patch"),
+        "take the labels, annotations and taints the operator owns off the nodes it leaves",
+    ),
+)
+UNINSTALL_NAMESPACE_RULES: tuple[Rule, ...] = (
+    Rule(
+        "apps",
+        ("deployments",),
+        ("get",),
+        "see whether the operator still runs to handle its finalizers",
+        (OPERATOR_NAME,),  # the name of its Deployment
     ),
 )
 
@@ -232,10 +259,14 @@ def listing(rules: tuple[Rule, ...]) -> tuple[Rule, ...]:
 # ... and, with operator.cleanupCRD, the CRD itself once no policy is left and garbage
 # collection has removed what the policies owned (with the CRD gone it cannot resolve the owner
 # references, and would leave those objects forever): it lists what the operator makes.
+# What the operator creates, cluster-wide and in its namespace, read-only: with
+# operator.cleanupCRD the uninstall waits until garbage collection has removed it.
+CREATED_CLUSTER_RULES = listing(CLUSTER_RULES + DRA_CLUSTER_RULES)
+CREATED_NAMESPACE_RULES = listing(NAMESPACE_RULES + DRA_NAMESPACE_RULES)
 CRD_DELETE_RULE = Rule(
     "apiextensions.k8s.io",
     ("customresourcedefinitions",),
     ("get", "delete"),
-    "remove the ClusterPolicy CRD on uninstall (operator.cleanupCRD)",
-    (CRD,),
+    "remove the operator's CRDs on uninstall (operator.cleanupCRD)",
+    (CRD, GPUCLUSTER_CRD, NVIDIADRIVER_CRD),
 )

@@ -14,8 +14,8 @@ from gpu_operator.agent.deviceplugin import advertised_resources
 from gpu_operator.agent.deviceplugin.configs import available_configs, select_config
 from gpu_operator.agent.deviceplugin_config import load_device_plugin_config
 from gpu_operator.agent.discovery import labels_for
-from gpu_operator.controller.nodes import NodePolicy, plan_node
 from gpu_operator.labels import DEVICE_PLUGIN_CONFIG
+from gpu_operator.node_labels import NodePolicy, plan_node
 from gpu_operator.views import NodeView
 
 from .conftest import Simulate, inventory_with

@@ -13,10 +13,10 @@ from gpu_operator.controller.facts import (
     nfd_present,
     node_os,
     node_policy,
-    referenced_configmaps,
 )
-from gpu_operator.controller.nodes import Taint
+from gpu_operator.node_labels import Taint
 from gpu_operator.render.facts import NodeOS
+from gpu_operator.render.user_configs import referenced_configmaps
 from gpu_operator.views import NodeView
 from tests.unit.controller.builders import NAMESPACE, cpu_node, gpu_node
 

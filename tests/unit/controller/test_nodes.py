@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_operator.controller.nodes import NodePolicy, is_gpu_node, plan_node
 from gpu_operator.labels import (
     GKE_ACCELERATOR,
     GPU_PRESENT,
@@ -12,6 +11,7 @@ from gpu_operator.labels import (
     OWNED_ANNOTATION,
     UPGRADE_SINCE,
 )
+from gpu_operator.node_labels import NodePolicy, is_gpu_node, plan_node
 from gpu_operator.views import NodeView
 from tests.unit.controller.builders import NFD_GPU
 

@@ -229,7 +229,7 @@ def test_pods_of_one_daemonset_share_their_equal_parts_and_nothing_else() -> Non
 def test_what_passes_ask_of_a_node_view_is_answered_once_per_view() -> None:
     from dataclasses import replace
 
-    from gpu_operator.controller.nodes import is_gpu_node
+    from gpu_operator.node_labels import is_gpu_node
     from gpu_operator.views import derived
 
     view = NodeView("n", capacity={"nvidia.com/gpu": "8"})

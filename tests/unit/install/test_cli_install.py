@@ -9,9 +9,7 @@ import yaml
 
 import gpu_operator
 from gpu_operator.cli import main
-from gpu_operator.controller.decide import FINALIZER
 from gpu_operator.install import bundle, helm, manifests
-from gpu_operator.install.uninstall import waiting_on
 from tests.paths import REPO
 
 EXAMPLE = REPO / "examples" / "clusterpolicy.yaml"
@@ -124,14 +122,3 @@ def test_chart_says_when_the_readme_has_no_table(
     assert main(["chart", "--output-dir", str(tmp_path / "c"), "--readme", str(readme)]) == 1
     assert "no <!-- helm-values-table:start -->" in capsys.readouterr().err
     assert readme.read_text() == "# no markers\n"
-
-
-def test_a_stuck_uninstall_says_what_holds_each_policy() -> None:
-    policy = {"metadata": {"name": "cluster-policy", "finalizers": [FINALIZER]}}
-    message = waiting_on(
-        [("ClusterPolicy", policy), ("GPUCluster", {"metadata": {"name": "gpu-cluster"}})]
-    )
-    assert message.startswith(
-        f"ClusterPolicy cluster-policy ({FINALIZER}); GPUCluster gpu-cluster (no finalizer): "
-        "the operator removes its node labels and taint"
-    )

@@ -180,13 +180,15 @@ def test_hooks_hold_only_the_rules_they_need() -> None:
     assert rules(crd_hook) == k8s(*rbac.CRD_RULES)
     assert rules(crd_hook, "Role") == []
     assert rules(without_crd) == k8s(*rbac.UNINSTALL_RULES)
-    assert rules(without_crd, "Role") == []
-    # Deleting the CRD waits until garbage collection has removed what the policies owned.
+    assert rules(without_crd, "Role") == k8s(*rbac.UNINSTALL_NAMESPACE_RULES)
+    # Deleting the CRDs waits until garbage collection has removed what the resources owned.
     assert rules(with_crd) == k8s(
-        *rbac.UNINSTALL_RULES, rbac.CRD_DELETE_RULE, *rbac.listing(rbac.CLUSTER_RULES)
+        *rbac.UNINSTALL_RULES, rbac.CRD_DELETE_RULE, *rbac.CREATED_CLUSTER_RULES
     )
-    assert rules(with_crd, "Role") == k8s(*rbac.listing(rbac.NAMESPACE_RULES))
-    assert all(r["verbs"] == ["list"] for r in rules(with_crd, "Role"))
+    assert rules(with_crd, "Role") == k8s(
+        *rbac.UNINSTALL_NAMESPACE_RULES, *rbac.CREATED_NAMESPACE_RULES
+    )
+    assert all(r["verbs"] == ["list"] for r in k8s(*rbac.CREATED_NAMESPACE_RULES))
     (crd_pod,) = [o for o in crd_hook if o["kind"] == "Pod"]
     (uninstall_pod,) = [o for o in with_crd if o["kind"] == "Pod"]
     assert crd_pod["spec"]["containers"][0]["args"] == ["crd", "--apply"]

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpu_operator.agent.deviceplugin.health import APPLICATION_XIDS, XidPolicy
-from gpu_operator.api.base import DURATION, duration_s
+from gpu_operator.api.formats import duration_seconds
 from gpu_operator.labels import (
     HEALTH_ENV_CONDITION,
     HEALTH_ENV_DEBOUNCE,
@@ -57,9 +56,12 @@ def _seconds(name: str, value: str | None, default: float) -> float:
     text = (value or "").strip()
     if not text:
         return default
-    if not re.fullmatch(DURATION, text):
-        raise ValueError(f'{name}: {value!r} is not a duration such as "30s", "2m" or "1h"')
-    return duration_s(text)
+    try:
+        return duration_seconds(text)
+    except ValueError:
+        raise ValueError(
+            f'{name}: {value!r} is not a duration such as "30s", "2m" or "1h"'
+        ) from None
 
 
 def health_settings(env: Mapping[str, str]) -> HealthSettings | None:

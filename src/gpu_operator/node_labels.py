@@ -1,4 +1,6 @@
-"""GPU node labels and taint: a pure computation from one Node and the active policy.
+"""GPU node labels and taint: a pure computation from one Node and the active policy, shared
+by the operator's loops and by ``gpu-operator uninstall`` (which cleans the nodes itself once
+the operator is gone).
 
 The operator writes only keys it owns. Ownership is recorded on the Node itself (annotation
 ``OWNED_ANNOTATION``) so that a restarted operator, or the cleanup after the ClusterPolicy is
@@ -30,15 +32,16 @@ from gpu_operator.labels import (
 )
 from gpu_operator.views import NodeView, derived
 
-# Labels other parts of the GPU stack write (feature discovery, MIG manager, upgrades). They
-# mean nothing once the stack is gone, so uninstall removes them too (NVIDIA leaves them).
+# Labels other parts of the GPU stack write (feature discovery, MIG manager, upgrades, the
+# NVIDIADriver loop's pool label). They mean nothing once the stack is gone, so uninstall
+# removes them too (NVIDIA leaves them).
 _STACK_LABEL = re.compile(
     r"^nvidia\.com/("
     r"gpu\.(product|count|memory|family|compute\.(major|minor)|machine|replicas|sharing-strategy"
     r"|multiprocessors|slices\.[a-z]+|engines\.[a-z]+)"
     r"|cuda\..+|mig\.(capable|strategy|config\.state)|mps\.capable|gfd\.timestamp"
     r"|mig-[0-9]+g\.[0-9]+gb(\.[a-z]+)*\..+"
-    r"|gpu-driver-upgrade-state)$"
+    r"|gpu-driver-upgrade-state|gpu\.driver-pool)$"
 )
 
 
