@@ -12,7 +12,10 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from gpu_operator import testenv
+from gpu_operator.api import parse_document
 from gpu_operator.kube import Kube
+from gpu_operator.render import render_components
+from gpu_operator.render.facts import Facts
 from tests import prerequisites
 from tests.e2e.support import (
     NotYet,
@@ -87,6 +90,14 @@ def test_nvidia_documents_pass_our_crd_unchanged(operator: None, kube: Kube, nam
             "spec.driver.upgradePolicy.maxUnavailable",
         ),
         ({"toolkit": {"enabled": "maybe"}}, "spec.toolkit.enabled"),
+        (
+            {"driver": {"resources": {"limits": {"memory": "-5Gi"}}}},
+            "spec.driver.resources.limits.memory",
+        ),
+        (
+            {"driver": {"resources": {"requests": {"cpu": "512ki"}}}},
+            "spec.driver.resources.requests.cpu",
+        ),
         ({"devicePlugn": {"enabled": True}}, "spec.devicePlugn"),
     ],
 )
@@ -98,6 +109,24 @@ def test_apiserver_refuses_with_the_field_named(
     assert info.value.status in (400, 422)
     assert field.removeprefix("spec.").split(".")[-1] in str(info.value.body)
     assert kube.get("ClusterPolicy", "bad") is None
+
+
+def test_a_quantity_kubernetes_takes_is_taken_and_rendered(operator: None, kube: Kube) -> None:
+    """``512Ki`` (a hand-written pattern once refused it) passes the CRD as Kubernetes writes
+    it, and the operator's models take what the API server stored and render it as given."""
+    spec = {"driver": {"resources": {"limits": {"memory": "512Ki"}, "requests": {"cpu": "0.5"}}}}
+    stored = strict_dry_run(kube, policy("quantities", spec))
+    resources = stored["spec"]["driver"]["resources"]
+    assert resources == {"limits": {"memory": "512Ki"}, "requests": {"cpu": "0.5"}}, resources
+    (driver,) = [
+        obj
+        for component in render_components(parse_document(stored), Facts())
+        for obj in component.objects
+        if obj["kind"] == "DaemonSet"
+        and obj["metadata"]["name"].startswith("nvidia-driver-daemonset")
+    ]
+    container = driver["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["memory"] == "512Ki", container["resources"]
 
 
 def test_invalid_policy_is_reported_and_nothing_applied(operator: None, kube: Kube) -> None:
