@@ -7,6 +7,8 @@ and it converges the example ClusterPolicy with every operand in a real containe
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,9 +69,12 @@ def _healthz(core: k8s.CoreV1Api, pod: str) -> dict[str, Any]:
 def test_deploy_runs_two_replicas_one_leader_and_converges_the_example(
     cluster: testenv.Cluster,
 ) -> None:
+    """...and the Helm chart's pre-delete hook command then leaves the real nodes as they were
+    before the install: no CRD, custom resource or DaemonSet of the project, no label or taint."""
     with cluster.api_client() as api:
         kube = Kube(api)
         core = k8s.CoreV1Api(api)
+        before = {name: _marks(kube, name) for name in cluster.real_nodes}
         for path in sorted((REPO / "deploy").glob("*.yaml")):
             for doc in yaml.safe_load_all(path.read_text()):
                 if doc and doc["kind"] == "Deployment":  # not a kind the operator handles
@@ -113,6 +118,30 @@ def test_deploy_runs_two_replicas_one_leader_and_converges_the_example(
         # (its pod is Ready once it runs).
         for name in cluster.real_nodes:
             wait_for(f"{name} labelled by discovery", lambda n=name: _gpu_count_8(kube, n))
+        assert all(_marks(kube, n) != before[n] for n in cluster.real_nodes)
+
+        # What `helm uninstall` runs first (its pre-delete hook), while the operator still runs.
+        hook = ["uninstall", "--wait", "--delete-crd", "--namespace", NS, "--timeout", "5m"]
+        done = subprocess.run(
+            [sys.executable, "-m", "gpu_operator", *hook, "--kubeconfig", str(cluster.kubeconfig)],
+            capture_output=True, text=True, timeout=360, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert not [c for c in CRDS if kube.get("CustomResourceDefinition", c)]
+        assert kube.list_objects("DaemonSet", NS) == []
+        assert {n: _marks(kube, n) for n in cluster.real_nodes} == before
+
+
+CRDS = ("clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com", "gpuclusters.nvidia.com")
+
+
+def _marks(kube: Kube, node: str) -> dict[str, Any]:
+    """What anyone wrote on the node: its labels, annotations of nvidia.com and its taints."""
+    obj = kube.get("Node", node) or {}
+    meta = obj.get("metadata") or {}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if "nvidia.com" in k}
+    taints = (obj.get("spec") or {}).get("taints") or []
+    return {"labels": meta.get("labels") or {}, "annotations": annotations, "taints": taints}
 
 
 def _gpu_count_8(kube: Kube, node: str) -> bool | NotYet:
