@@ -29,7 +29,7 @@ from gpu_operator.api import KIND, PolicyError, parse_document
 from gpu_operator.api.legacy import migrate
 from gpu_operator.formats import add_output_option
 from gpu_operator.render.engine import SAFE_LOADER
-from gpu_operator.textfiles import read_text
+from gpu_operator.textfiles import read_text, yaml_problem
 
 Collection = CommentedMap | CommentedSeq
 Slot = tuple[Collection, Any]  # a map and key, or a list and index: where a comment hangs
@@ -226,7 +226,7 @@ def migrate_file(text: str, path: str) -> Migrated:
     try:
         plain = list(yaml.load_all(text, Loader=SAFE_LOADER))
     except yaml.YAMLError as exc:
-        raise MigrateError(f"{path}: not valid YAML: {exc}") from None
+        raise MigrateError(f"{path}: {yaml_problem(exc)}") from None
     if all(doc is None for doc in plain):
         raise MigrateError(f"{path}: no document to migrate: expected {KIND} objects")
     out, notes, problems, changes = [], [], [], {}
@@ -249,7 +249,8 @@ def migrate_file(text: str, path: str) -> Migrated:
     try:
         rt, trees = _round_trip_yaml(text)
     except YAMLError as exc:  # what PyYAML lets pass: a duplicate key, say
-        raise MigrateError(f"{path}: cannot rewrite it in place: {exc}") from None
+        problem = " ".join(str(exc).split())
+        raise MigrateError(f"{path}: cannot rewrite it in place: {problem}") from None
     for number, new in changes.items():
         trees[number] = apply_changes(trees[number], plain[number], new)
     stream = io.StringIO()
