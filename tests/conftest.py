@@ -26,10 +26,15 @@ REAL_NODES_DRIVER = "real-nodes-driver"
 REAL_NODES_OWN = "real-nodes-own-clusters"
 REAL_NODE_MODULES = "test_real_"  # every test on real kubelet nodes lives in a module named so
 # Real-node modules on the session's real-node cluster (`real_cluster`, one per worker) come in
-# two groups: the driver and DRA modules here, the rest in REAL_NODES. Each group starts its
-# cluster on its own worker, so the two overlap instead of queueing on one worker.
+# two groups: the driver, DRA and NVIDIA-defaults modules here, the rest in REAL_NODES. Each
+# group starts its cluster on its own worker, so the two overlap instead of queueing on one.
 DRIVER_REAL_CLUSTER = frozenset(
-    {"test_real_driver.py", "test_real_node_dra.py", "test_real_node_dynamic_mig.py"}
+    {
+        "test_real_driver.py",
+        "test_real_node_dra.py",
+        "test_real_node_dynamic_mig.py",
+        "test_real_helm_default.py",
+    }
 )
 # Real-node modules that start real-node clusters of their own rather than share the session's
 # (`real_cluster`): they run as a group of their own, beside the two above. Each cluster takes
@@ -49,7 +54,7 @@ OWN_REAL_CLUSTERS = frozenset(
 # 19.5 minutes with only the first four listed, 17.7 and 18.4 with these twelve (4 workers).
 REAL_NODE_GROUPS = (REAL_NODES_DRIVER, REAL_NODES, REAL_NODES_OWN)
 LONGEST_FIRST = (
-    *REAL_NODE_GROUPS,  # 11.9, 15.8, 16.2 (a run with other work beside it)
+    *REAL_NODE_GROUPS,  # 7.6, 14.6, 13.2 before test_real_helm_default (4.9) moved
     "tests/chaos/test_chaos_outage.py",  # 7.8
     "tests/e2e/test_install_rbac.py",  # 7.0
     "tests/chaos/test_chaos.py",  # 7.6
