@@ -1,7 +1,7 @@
 """How the operator's process is tuned for a fleet of thousands of nodes: its threads named in
 the kernel, one malloc arena, rarer garbage collections.
 
-Each is measured in ``benchmarks/README.md`` (issue 28); none changes what the operator decides.
+Each is measured in ``benchmarks/README.md``; none changes what the operator decides.
 """
 
 from __future__ import annotations

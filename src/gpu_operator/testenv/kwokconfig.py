@@ -75,7 +75,7 @@ _NODE_RESOURCES = """\
 # starts as any other on a kwok node (phase Running, a pod IP, containers running) but never
 # turns Ready: its Ready and ContainersReady conditions stay False (reason SimulatedFault), as
 # a driver container whose readiness probe (validation) never passes. Deleting it works as
-# for any pod. Canary driver upgrades use it to fail the canary (issue 27).
+# for any pod. Canary driver upgrades use it to fail the canary.
 SIMULATED_FAULT_ENV = "GPU_OPERATOR_SIMULATE_FAULT"
 NOT_READY = "not-ready"
 SIMULATED_FAULT_REASON = "SimulatedFault"

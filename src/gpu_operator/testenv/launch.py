@@ -32,7 +32,7 @@ def restarted(argv: Sequence[str]) -> list[str]:
     plane: when the API server is gone for longer than their renew deadline (10 s) they exit,
     and the kubelet starts them again with caches listed afresh. Run once and never restarted
     (as testenv used to), they live through a long outage with informers that resume minutes
-    late, and kcm's DaemonSet controller then works from a stale cache (issue 16's outage).
+    late, and kcm's DaemonSet controller then works from a stale cache.
     """
     return ["/bin/sh", "-c", _RESTART_LOOP, "testenv-restart", *argv]
 
