@@ -22,7 +22,7 @@ import pytest
 
 from gpu_operator import testenv
 from gpu_operator.kube import Kube
-from gpu_operator.labels import GPU_PRESENT, OWNED_ANNOTATION
+from gpu_operator.labels import DRIVER_POOL, GPU_PRESENT, OWNED_ANNOTATION
 from gpu_operator.testenv.processes import free_ports
 from gpu_operator.views import pod_ready
 from tests.e2e.support import (
@@ -90,11 +90,15 @@ def cluster(testenv_bin_dir: Path) -> Iterator[testenv.Cluster]:
 
 
 def driver_pods(kube: Kube, pool: str) -> dict[str, dict[str, Any]]:
+    """The pool's own driver pods by node: the operator's ``default`` NVIDIADriver (made while
+    the policy had none) ran on these nodes first, with the same driver version."""
     pods = kube.list_objects("Pod", NS, label_selector="app.kubernetes.io/component=nvidia-driver")
     return {
         p["spec"]["nodeName"]: p
         for p in pods
-        if p["spec"].get("nodeName") in POOLS[pool] and not p["metadata"].get("deletionTimestamp")
+        if p["spec"].get("nodeName") in POOLS[pool]
+        and not p["metadata"].get("deletionTimestamp")
+        and (p["spec"].get("nodeSelector") or {}).get(DRIVER_POOL) == pool
     }
 
 
@@ -106,10 +110,13 @@ def on_version(kube: Kube, pool: str, nodes: list[str], version: str) -> bool | 
         pod = pods.get(name)
         image = pod["spec"]["containers"][0]["image"] if pod else None
         node = kube.get("Node", name) or {}
-        state = (node["metadata"].get("labels") or {}).get(STATE)
-        ok = pod is not None and version in str(image) and pod_ready(pod)
+        labels = node["metadata"].get("labels") or {}
+        state, member = labels.get(STATE), labels.get(DRIVER_POOL)
+        ok = pod is not None and version in str(image) and pod_ready(pod) and member == pool
         ok = ok and not node["spec"].get("unschedulable") and state in (None, "upgrade-done")
-        seen[name] = {"image": image, "ready": bool(pod and pod_ready(pod)), "state": state}
+        seen[name] = {
+            "image": image, "ready": bool(pod and pod_ready(pod)), "state": state, "pool": member
+        }  # fmt: skip
         if not ok:
             return NotYet(seen)
     return True
