@@ -43,7 +43,7 @@ CNI_PLUGINS = ("bridge", "host-local", "portmap", "loopback")
 TOOLS = ("unshare", "nsenter", "ip", "mount", "iptables", "iptables-restore", "runc")
 # The node gets its own tmpfs on these, so state and cache dirs must live elsewhere.
 NODE_PRIVATE = (Path("/run"), Path("/var/lib"), Path("/var/log"))
-NET_LOCK = Path("/tmp/gpu-operator-testenv-net.lock")
+HOST_LOCK = Path("/tmp/gpu-operator-testenv-net.lock")
 
 
 class RealNodesError(RuntimeError):
@@ -95,6 +95,18 @@ def init_script() -> Path:
     return Path(str(resources.files("gpu_operator.testenv") / "node-init.sh"))
 
 
+@contextlib.contextmanager
+def _host_lock() -> Iterator[None]:
+    """Host-wide: concurrent clusters (other checkouts, parallel sessions) pick distinct
+    network slots and make the cgroup levels they share one at a time."""
+    with HOST_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def cluster_cgroups(state_dir: Path) -> list[str]:
     """This cluster's cgroup in every hierarchy (see nodeconfig.cluster_cgroups)."""
     return nodeconfig.cluster_cgroups(
@@ -104,14 +116,17 @@ def cluster_cgroups(state_dir: Path) -> list[str]:
 
 def _make_cgroup(path: Path) -> None:
     """mkdir -p a cgroup; in a cpuset hierarchy give each new level its parent's CPUs and
-    memory nodes (a v1 cpuset cgroup starts with none and then refuses every process)."""
-    missing = [p for p in (path, *path.parents) if not p.exists()]
-    for level in reversed(missing):
-        level.mkdir()
-        for knob in ("cpuset.cpus", "cpuset.mems"):
-            parent_knob = level.parent / knob
-            if parent_knob.exists() and (level / knob).exists():
-                (level / knob).write_text(parent_knob.read_text())
+    memory nodes (a v1 cpuset cgroup starts with none and then refuses every process).
+    Under the host lock: clusters starting at once share the upper levels, and one must not
+    see a level another has made but not yet given its CPUs."""
+    with _host_lock():
+        missing = [p for p in (path, *path.parents) if not p.exists()]
+        for level in reversed(missing):
+            level.mkdir(exist_ok=True)  # made by a starter that does not take the lock
+            for knob in ("cpuset.cpus", "cpuset.mems"):
+                parent_knob = level.parent / knob
+                if parent_knob.exists() and (level / knob).exists():
+                    (level / knob).write_text(parent_knob.read_text())
 
 
 def why_unavailable(state_dir: Path | None = None) -> str | None:
@@ -137,17 +152,6 @@ def why_unavailable(state_dir: Path | None = None) -> str | None:
 
 
 # -- the harness network (root namespace) ----------------------------------------------------
-@contextlib.contextmanager
-def _net_lock() -> Iterator[None]:
-    """Host-wide: concurrent clusters (other checkouts, parallel sessions) pick distinct slots."""
-    with NET_LOCK.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def _links() -> list[str]:
     return sorted(os.listdir("/sys/class/net"))
 
@@ -163,7 +167,7 @@ def allocate_network(state_dir: Path) -> Network:
     """Create this cluster's bridge on a free 10.213.X.0/24 and give it the gateway address.
 
     The bridge's alias names the state dir, so `cleanup()` finds it even without state.json."""
-    with _net_lock():
+    with _host_lock():
         out = _run("ip", "-o", "-4", "addr", "show").stdout
         addresses = [line.split()[3] for line in out.splitlines() if len(line.split()) > 3]
         network = nodeconfig.network_for_slot(nodeconfig.pick_slot(addresses, _links()))

@@ -253,6 +253,37 @@ def test_cluster_cgroups_nest_under_the_harness_own_cgroup() -> None:
     assert nodeconfig.cluster_id(STATE) != nodeconfig.cluster_id(STATE / "other")
 
 
+def test_cgroup_levels_another_cluster_makes_at_the_same_moment_are_shared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two clusters starting at once both find the shared top level missing; the second
+    must take the first's level, CPUs included, rather than fail with File exists."""
+    root = tmp_path / "cpuset"
+    root.mkdir()
+    (root / "cpuset.cpus").write_text("0-1\n")
+    (root / "cpuset.mems").write_text("0\n")
+    monkeypatch.setattr(realnodes, "HOST_LOCK", tmp_path / "lock")
+    real_mkdir = Path.mkdir
+    top = root / nodeconfig.CGROUP_TOP
+
+    def kernel_mkdir(self: Path, *args: object, **kwargs: object) -> None:
+        if self == top and not self.exists():  # the other cluster wins the race
+            real_mkdir(self)
+            for knob in ("cpuset.cpus", "cpuset.mems"):
+                (self / knob).write_text((root / knob).read_text())
+        real_mkdir(self, *args, **kwargs)  # type: ignore[arg-type]
+        for knob in ("cpuset.cpus", "cpuset.mems"):  # a new cpuset cgroup starts empty
+            if not (self / knob).exists():
+                (self / knob).write_text("")
+
+    monkeypatch.setattr(Path, "mkdir", kernel_mkdir)
+    node = top / "cluster" / "node-1"
+    realnodes._make_cgroup(node)
+    for level in (top, top / "cluster", node):
+        assert (level / "cpuset.cpus").read_text() == "0-1\n"
+        assert (level / "cpuset.mems").read_text() == "0\n"
+
+
 def test_makefile_installs_the_packages_real_nodes_check_for() -> None:
     makefile = (REPO / "Makefile").read_text()
     match = re.search(r"^NODE_PACKAGES := (.+)$", makefile, re.MULTILINE)
