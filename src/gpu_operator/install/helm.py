@@ -152,6 +152,7 @@ def hook_objects(
             "enableServiceLinks": False,
             "nodeSelector": {"kubernetes.io/os": "linux"},
             "securityContext": dict(manifests.POD_SECURITY),
+            "tolerations": [dict(t) for t in manifests.TOLERATIONS],
             "containers": [
                 {
                     "name": name.removeprefix("gpu-operator-"),

@@ -93,7 +93,9 @@ CHART_KEYS: tuple[ValuesKey, ...] = (
         f"{DEPLOYMENT} and hooks (secret names)",
     ),
     ValuesKey("operator.priorityClassName", STRING, DEPLOYMENT),
-    ValuesKey("operator.tolerations", LIST, f"{DEPLOYMENT} and hooks"),
+    ValuesKey(
+        "operator.tolerations", LIST, f"{DEPLOYMENT} and hooks (after their own, of the GPU taint)"
+    ),
     ValuesKey("operator.nodeSelector", STRING_MAP, f"{DEPLOYMENT} and hooks (added)"),
     ValuesKey(
         "operator.affinity", MAP, f"{DEPLOYMENT} (each kind of affinity given replaces the chart's)"

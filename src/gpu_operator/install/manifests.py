@@ -13,7 +13,9 @@ from typing import Any
 import yaml
 
 from gpu_operator.api.crd import all_crds
+from gpu_operator.api.spec import GpuNodeTaint
 from gpu_operator.install import rbac
+from gpu_operator.labels import GPU_PRESENT
 from gpu_operator.render.components import REGISTRY, default_image
 from gpu_operator.render.driver import DEFAULT_MANAGER
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
@@ -110,6 +112,14 @@ CONTAINER_SECURITY: dict[str, Any] = {
     "capabilities": {"drop": ["ALL"]},
     "seccompProfile": {"type": "RuntimeDefault"},
 }
+# ...and may run on the GPU nodes the operator taints: where every schedulable node is a GPU
+# node, a rolled or rescheduled replica, or the uninstall hook, would otherwise never start.
+# The replicas still prefer nodes without GPUs, which is where they run when there are some.
+TOLERATIONS: list[dict[str, Any]] = [{"key": GpuNodeTaint().key, "operator": "Exists"}]
+OFF_GPU_NODES = {
+    "weight": 50,
+    "preference": {"matchExpressions": [{"key": GPU_PRESENT, "operator": "DoesNotExist"}]},
+}
 
 
 def _probe(failure_threshold: int, period: int) -> dict[str, Any]:
@@ -172,6 +182,11 @@ def deployment_spec(image: str = DEFAULT_OPERATOR_IMAGE) -> dict[str, Any]:
                 "enableServiceLinks": False,
                 "nodeSelector": {"kubernetes.io/os": "linux"},
                 "affinity": {
+                    "nodeAffinity": {
+                        "preferredDuringSchedulingIgnoredDuringExecution": [
+                            copy.deepcopy(OFF_GPU_NODES)
+                        ]
+                    },
                     "podAntiAffinity": {
                         "preferredDuringSchedulingIgnoredDuringExecution": [
                             {
@@ -182,9 +197,10 @@ def deployment_spec(image: str = DEFAULT_OPERATOR_IMAGE) -> dict[str, Any]:
                                 },
                             }
                         ]
-                    }
+                    },
                 },
                 "securityContext": copy.deepcopy(POD_SECURITY),
+                "tolerations": copy.deepcopy(TOLERATIONS),
                 "containers": [container],
                 "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
             },

@@ -10,7 +10,7 @@ import yaml
 
 from gpu_operator.cli import build_parser
 from gpu_operator.controller.runner import IMAGE_ENV_NAMES
-from gpu_operator.install import manifests, rbac
+from gpu_operator.install import helm, manifests, rbac
 from gpu_operator.render.components import REGISTRY
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
 from tests.paths import CRD_FILE
@@ -179,7 +179,19 @@ def test_locked_down_pod() -> None:
     volumes = {v["name"]: v for v in spec["template"]["spec"]["volumes"]}
     assert "emptyDir" in volumes["tmp"]
     assert set(c["resources"]) == {"requests", "limits"}
-    assert "tolerations" not in spec["template"]["spec"]  # runs on CPU nodes
+
+
+def test_replicas_prefer_cpu_nodes_and_may_run_on_tainted_gpu_nodes() -> None:
+    """On a cluster of GPU nodes only, each tainted by the operator, a new replica must start."""
+    pod = manifests.deployment_spec()["template"]["spec"]
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    (prefer,) = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert prefer["preference"]["matchExpressions"] == [
+        {"key": "nvidia.com/gpu.present", "operator": "DoesNotExist"}
+    ]
+    assert "podAntiAffinity" in pod["affinity"]
+    (hook,) = [o for o in helm.uninstall_hook_objects(delete_crd=True) if o["kind"] == "Pod"]
+    assert hook["spec"]["tolerations"] == pod["tolerations"]
 
 
 def test_disruption_budget_keeps_one_replica_through_a_drain() -> None:

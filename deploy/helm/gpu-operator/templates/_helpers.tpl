@@ -93,7 +93,7 @@ a number under a key named "version" becomes a string. */}}
 {{- end -}}
 {{- end -}}
 
-{{/* (list POD_SPEC .Values.operator): pull policy and secrets, tolerations, node selector. */}}
+{{/* (list POD_SPEC .Values.operator): pull policy and secrets, tolerations (after the pod's own), node selector. */}}
 {{- define "gpu-operator.podValues" -}}
 {{- $pod := index . 0 -}}
 {{- $o := index . 1 -}}
@@ -105,7 +105,7 @@ a number under a key named "version" becomes a string. */}}
 {{- range $o.imagePullSecrets }}{{ $secrets = append $secrets (dict "name" .) }}{{ end -}}
 {{- $_ := set $pod "imagePullSecrets" $secrets -}}
 {{- end -}}
-{{- if $o.tolerations }}{{ $_ := set $pod "tolerations" $o.tolerations }}{{ end -}}
+{{- if $o.tolerations }}{{ $_ := set $pod "tolerations" (concat ($pod.tolerations | default list) $o.tolerations) }}{{ end -}}
 {{- range $key, $value := $o.nodeSelector }}{{ $_ := set $pod.nodeSelector $key $value }}{{ end -}}
 {{- end -}}
 
