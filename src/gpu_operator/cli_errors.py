@@ -30,6 +30,7 @@ from gpu_operator.agent.nvml import NvmlError, NvmlUnavailable
 from gpu_operator.api import PolicyError
 from gpu_operator.kube import RETRY_STATUSES, ClusterConfigError
 from gpu_operator.textfiles import SAVE_AS_UTF8, FileProblem, decode_problem, yaml_problem
+from gpu_operator.usage import UsageProblem
 
 OK, BAD_INPUT, USAGE, CLUSTER, NO_DRIVER, INTERRUPTED = 0, 1, 2, 3, 4, 130
 EXIT_CODES = (
@@ -267,6 +268,10 @@ def _invalid_policy(exc: PolicyError) -> Explained:
     return BAD_INPUT, "; ".join(exc.problems), ""
 
 
+def _misused(exc: UsageProblem) -> Explained:
+    return USAGE, exc.what, exc.todo
+
+
 def _bad_value(exc: BaseException) -> Explained:
     return BAD_INPUT, str(exc), ""
 
@@ -287,6 +292,7 @@ RULES: tuple[Rule, ...] = (
     (UnicodeDecodeError, _not_utf8),
     (yaml.YAMLError, _bad_yaml),
     (PolicyError, _invalid_policy),
+    (UsageProblem, _misused),
     (ValueError, _bad_value),  # SimulationError, LogSettingError, a config's validation
     (OSError, _os_error),
 )

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from gpu_operator.agent.nvml import GpuLost, use_driver_root
 from gpu_operator.agent.simulated import uninstall_simulated_nvml
 from gpu_operator.api import PolicyError
 from gpu_operator.cli import main
+from gpu_operator.usage import UsageProblem
 from tests.unit.netstubs import answering, closed_port
 
 BAD_INPUT, USAGE, CLUSTER, NO_DRIVER = (
@@ -43,6 +45,13 @@ CLEARED = (
     "GPU_OPERATOR_SIMULATE_STATE",
     "LOG_LEVEL",
     "LOG_FORMAT",
+    "NODE_NAME",
+    "FEATURE_GATES",
+    "COMPONENTS",
+    "CONFIG_FILE_SRCDIR",
+    "FALLBACK_STRATEGIES",
+    "KUBELET_SOCKET",
+    "GPU_HEALTH_CONDITION",
 )
 FORBIDDEN = {
     "kind": "Status",
@@ -56,6 +65,8 @@ FORBIDDEN = {
     "code": 403,
 }
 UNAUTHORIZED = {"kind": "Status", "status": "Failure", "reason": "Unauthorized", "code": 401}
+HEALTH_5X = {"GPU_HEALTH_CONDITION": "true", "GPU_HEALTH_QUIET_PERIOD": "5x"}
+NO_FALLBACK = {"FALLBACK_STRATEGIES": "bogus"}
 
 
 def write_kubeconfig(path: Path, server: str) -> str:
@@ -82,6 +93,7 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     files = {"empty": "empty", "utf16": "utf16.yaml", "binary": "binary", "broken": "broken.yaml"}
     found = {name: str(root / file) for name, file in files.items()}
     found["missing"] = str(root / "missing.yaml")
+    found["plugins"] = str(root / "empty" / "kubelet.sock")  # the device-plugin dir, no kubelet
     found["closed"] = write_kubeconfig(root / "closed", f"https://127.0.0.1:{closed_port()}")
     answers = {
         "forbidden": (403, json.dumps(FORBIDDEN).encode()),
@@ -97,9 +109,14 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A clean environment, and afterwards pytest's own SIGTERM and SIGINT handlers back (an
+    agent that gets as far as its stop event installs its own)."""
     for name in CLEARED:
         monkeypatch.delenv(name, raising=False)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
     yield
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
     uninstall_simulated_nvml()
     use_driver_root(None)
 
@@ -147,6 +164,13 @@ CASES = [
     ("upgrade status --kubeconfig {unauthorized}", CLUSTER, {}),
     ("upgrade status --kubeconfig {nocrd}", CLUSTER, {}),
     ("health status --kubeconfig {nocrd}", CLUSTER, {}),
+    # (a device plugin whose config the node's label picks reads the Node first)
+    (
+        "agent device-plugin --simulate t4:1 --kubelet-socket {plugins} --config-dir {empty} "
+        "--node-name n --kubeconfig {forbidden}",
+        CLUSTER,
+        {},
+    ),
     # Files that are missing, not UTF-8, not YAML.
     ("render -f {missing}", BAD_INPUT, {}),
     ("render -f {utf16}", BAD_INPUT, {}),
@@ -157,12 +181,32 @@ CASES = [
     ("agent mig-parted plan -f {broken} --simulate a100-40gb:1", BAD_INPUT, {}),
     ("agent mig-parted apply -f {missing} --simulate a100-40gb:1", BAD_INPUT, {}),
     ("agent exporter --collectors {binary} --simulate t4:1", BAD_INPUT, {}),
+    (
+        "agent device-plugin --simulate t4:1 --kubelet-socket {empty}/nope/kubelet.sock",
+        BAD_INPUT,
+        {},
+    ),
+    (
+        "agent device-plugin --simulate t4:1 --kubelet-socket {plugins} --config-file {broken}",
+        BAD_INPUT,
+        {},
+    ),
+    ("agent validate --simulate l4:1 --components driver --output-dir {binary}/v", BAD_INPUT, {}),
     # Values: unknown profiles, durations, log settings.
     ("agent discover --simulate nope:2 --oneshot --output-file -", BAD_INPUT, {}),
     ("agent nvml-info --simulate nope:1", BAD_INPUT, {}),
     ("agent discover --simulate t4:1 --oneshot --output-file - --sleep-interval 5x", 1, {}),
     ("agent nvml-info --simulate t4:1", BAD_INPUT, {"LOG_LEVEL": "bogus"}),
     ("agent nvml-info --simulate t4:1", BAD_INPUT, {"LOG_FORMAT": "xml"}),
+    ("agent device-plugin --simulate t4:1", BAD_INPUT, HEALTH_5X),
+    (
+        "agent dra-plugin --node-name n --feature-gates NVMLDeviceHealthCheck=true",
+        BAD_INPUT,
+        HEALTH_5X,
+    ),
+    ("agent device-plugin --simulate t4:1 --config-dir {empty}", BAD_INPUT, NO_FALLBACK),
+    ("agent mps-control-daemon --simulate t4:1 --config-dir {empty}", BAD_INPUT, NO_FALLBACK),
+    ("agent discover --simulate t4:1 --oneshot --config-dir {empty}", BAD_INPUT, NO_FALLBACK),
     # Usage: bad option values, missing options, stand-ins without where to write.
     ("uninstall --timeout 5x", USAGE, {}),
     ("uninstall --timeout=", USAGE, {}),
@@ -177,12 +221,20 @@ CASES = [
     ("agent simulate-driver install", USAGE, {}),
     ("agent simulate-fault --gpu 0 xid 79", USAGE, {}),
     ("agent mig-parted plan --simulate a100-40gb:1", USAGE, {}),
+    ("agent dra-plugin", USAGE, {}),
+    ("agent dra-plugin --node-name n --feature-gates Bogus=true", USAGE, {}),
+    ("agent mps-claim-daemon --driver-root=", USAGE, {}),  # the default is /: only given empty
+    ("agent device-plugin --kwok-capacity", USAGE, {}),
+    ("agent device-plugin --kwok-capacity --simulate t4:1", USAGE, {}),
+    ("agent mig-manager", USAGE, {}),
+    ("agent validate --components driver,bogus", USAGE, {}),
     # No GPU driver under the driver root.
     ("agent nvml-info --driver-root {empty}", NO_DRIVER, {}),
     ("agent exporter --driver-root {empty}", NO_DRIVER, {}),
     ("agent discover --oneshot --output-file - --driver-root {empty}", NO_DRIVER, {}),
     ("agent mig-parted generate --driver-root {empty}", NO_DRIVER, {}),
     ("agent cdi list --driver-root {empty}", NO_DRIVER, {}),
+    ("agent device-plugin --driver-root {empty} --kubelet-socket {plugins}", NO_DRIVER, {}),
 ]
 
 
@@ -262,6 +314,11 @@ def test_what_each_line_says(
     assert "UTF-16 little-endian" in said(f"agent mig-parted plan -f {{utf16}} {simulated}")
     assert "line 3, column 1" in said(f"agent mig-parted plan -f {{broken}} {simulated}")
     assert "needs --containerd-config" in said("agent simulate-toolkit")
+    assert "--node-name or env NODE_NAME" in said("agent dra-plugin")
+    assert "it needs --simulate" in said("agent device-plugin --kwok-capacity")
+    assert "mount the kubelet's device-plugin directory" in said(
+        "agent device-plugin --simulate t4:1 --kubelet-socket {empty}/nope/kubelet.sock"
+    )
 
 
 @pytest.mark.parametrize("how", ["--debug", "LOG_LEVEL=debug"])
@@ -328,6 +385,8 @@ def yaml_error() -> yaml.YAMLError:
         (PermissionError(13, "Permission denied", "/x"), BAD_INPUT, "/x: Permission denied"),
         (PolicyError(["spec.a: bad", "spec.b: worse"]), BAD_INPUT, "spec.a: bad; spec.b: worse"),
         (KeyboardInterrupt(), cli_errors.INTERRUPTED, "error: interrupted"),
+        (UsageProblem("x needs --y", "pass --y (env Y)"), USAGE, "error: x needs --y: pass --y"),
+        (UsageProblem("x needs --y"), USAGE, "error: x needs --y"),
         (RuntimeError("boom\n  at line two"), BAD_INPUT, "RuntimeError: boom at line two: an"),
     ],
 )

@@ -17,6 +17,7 @@ from gpu_operator.agent import simulated_operands
 from gpu_operator.agent.cli import MODULES, add_agent_commands, monitor
 from gpu_operator.agent.nvml import NvmlUnavailable, current_driver_root, use_driver_root
 from gpu_operator.agent.simulated import uninstall_simulated_nvml
+from gpu_operator.cli import main
 from tests import prerequisites
 
 from .conftest import mig_configmap
@@ -139,7 +140,7 @@ def test_mig_parted_plan_and_generate(capsys: pytest.CaptureFixture[str]) -> Non
         in out
     )
     assert (
-        run(
+        main(
             [
                 "agent",
                 "mig-parted",
@@ -208,22 +209,22 @@ def test_validate_oneshot_exit_status(tmp_path: Path) -> None:
     assert (out / "driver-ready").read_text() == (
         "IS_HOST_DRIVER=false\nNVIDIA_DRIVER_ROOT=/run/nvidia/driver\nDRIVER_ROOT_CTR_PATH=/\n"
     )
-    assert run(["agent", "validate", "--components", "driver,bogus"]) == 2
+    assert main(["agent", "validate", "--components", "driver,bogus"]) == 2
 
 
 def test_validate_says_in_one_line_when_it_cannot_write_its_files(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """As the DRA validator's init container did, nonroot, with /run/nvidia/validations: one
     line naming the directory and the option, no traceback, and nothing checked."""
     blocked = tmp_path / "file"
     blocked.write_text("")
     argv = ["agent", "validate", "--simulate", "l4:1", "--with-wait", "--components", "cuda"]
-    assert run([*argv, "--output-dir", str(blocked / "validations")]) == 1
-    assert "Traceback" not in capsys.readouterr().err
-    (record,) = [r for r in caplog.records if r.levelname == "ERROR"]
-    assert f"cannot write the validation files in {blocked / 'validations'}" in record.message
-    assert "--output-dir" in record.message
+    assert main([*argv, "--output-dir", str(blocked / "validations")]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert f"error: {blocked / 'validations'}: cannot write the validation files there" in err
+    assert "--output-dir" in err
 
 
 def test_exporter_reads_dcgm_exporter_kubernetes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -356,7 +357,7 @@ def test_simulate_driver_actions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert run(["agent", "simulate-driver", *root, "manager", "uninstall_driver"]) == 0
     assert calls.pop() == ("manager", ((driver,), {}))
     for action in ("init", "manager"):
-        assert run(["agent", "simulate-driver", action]) == 2
+        assert main(["agent", "simulate-driver", action]) == 2
     assert not calls
     with pytest.raises(SystemExit):
         parse("simulate-driver", "smi")  # the stub driver has a real nvidia-smi
@@ -379,7 +380,7 @@ def test_simulate_driver_install_and_uninstall(
     assert capsys.readouterr().out.startswith("SIMULATED:")
     assert run([*install, "--spec", "no-such-gpu:2"]) == 1
     assert "no-such-gpu" in capsys.readouterr().err
-    assert run(["agent", "simulate-driver", "install", "--root", str(root)]) == 2
+    assert main(["agent", "simulate-driver", "install", "--root", str(root)]) == 2
     assert "needs --spec, --seed" in capsys.readouterr().err
 
 
@@ -411,13 +412,13 @@ def test_simulate_toolkit_options(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_dra_plugin_refuses_gates_nvidias_driver_refuses(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Refused before NVML is opened or anything published: nothing half-configured runs."""
     monkeypatch.setenv("FEATURE_GATES", "DynamicMIG=true,MPSSupport=true")
-    assert run(["agent", "dra-plugin", "--node-name", "n1"]) == 2
-    (record,) = [r for r in caplog.records if r.levelname == "ERROR"]
-    assert "DynamicMIG and MPSSupport cannot both be on" in record.message
-    assert "FEATURE_GATES" in record.message
-    assert run(["agent", "dra-plugin", "--node-name", "n1", "--feature-gates", "Nope=true"]) == 2
-    assert "unknown feature gate(s) Nope" in caplog.records[-1].message
+    assert main(["agent", "dra-plugin", "--node-name", "n1"]) == 2
+    err = capsys.readouterr().err
+    assert "DynamicMIG and MPSSupport cannot both be on" in err
+    assert "FEATURE_GATES" in err
+    assert main(["agent", "dra-plugin", "--node-name", "n1", "--feature-gates", "Nope=true"]) == 2
+    assert "unknown feature gate(s) Nope" in capsys.readouterr().err

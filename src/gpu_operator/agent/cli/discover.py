@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import sys
 from pathlib import Path
@@ -26,18 +25,10 @@ from gpu_operator.cluster_args import add_cluster_options, credentials
 from gpu_operator.durations import EXAMPLES, parse_duration
 from gpu_operator.formats import add_output_option, structured
 
-log = logging.getLogger(__name__)
-
 
 def cmd_discover(args: argparse.Namespace) -> int:
-    from gpu_operator.agent.deviceplugin.configs import ConfigSelectionError
-
     setup(args)
-    try:
-        configs = config_dir(args)
-    except ConfigSelectionError as exc:
-        log.error("%s", exc)
-        return 2
+    configs = config_dir(args)
     if configs is None:
         config = load_device_plugin_config(args.config_file)
     else:

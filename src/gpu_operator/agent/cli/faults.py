@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Any
 
 from gpu_operator.agent.simnvml import (
@@ -24,34 +23,26 @@ from gpu_operator.agent.simnvml import (
     clear_faults,
     inject_fault,
 )
+from gpu_operator.usage import UsageProblem
 
 CLEAR = "clear"
 
 
 def cmd_simulate_fault(args: argparse.Namespace) -> int:
     if not args.simulate_state:
-        print(
-            f"error: simulate-fault acts on simulated GPUs only: give --simulate-state FILE "
-            f"(or env {ENV_STATE})",
-            file=sys.stderr,
+        raise UsageProblem(
+            "simulate-fault acts on simulated GPUs only",
+            f"give --simulate-state FILE (or env {ENV_STATE})",
         )
-        return 2
-    try:
-        if args.kind == CLEAR:
-            if args.value is not None and args.value not in FAULT_KINDS:
-                raise SimulationError(f"clear takes one of {', '.join(FAULT_KINDS)}, or nothing")
-            index = clear_faults(args.simulate_state, args.gpu, args.value)
-            done = f"cleared {args.value or 'every fault'}"
-        else:
-            value = _number(args.value)
-            index = inject_fault(args.simulate_state, args.gpu, args.kind, value)
-            done = f"injected {args.kind}" + ("" if value is None else f" {value}")
-    except SimulationError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"error: {args.simulate_state}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
+    if args.kind == CLEAR:
+        if args.value is not None and args.value not in FAULT_KINDS:
+            raise SimulationError(f"clear takes one of {', '.join(FAULT_KINDS)}, or nothing")
+        index = clear_faults(args.simulate_state, args.gpu, args.value)
+        done = f"cleared {args.value or 'every fault'}"
+    else:
+        value = _number(args.value)
+        index = inject_fault(args.simulate_state, args.gpu, args.kind, value)
+        done = f"injected {args.kind}" + ("" if value is None else f" {value}")
     print(f"SIMULATED GPU {index} of {args.simulate_state}: {done}")
     return 0
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from typing import TYPE_CHECKING, Any
@@ -12,11 +11,10 @@ from gpu_operator.agent import kube
 from gpu_operator.agent.cli.common import add_common, add_node_name, node_name, setup
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.cluster_args import add_cluster_options, credentials
+from gpu_operator.usage import UsageProblem
 
 if TYPE_CHECKING:
     from gpu_operator.agent.migparted import MigPartedConfig
-
-log = logging.getLogger(__name__)
 
 DEFAULT_MIG_CONFIG = "/mig-parted-config/config.yaml"
 
@@ -27,8 +25,7 @@ def cmd_mig_manager(args: argparse.Namespace) -> int:
     setup(args)
     node = node_name(args)
     if not node:
-        log.error("NODE_NAME is required")
-        return 2
+        raise UsageProblem("mig-manager needs the node's name", "--node-name or env NODE_NAME")
     path = args.config_file
 
     def config() -> MigPartedConfig:
@@ -52,12 +49,10 @@ def cmd_mig_parted(args: argparse.Namespace) -> int:
 
     if args.action != "generate" and not args.config_file:
         if not os.path.exists(DEFAULT_MIG_CONFIG):
-            print(
-                f"error: mig-parted {args.action} needs a config: no {DEFAULT_MIG_CONFIG} here, "
+            raise UsageProblem(
+                f"mig-parted {args.action} needs a config: no {DEFAULT_MIG_CONFIG} here",
                 "give one with -f FILE (env CONFIG_FILE)",
-                file=sys.stderr,
             )
-            return 2
         args.config_file = DEFAULT_MIG_CONFIG
     setup(args)
     with Nvml() as nvml:
@@ -65,7 +60,7 @@ def cmd_mig_parted(args: argparse.Namespace) -> int:
             sys.stdout.write(migparted.standard_configs(nvml.inventory()).to_yaml())
             return 0
         config = migparted.load_mig_config(args.config_file)
-        try:
+        try:  # a config that cannot be planned is a MigPlanError: a ValueError, bad input
             if args.action == "plan":
                 plan = migparted.plan(nvml.inventory(), config, args.config)
                 for gpu in plan.gpus:
@@ -77,9 +72,8 @@ def cmd_mig_parted(args: argparse.Namespace) -> int:
             migparted.apply_config(nvml, config, args.config)
             print(f"MIG config {args.config} applied")
             return 0
-        except (migparted.MigPlanError, migparted.MigApplyError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
+        except migparted.MigApplyError as exc:  # NVML refused: the GPU and step, in one line
+            raise SystemExit(str(exc)) from exc
 
 
 def register(sub: Any) -> None:

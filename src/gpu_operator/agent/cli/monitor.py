@@ -16,6 +16,8 @@ from gpu_operator.agent.cli.common import add_common, add_node_name, env_bool, n
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.agent.podresources import KUBELET_SOCKET
 from gpu_operator.cluster_args import add_cluster_options, credentials
+from gpu_operator.textfiles import FileProblem
+from gpu_operator.usage import UsageProblem
 
 if TYPE_CHECKING:
     from gpu_operator.agent.driverready import DriverLocation
@@ -64,18 +66,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
     components = [c.strip() for c in args.components.split(",") if c.strip()]
     unknown = sorted(set(components) - set(validate.COMPONENTS))
     if unknown:
-        log.error("unknown components %s (known: %s)", unknown, ", ".join(validate.COMPONENTS))
-        return 2
+        raise UsageProblem(
+            f"unknown components {', '.join(unknown)} in --components (env COMPONENTS)",
+            f"known: {', '.join(validate.COMPONENTS)}",
+        )
     try:
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        log.error(
-            "cannot write the validation files in %s (%s): give a directory this user may "
-            "write with --output-dir (env VALIDATIONS_DIR)",
+        raise FileProblem(
             args.output_dir,
-            exc.strerror,
-        )
-        return 1
+            f"cannot write the validation files there ({exc.strerror})",
+            "give a directory this user may write with --output-dir (env VALIDATIONS_DIR)",
+        ) from exc
     read_node = None
     if "plugin" in components and node:
         api = kube.connect(*credentials(args))

@@ -27,6 +27,7 @@ from gpu_operator.agent.deviceplugin_config import load_device_plugin_config
 from gpu_operator.agent.nvml import Nvml, NvmlError, simulated
 from gpu_operator.cluster_args import add_cluster_options, credentials
 from gpu_operator.stopping import stop_on_signals, wait_until
+from gpu_operator.usage import UsageProblem
 
 if TYPE_CHECKING:
     from gpu_operator.agent.gpuhealth import HealthSettings
@@ -42,18 +43,13 @@ CDI_ROOT_HELP = "where CDI specs are written for the container runtime (env CDI_
 # -- device-plugin ------------------------------------------------------------------------------
 def cmd_device_plugin(args: argparse.Namespace) -> int:
     from gpu_operator.agent.deviceplugin import agent as plugin
-    from gpu_operator.agent.deviceplugin.configs import ConfigSelectionError
     from gpu_operator.agent.deviceplugin.health import xid_policy
     from gpu_operator.agent.gpuhealth import health_settings
 
     setup(args)
     node = node_name(args)
-    try:
-        configs = config_dir(args)
-        gpu_health = health_settings(os.environ)
-    except (ConfigSelectionError, ValueError) as exc:
-        log.error("%s", exc)
-        return 2
+    configs = config_dir(args)
+    gpu_health = health_settings(os.environ)
     stop = stop_on_signals()
     if args.kwok_capacity:
         return _kwok_capacity(args, node, configs, stop, gpu_health)
@@ -102,11 +98,11 @@ def _kwok_capacity(
     from gpu_operator.agent.deviceplugin.settings import plugin_settings
 
     if not args.simulate or not node:
-        log.error(
-            "--kwok-capacity is for simulated kwok nodes: it needs --simulate (or "
-            "GPU_OPERATOR_SIMULATE) and the node's name (--node-name or NODE_NAME)"
+        raise UsageProblem(
+            "--kwok-capacity is for simulated kwok nodes",
+            "it needs --simulate (or GPU_OPERATOR_SIMULATE) and the node's name (--node-name "
+            "or NODE_NAME)",
         )
-        return 2
     overrides = {env: getattr(args, env.lower()) for env in PLUGIN_ENV}
     nvml = Nvml()
     nvml.open()
@@ -192,31 +188,26 @@ def _follow_health(
 # -- mps-control-daemon -------------------------------------------------------------------------
 def cmd_mps_control_daemon(args: argparse.Namespace) -> int:
     from gpu_operator.agent.deviceplugin import mps
-    from gpu_operator.agent.deviceplugin.configs import ConfigSelectionError
     from gpu_operator.agent.deviceplugin.resources import device_map
     from gpu_operator.agent.deviceplugin.settings import plugin_settings
 
     setup(args)
+    configs = config_dir(args)
     nvml = Nvml().open()
     # Simulated GPUs (--simulate, or the stub driver of a simulated node) get the simulated
     # daemon; real GPUs need NVIDIA's.
     if not simulated():
+        nvml.close()
         if args.simulated:
-            log.error("--simulated needs simulated GPUs: --simulate or a simulated node's driver")
-        else:
-            log.error(
-                "this image has no CUDA MPS control daemon: it runs only for simulated GPUs; "
-                "use NVIDIA's device-plugin image (devicePlugin.repository/image) for MPS on "
-                "real GPUs"
+            raise UsageProblem(
+                "--simulated needs simulated GPUs", "--simulate or a simulated node's driver"
             )
-        return 2
+        raise UsageProblem(
+            "this image has no CUDA MPS control daemon: it runs only for simulated GPUs",
+            "use NVIDIA's device-plugin image (devicePlugin.repository/image) for MPS on real GPUs",
+        )
     node = node_name(args)
     api = kube.connect(*credentials(args)) if args.config_dir and node else None
-    try:
-        configs = config_dir(args)
-    except ConfigSelectionError as exc:
-        log.error("%s", exc)
-        return 2
     seen = {"version": ""}
 
     def resources() -> list[str]:
@@ -255,8 +246,10 @@ def cmd_mps_claim_daemon(args: argparse.Namespace) -> int:
 
     setup(args)
     if not args.driver_root:
-        log.error("mps-claim-daemon needs the driver root: --driver-root")
-        return 2
+        raise UsageProblem(
+            "mps-claim-daemon needs the driver root",
+            "--driver-root (env CONTAINER_DRIVER_ROOT or NVIDIA_DRIVER_ROOT)",
+        )
     return mps_daemon.run(args.driver_root, stop_on_signals())
 
 
@@ -270,24 +263,17 @@ def cmd_dra_plugin(args: argparse.Namespace) -> int:
     setup(args)
     node = node_name(args)
     if not node:
-        log.error("dra-plugin needs the node's name: --node-name or env NODE_NAME")
-        return 2
+        raise UsageProblem("dra-plugin needs the node's name", "--node-name or env NODE_NAME")
     try:
         gates = dragates.from_env(args.feature_gates)
     except dragates.GateError as exc:  # refused before anything is published or served
-        log.error("%s (--feature-gates, env FEATURE_GATES)", exc)
-        return 2
+        raise UsageProblem(str(exc), "fix --feature-gates (env FEATURE_GATES)") from exc
     from gpu_operator.agent.gpuhealth import health_settings
     from gpu_operator.labels import HEALTH_ENV_CONDITION
 
-    try:  # NVIDIA's gate turns on the device plugin's GPU health: its settings, its condition
-        health_on = gates.on("NVMLDeviceHealthCheck")
-        settings = (
-            health_settings({**os.environ, HEALTH_ENV_CONDITION: "true"}) if health_on else None
-        )
-    except ValueError as exc:
-        log.error("%s", exc)
-        return 2
+    # NVIDIA's gate turns on the device plugin's GPU health: its settings, its condition.
+    health_on = gates.on("NVMLDeviceHealthCheck")
+    settings = health_settings({**os.environ, HEALTH_ENV_CONDITION: "true"}) if health_on else None
     stop = stop_on_signals()
     nvml = Nvml().open()
     api = kube.connect(*credentials(args))

@@ -2,8 +2,9 @@
 driver and container-toolkit images (testenv only; :mod:`gpu_operator.agent.simulated_operands`).
 
 Each writes into the host it runs on, so none has a default for where it writes: run by hand
-without its target paths, it refuses in one line (exit 2) rather than lay a stub driver into
-/run/nvidia/driver or a containerd drop-in into /etc/containerd. The stand-in images pass them.
+without its target paths, it refuses with a usage error (exit 2) rather than lay a stub driver
+into /run/nvidia/driver or a containerd drop-in into /etc/containerd. The stand-in images pass
+them.
 """
 
 from __future__ import annotations
@@ -12,17 +13,17 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from gpu_operator import labels
 from gpu_operator.agent.cli.common import setup
 from gpu_operator.agent.stubdriver import STYLES  # light: the NVML loader imports it anyway
+from gpu_operator.usage import UsageProblem
 
 
-def _refuse(command: str, missing: list[str]) -> int:
-    """Exit 2 with one line naming the options the command needs."""
-    print(f"error: {command} needs {', '.join(missing)}: it writes there", file=sys.stderr)
-    return 2
+def _refuse(command: str, missing: list[str]) -> NoReturn:
+    """A usage error (exit 2) naming the options the command needs: where it writes."""
+    raise UsageProblem(f"{command} needs {', '.join(missing)}", "it writes there")
 
 
 def cmd_simulate_driver(args: argparse.Namespace) -> int:
@@ -32,13 +33,13 @@ def cmd_simulate_driver(args: argparse.Namespace) -> int:
         return _install(args)
     if args.action == "uninstall":
         if not args.root:
-            return _refuse("simulate-driver uninstall", ["--root"])
+            _refuse("simulate-driver uninstall", ["--root"])
         setup(args)
         removed = sim.uninstall_driver(Path(args.root))
         sim.say(f"stub driver removed from {args.root}" if removed else "no stub driver there")
         return 0
     if not args.driver_root:
-        return _refuse(f"simulate-driver {args.action}", ["--driver-root"])
+        _refuse(f"simulate-driver {args.action}", ["--driver-root"])
     setup(args)
     driver_root = Path(args.driver_root)
     if args.action == "manager":
@@ -58,7 +59,7 @@ def _install(args: argparse.Namespace) -> int:
 
     missing = [f"--{name}" for name in ("root", "spec", "seed") if not getattr(args, name)]
     if missing:
-        return _refuse("simulate-driver install", missing)
+        _refuse("simulate-driver install", missing)
     setup(args)
     root = Path(args.root)
     try:
@@ -83,7 +84,7 @@ def cmd_simulate_toolkit(args: argparse.Namespace) -> int:
     from gpu_operator.agent import simulated_operands as sim
 
     if not args.containerd_config:
-        return _refuse("simulate-toolkit", ["--containerd-config (env CONTAINERD_CONFIG)"])
+        _refuse("simulate-toolkit", ["--containerd-config (env CONTAINERD_CONFIG)"])
     setup(args)  # NVML from --driver-root: the CDI spec names the driver's GPUs
     return sim.run_toolkit(
         Path(args.containerd_config),

@@ -50,6 +50,7 @@ from gpu_operator.agent.inventory import Inventory
 from gpu_operator.agent.nvml import Nvml, NvmlError, current_driver_root
 from gpu_operator.agent.podresources import attributions_from_kubelet
 from gpu_operator.stopping import wait_until
+from gpu_operator.textfiles import FileProblem
 
 if TYPE_CHECKING:
     from gpu_operator.kube import Kube
@@ -471,38 +472,31 @@ def run_device_plugin(
 ) -> int:
     """The agent's life: pick the config, open NVML, advertise, follow the kubelet, health and
     the Node (config label; with ``gpu_health`` the GPUHealthy condition and reset requests)
-    until ``stop`` is set. Returns the process exit code."""
+    until ``stop`` is set. Returns the process exit code; what it cannot start with (no
+    device-plugin directory, the Node unreadable, a bad config, NVML failing with
+    failOnInitError) it raises, for the command line to explain in one line."""
     if not paths.socket_dir.is_dir():
-        log.error(
-            "%s does not exist: mount the kubelet's device-plugin directory there "
-            "(or point --kubelet-socket at the kubelet's socket)",
+        raise FileProblem(
             paths.socket_dir,
+            "does not exist",
+            "mount the kubelet's device-plugin directory there (or point --kubelet-socket at "
+            "the kubelet's socket)",
         )
-        return 1
     label: str | None = None
     if configs is not None and api is not None and node:
-        try:
-            label = kube.read_node(api, node).labels.get(configs.label_key) or None
-        except Exception as exc:  # no API server, no RBAC, wrong NODE_NAME: say which
-            log.error("reading node %s for its %s label: %s", node, configs.label_key, exc)
-            return 1
-    try:
-        if configs is not None:
-            name, config = configs.choose(label)
-            log.info("device-plugin config %s", name or "(empty: defaults)")
-        else:
-            config = load_device_plugin_config(config_file)
-        settings = plugin_settings(config, overrides)
-    except (ValueError, OSError) as exc:
-        log.error("device-plugin config: %s", exc)
-        return 2
+        label = kube.read_node(api, node).labels.get(configs.label_key) or None
+    if configs is not None:
+        name, config = configs.choose(label)
+        log.info("device-plugin config %s", name or "(empty: defaults)")
+    else:
+        config = load_device_plugin_config(config_file)
+    settings = plugin_settings(config, overrides)
     nvml = Nvml()
     try:
         nvml.open()
     except NvmlError as exc:
         if settings.fail_on_init_error:
-            log.error("%s (failOnInitError is true: exiting)", exc)
-            return 1
+            raise  # failOnInitError is true: no driver, no plugin (exit 4, no usable driver)
         log.warning("%s; advertising no devices (failOnInitError is false)", exc)
         wait_until(stop)
         return 0
