@@ -51,6 +51,7 @@ from gpu_operator.install.helm_values import MOVES, handled
 from gpu_operator.install.uninstall_plan import CRDS, RESOURCE_KINDS
 from gpu_operator.kube import Kube
 from gpu_operator.labels import DRIVER_POOL
+from tests.e2e.helm_support import CHART, NS, RELEASE, Helm
 from tests.e2e.support import (
     NotYet,
     policy_api_served,
@@ -65,9 +66,6 @@ from tests.paths import REPO
 from tests.schema import strict, validate_kubernetes
 from tests.unit.install.values_data import REAL_WORLD, keys_file, nvidia_values
 
-CHART = REPO / helm.CHART_DIR
-NS = "gpu-operator"
-RELEASE = "gpu-operator"
 STATE = "nvidia.com/gpu-driver-upgrade-state"
 HOOKS = f"app.kubernetes.io/name=gpu-operator,{helm.HOOK_LABEL} in (crd-upgrade,uninstall)"
 
@@ -78,40 +76,6 @@ def nvidia_values_file(tmp_path: Path) -> Path:
     path = tmp_path / "nvidia-values.yaml"
     path.write_text(yaml.safe_dump(nvidia_values()))
     return path
-
-
-class Helm:
-    """The helm built with the control plane, with its own config and cache directories."""
-
-    def __init__(self, bin_dir: Path, home: Path, kubeconfig: Path | None = None) -> None:
-        self.binary = str(bin_dir / "helm")
-        self.env = {
-            **os.environ,
-            "HELM_CACHE_HOME": str(home / "cache"),
-            "HELM_CONFIG_HOME": str(home / "config"),
-            "HELM_DATA_HOME": str(home / "data"),
-        }
-        if kubeconfig is not None:
-            self.env["KUBECONFIG"] = str(kubeconfig)
-
-    def run(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(
-            [self.binary, *args], capture_output=True, text=True, env=self.env, timeout=300
-        )
-        if ok:
-            assert done.returncode == 0, f"helm {' '.join(args)}:\n{done.stderr}"
-        return done
-
-    def install(self, values: Path) -> subprocess.CompletedProcess[str]:
-        """`helm install` as the README shows it, with a values file, waiting for readiness."""
-        return self.run(
-            "install", RELEASE, str(CHART), "-n", NS, "--create-namespace",
-            "-f", str(values), "--wait", "--timeout", "3m",
-        )  # fmt: skip
-
-    def template(self, *args: str) -> list[dict[str, Any]]:
-        out = self.run("template", RELEASE, str(CHART), "-n", NS, *args).stdout
-        return [d for d in yaml.safe_load_all(out) if d]
 
 
 def policy_of(objects: list[dict[str, Any]]) -> dict[str, Any]:
@@ -425,7 +389,7 @@ def test_nvidia_defaults_install_upgrade_driver_and_uninstall(
         kube = Kube(api)
         helm_ = Helm(testenv_bin_dir, tmp_path, cluster.kubeconfig)
         before = node_state(kube)
-        install = helm_.install(nvidia_values_file)
+        install = helm_.install("-f", str(nvidia_values_file))
         assert hooks.ran(helm.CRD_HOOK).args == ["crd", "--apply"]
         # NVIDIA's keys that mean nothing here are named, and NVIDIA's operator image replaced.
         assert "Accepted but ignored" in install.stdout and "nfd.enabled" in install.stdout
@@ -470,7 +434,7 @@ def test_nvidia_defaults_install_upgrade_driver_and_uninstall(
                 for d in drivers
             )
 
-            helm_.run("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "3m")
+            helm_.uninstall()
             uninstall = hooks.ran(helm.UNINSTALL_HOOK)
             assert "uninstalled: no ClusterPolicy, NVIDIADriver or GPUCluster" in uninstall.output
         finally:
@@ -514,7 +478,7 @@ def test_real_world_values_new_crd_first_and_nothing_left(
         # An older release's CRD is there: Helm skips crds/ for a CRD that exists.
         kube.apply(old_crd("devicePlugin", "config"))
         wait_for("the old CRD served", lambda: policy_api_served(kube))
-        helm_.install(REAL_WORLD)
+        helm_.install("-f", str(REAL_WORLD))
         assert "applied the ClusterPolicy CRD" in hooks.ran(helm.CRD_HOOK).output
         crd = kube.get("CustomResourceDefinition", "clusterpolicies.nvidia.com") or {}
         assert crd["metadata"]["annotations"][VERSION_ANNOTATION] == __version__
@@ -561,7 +525,7 @@ def test_real_world_values_new_crd_first_and_nothing_left(
             )
             wait_for("the GPU node in the default pool", lambda: in_default_pool(kube), timeout=180)
 
-            helm_.run("uninstall", RELEASE, "-n", NS, "--wait", "--timeout", "3m")
+            helm_.uninstall()
             assert "--delete-crd" in hooks.ran(helm.UNINSTALL_HOOK).args
         finally:
             operator.stop()

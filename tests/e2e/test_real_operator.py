@@ -1,8 +1,11 @@
-"""The operator itself in a container: deploy/ applied unchanged (its image reference is the
-project's image, built from the Dockerfile and loaded into the real nodes) on a cluster of two
-real nodes. Its two replicas run under deploy/'s securityContext (non-root, read-only root
-filesystem) with deploy/'s ServiceAccount, exactly one holds the Lease and says so on /healthz,
-and it converges the example ClusterPolicy with every operand in a real container."""
+"""The operator itself in a container, on a cluster of two real GPU nodes and no other node,
+installed both ways a user installs it. deploy/ applied unchanged (its image reference is the
+project's image, built from the Dockerfile and loaded into the real nodes): its two replicas
+run under deploy/'s securityContext (non-root, read-only root filesystem) with deploy/'s
+ServiceAccount, exactly one holds the Lease and says so on /healthz, and it converges the
+example ClusterPolicy with every operand in a real container. The Helm chart with its defaults:
+`helm install`, then `helm uninstall`, whose pre-delete hook runs in a real container on a node
+the operator tainted, leave the nodes as they were."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from kubernetes.stream import stream
 
 from gpu_operator import testenv
 from gpu_operator.kube import Kube
+from tests.e2e.helm_support import NS, Helm
 from tests.e2e.stack_support import phases, project_images
 from tests.e2e.support import NotYet, policy_ready, wait_for
 from tests.paths import REPO
@@ -28,7 +32,6 @@ from tests.paths import REPO
 # The first run builds the image and the stand-ins (minutes; a changed tree rebuilds them).
 pytestmark = [pytest.mark.real_nodes, pytest.mark.timeout(1800)]
 
-NS = "gpu-operator"
 LEASE = "gpu-operator-leader"
 
 
@@ -70,17 +73,19 @@ def test_deploy_runs_two_replicas_one_leader_and_converges_the_example(
     cluster: testenv.Cluster,
 ) -> None:
     """...and the Helm chart's pre-delete hook command then leaves the real nodes as they were
-    before the install: no CRD, custom resource or DaemonSet of the project, no label or taint."""
+    before the install: no CRD, custom resource or DaemonSet of the project, no label or taint;
+    then deleting deploy/'s objects leaves no operator pod."""
     with cluster.api_client() as api:
         kube = Kube(api)
         core = k8s.CoreV1Api(api)
         before = {name: _marks(kube, name) for name in cluster.real_nodes}
-        for path in sorted((REPO / "deploy").glob("*.yaml")):
-            for doc in yaml.safe_load_all(path.read_text()):
-                if doc and doc["kind"] == "Deployment":  # not a kind the operator handles
-                    k8s.AppsV1Api(api).create_namespaced_deployment(NS, doc)
-                elif doc:
-                    kube.apply(doc)
+        paths = sorted((REPO / "deploy").glob("*.yaml"))
+        docs = [d for path in paths for d in yaml.safe_load_all(path.read_text()) if d]
+        for doc in docs:
+            if doc["kind"] == "Deployment":  # not a kind the operator handles
+                k8s.AppsV1Api(api).create_namespaced_deployment(NS, doc)
+            else:
+                kube.apply(doc)
 
         def operators() -> list[dict[str, Any]]:
             return kube.list_objects(
@@ -127,9 +132,44 @@ def test_deploy_runs_two_replicas_one_leader_and_converges_the_example(
             capture_output=True, text=True, timeout=360, check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
-        assert not [c for c in CRDS if kube.get("CustomResourceDefinition", c)]
-        assert kube.list_objects("DaemonSet", NS) == []
-        assert {n: _marks(kube, n) for n in cluster.real_nodes} == before
+        assert_nothing_left(kube, cluster, before)
+
+        # Then the rest of `kubectl delete -f deploy/`, the namespace aside (Helm installs there),
+        # and the leader Lease the replicas made, which deleting the namespace would take.
+        for doc in reversed(docs):
+            if doc["kind"] != "Namespace":
+                meta = doc["metadata"]
+                kube.delete(doc["kind"], meta["name"], meta.get("namespace"))
+        wait_for("the operator's pods gone", lambda: not operators() or NotYet(phases(operators())))
+        kube.delete("Lease", LEASE, NS)
+
+
+def test_helm_install_and_uninstall_leave_the_real_gpu_nodes_as_they_were(
+    cluster: testenv.Cluster, testenv_bin_dir: Path, tmp_path: Path
+) -> None:
+    """Every node here is a GPU node the operator taints, so the uninstall hook's pod starts
+    only because it tolerates that taint; the CRDs going is the hook's work (Helm never deletes
+    a chart's CRDs)."""
+    helm_ = Helm(testenv_bin_dir, tmp_path, cluster.kubeconfig)
+    with cluster.api_client() as api:
+        kube = Kube(api)
+        before = {name: _marks(kube, name) for name in cluster.real_nodes}
+        helm_.install(timeout="5m")
+        wait_for("the chart's ClusterPolicy ready", lambda: policy_ready(kube), timeout=600)
+        for name in cluster.real_nodes:
+            wait_for(f"{name} labelled by discovery", lambda n=name: _gpu_count_8(kube, n))
+            assert _marks(kube, name)["taints"], name
+        helm_.uninstall(timeout="5m")
+        assert_nothing_left(kube, cluster, before)
+
+
+def assert_nothing_left(
+    kube: Kube, cluster: testenv.Cluster, before: dict[str, dict[str, Any]]
+) -> None:
+    """No CRD or DaemonSet of the project, and each node's marks as they were before."""
+    assert not [c for c in CRDS if kube.get("CustomResourceDefinition", c)]
+    assert kube.list_objects("DaemonSet", NS) == []
+    assert {n: _marks(kube, n) for n in cluster.real_nodes} == before
 
 
 CRDS = ("clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com", "gpuclusters.nvidia.com")
