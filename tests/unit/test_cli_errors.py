@@ -171,6 +171,12 @@ CASES = [
         CLUSTER,
         {},
     ),
+    (  # ...and a node the API server does not know is a wrong NODE_NAME
+        "agent device-plugin --simulate t4:1 --kubelet-socket {plugins} --config-dir {empty} "
+        "--node-name n --kubeconfig {nocrd}",
+        USAGE,
+        {},
+    ),
     # Files that are missing, not UTF-8, not YAML.
     ("render -f {missing}", BAD_INPUT, {}),
     ("render -f {utf16}", BAD_INPUT, {}),

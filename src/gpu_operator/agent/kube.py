@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpu_operator.events import event_body, now_iso
+from gpu_operator.usage import UsageProblem
 from gpu_operator.views import NodeView, string_map
 
 if TYPE_CHECKING:  # the client is imported on first use: agents printing labels stay small
@@ -49,10 +50,17 @@ def connect(kubeconfig: str | None = None, context: str | None = None) -> Kube:
     return kube.connect(kubeconfig, context)
 
 
+class NodeNotFound(UsageProblem, LookupError):
+    """The agent's node is not in the cluster: almost always a wrong NODE_NAME (usage, exit 2)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"node {name} not found", "is NODE_NAME (--node-name) right?")
+
+
 def read_node(api: Kube, name: str) -> NodeView:
     node = api.get("Node", name)
     if node is None:
-        raise LookupError(f"node {name} not found (is NODE_NAME right?)")
+        raise NodeNotFound(name)
     return NodeView.from_k8s(node)
 
 
@@ -60,7 +68,7 @@ def read_node_conditions(api: Kube, name: str) -> tuple[NodeView, dict[str, dict
     """The Node and its ``status.conditions`` by type, from one read."""
     node = api.get("Node", name)
     if node is None:
-        raise LookupError(f"node {name} not found (is NODE_NAME right?)")
+        raise NodeNotFound(name)
     conditions = (node.get("status") or {}).get("conditions") or ()
     by_type = {str(c.get("type")): dict(c) for c in conditions if isinstance(c, dict)}
     return NodeView.from_k8s(node), by_type

@@ -14,6 +14,7 @@ import pytest
 from kubernetes import client
 
 from gpu_operator.agent import kube
+from gpu_operator.cli_errors import USAGE, explain
 from gpu_operator.kube import Kube
 
 NODE = {
@@ -163,5 +164,6 @@ def test_read_node_names_a_missing_node() -> None:
         def get(self, kind: str, name: str) -> None:
             return None
 
-    with pytest.raises(LookupError, match="node gpu-node-9 not found"):
+    with pytest.raises(LookupError, match="node gpu-node-9 not found: is NODE_NAME"):
         kube.read_node(Missing(), "gpu-node-9")  # type: ignore[arg-type]
+    assert explain(kube.NodeNotFound("gpu-node-9"))[0] == USAGE
