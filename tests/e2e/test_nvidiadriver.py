@@ -313,6 +313,13 @@ def test_nvidia_sample_accepted_and_immutable_fields_refused(cluster: testenv.Cl
                     "NVIDIADriver", name, {"spec": {"default": True, "nodeSelector": {"a": "b"}}}
                 )
             assert "default NVIDIADriver must not use nodeSelector" in (refused.value.body or "")
+            # A name that cannot be the nodes' pool label value is refused at apply, not later.
+            with pytest.raises(ApiException) as refused:
+                kube.create({**sample, "metadata": {"name": name + "-" + "x" * (63 - len(name))}})
+            assert refused.value.status == 422
+            assert "metadata.name must be at most 63 characters" in (refused.value.body or "")
+            assert kube.create({**sample, "metadata": {"name": name[:1] + "x" * 62}})
+            kube.delete("NVIDIADriver", name[:1] + "x" * 62)
         finally:
             kube.delete("NVIDIADriver", name)
 

@@ -243,6 +243,7 @@ def nvidiadriver_crd() -> dict[str, Any]:
                                 "spec": spec_schema,
                                 "status": status_schema,
                             },
+                            "x-kubernetes-validations": [nvidiadriver.NAME_FITS_A_LABEL],
                         }
                     },
                 }

@@ -28,6 +28,7 @@ from gpu_operator.api.base import (
     crd_default,
     drop_nulls,
 )
+from gpu_operator.api.formats import DNS_LABEL_MAX
 from gpu_operator.api.policy import PolicyError, describe_validation_error
 from gpu_operator.api.spec import (
     CanarySpec,
@@ -39,6 +40,7 @@ from gpu_operator.api.spec import (
     WaitForCompletionSpec,
 )
 from gpu_operator.api.status import Rollout
+from gpu_operator.labels import DRIVER_POOL
 
 GROUP = "nvidia.com"
 VERSION = "v1alpha1"
@@ -67,6 +69,13 @@ DEFAULT_WITHOUT_SELECTOR = {
     "rule": "has(self.default) && self.default ? "
     "!has(self.nodeSelector) || size(self.nodeSelector) == 0 : true",
     "message": "default NVIDIADriver must not use nodeSelector",
+}
+# The name is the value of the pool label on the nodes it selects, so it must fit a label value;
+# Kubernetes itself allows names of up to 253 characters.
+NAME_FITS_A_LABEL = {
+    "rule": f"size(self.metadata.name) <= {DNS_LABEL_MAX}",
+    "message": f"metadata.name must be at most {DNS_LABEL_MAX} characters: it is the value of "
+    f"the {DRIVER_POOL} label on the nodes this NVIDIADriver selects",
 }
 
 

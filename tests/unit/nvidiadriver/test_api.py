@@ -106,6 +106,15 @@ def test_cel_rules_and_messages_are_nvidias() -> None:
     assert set(rules(ours())) == {"spec", "driverType", "usePrecompiled"}
 
 
+def test_the_one_rule_added_to_nvidias_keeps_the_name_a_label_value() -> None:
+    """NVIDIA's CRD has no rule at the root; ours refuses names the pool label cannot hold, so
+    `kubectl apply` refuses what the operator could not label nodes with."""
+    assert "x-kubernetes-validations" not in nvidia()
+    (rule,) = ours()["x-kubernetes-validations"]
+    assert rule["rule"] == "size(self.metadata.name) <= 63"
+    assert "nvidia.com/gpu.driver-pool" in rule["message"]
+
+
 def test_defaults_are_nvidias() -> None:
     spec = ours()["properties"]["spec"]
     theirs = nvidia()["properties"]["spec"]
