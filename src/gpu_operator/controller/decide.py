@@ -109,6 +109,10 @@ class Gauges:
 
 @dataclass(frozen=True)
 class Decision:
+    """What one ClusterPolicy pass will do: the writes, in stages the executor runs in order,
+    when to look again if nothing changes, and the figures the shell reports. Plain data, so
+    a pass is tested by comparing Decisions."""
+
     memory: Memory  # before this pass's outcomes are folded in
     stages: tuple[Stage, ...] = ()
     requeue_at: float | None = None  # look again by then even if nothing changes
@@ -121,6 +125,10 @@ class Decision:
 
 
 def decide(snap: Snapshot, memory: Memory, config: OperatorConfig) -> Decision:
+    """The ClusterPolicy loop's whole judgement, pure: from what the watches show (``snap``)
+    and what earlier passes remembered, the writes that bring the cluster to the active
+    policy, or take a deleted one's traces off the nodes before its finalizer goes. Only the
+    oldest policy acts; the others are told they are ignored."""
     active_name = active_policy(snap.policies)
     gpu_nodes = sum(1 for n in snap.nodes if is_gpu_node(n))
     nfd = nfd_present(snap.nodes)

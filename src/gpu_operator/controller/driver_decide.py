@@ -98,6 +98,10 @@ class DriverDecision:
 
 
 def decide_drivers(snap: DriverSnapshot, config: OperatorConfig) -> DriverDecision:
+    """The NVIDIADriver loop's judgement, pure: which pool each GPU node belongs to, a driver
+    DaemonSet per pool and node OS, each pool's rolling upgrade within its own limits, and
+    the statuses; nothing while the active ClusterPolicy does not hand the driver to
+    NVIDIADrivers (``driver.useNvidiaDriverCRD``), except to say they are ignored."""
     base = snap.base
     drivers = [d for d in snap.drivers if not d["metadata"].get("deletionTimestamp")]
     active = _active_policy(base)

@@ -58,6 +58,11 @@ def unapplied(exc: ApiException) -> bool:
 
 
 class Executor:
+    """Carries out a Decision's stages against the API server, the only place a loop writes:
+    stage by stage, concurrently within a stage (at most ``concurrency`` requests) unless it
+    is ordered, a stage marked after-success skipped when an earlier one failed. Every write
+    gives an Outcome; a refusal is an outcome, never an exception, so the next pass decides."""
+
     def __init__(self, kube: Kube, concurrency: int, metrics: PrometheusMetrics) -> None:
         self.kube = kube
         self.metrics = metrics

@@ -60,6 +60,11 @@ def lease_free(spec: dict[str, Any], identity: str, now: datetime) -> bool:
 
 @dataclass
 class LeaderElector:
+    """One acting replica: holds the Lease while renewals succeed, and stops acting before
+    the Lease can expire (the renew deadline, two thirds of it) rather than after, so two
+    replicas never both write. Released at once on shutdown, so the standby takes over
+    without waiting the Lease out."""
+
     kube: Kube
     namespace: str
     identity: str

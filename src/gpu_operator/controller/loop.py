@@ -64,6 +64,11 @@ def earliest(*times: float | None) -> float | None:
 
 
 class Loop:
+    """Runs one reconciler's pass whenever something it watches changes, and never two at
+    once: events gather into one pass (a settle time that grows with the last pass's CPU,
+    cut short by an urgent event, then the debounce), a failed pass is retried, and a full
+    resync bounds what a lost event could hide. Liveness reads ``pass_started``."""
+
     def __init__(
         self, name: str, run_pass: Pass, config: OperatorConfig, metrics: PrometheusMetrics
     ) -> None:

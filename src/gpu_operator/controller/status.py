@@ -57,6 +57,10 @@ def condition(
 
 
 def compute_status(obs: Observation, previous: Mapping[str, Any], now: str) -> dict[str, Any]:
+    """The ClusterPolicy's status from one pass's observation, pure: state, per-component
+    readiness, the upgrade's and health's summaries, and Ready/Error conditions whose
+    transition times move only when their status does (so an unchanged status is an
+    unchanged object, and no write)."""
     prev_conditions = previous.get("conditions") or []
 
     def cond(ctype: str, status: str, reason: str, message: str) -> dict[str, Any]:

@@ -114,6 +114,12 @@ def find_driver(settings: PluginSettings) -> HostDriver:
 
 
 class DevicePluginAgent:
+    """The device plugin on one node: serves each advertised resource (whole GPUs, MIG
+    devices, time-sliced or MPS replicas) to the kubelet, re-registers when the kubelet
+    restarts, marks GPUs unhealthy on fatal XIDs or a lost GPU (and, with GPU health on,
+    reports them through the GPUHealthy condition), and switches configs when the node's
+    config label changes."""
+
     def __init__(
         self,
         nvml: Nvml,
