@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import yaml
@@ -14,8 +13,11 @@ import yaml
 from gpu_operator import cli
 from gpu_operator.argtree import leaves, subcommands
 from gpu_operator.cli import build_parser, main, package_version
+from tests.fakes.kube import FakeKube
 
 UPGRADING = {
+    "apiVersion": "v1",
+    "kind": "Node",
     "metadata": {
         "name": "gpu-a",
         "labels": {"nvidia.com/gpu-driver-upgrade-state": "upgrade-required"},
@@ -24,6 +26,8 @@ UPGRADING = {
     "spec": {"unschedulable": True},
 }
 POLICY = {
+    "apiVersion": "nvidia.com/v1",
+    "kind": "ClusterPolicy",
     "metadata": {"name": "cluster-policy"},
     "status": {"upgrade": {"done": 0, "total": 1, "failed": 0, "message": "0/1 done"}},
 }
@@ -99,25 +103,16 @@ def test_debug_is_taken_before_or_after_the_command() -> None:
     )
 
 
-class FakeKube:
-    """What the status commands read, canned."""
-
-    def __init__(self, objects: dict[str, list[dict[str, Any]]]) -> None:
-        self.objects = objects
-
-    def list_objects(self, kind: str) -> list[dict[str, Any]]:
-        return self.objects.get(kind, [])
-
-
 @pytest.fixture
-def fleet(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[dict[str, Any]]]:
-    objects: dict[str, list[dict[str, Any]]] = {"ClusterPolicy": [POLICY], "Node": [UPGRADING]}
-    monkeypatch.setattr(cli, "cluster", lambda *_: FakeKube(objects))
-    return objects
+def fleet(monkeypatch: pytest.MonkeyPatch) -> FakeKube:
+    """The cluster the status commands read: a policy and a node it is upgrading."""
+    kube = FakeKube().add(POLICY, UPGRADING)
+    monkeypatch.setattr(cli, "cluster", lambda *_: kube)
+    return kube
 
 
 def test_upgrade_status_as_json_and_yaml(
-    fleet: dict[str, Any], capsys: pytest.CaptureFixture[str]
+    fleet: FakeKube, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["upgrade", "status", "-o", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -133,15 +128,15 @@ def test_upgrade_status_as_json_and_yaml(
 
 
 def test_upgrade_status_without_a_policy_says_so_in_one_line(
-    fleet: dict[str, Any], capsys: pytest.CaptureFixture[str]
+    fleet: FakeKube, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fleet["ClusterPolicy"] = []
+    fleet.remove("ClusterPolicy", "cluster-policy")
     assert main(["upgrade", "status", "--policy", "mine"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: no ClusterPolicy named mine found") and err.count("\n") == 1
 
 
-def test_health_status_as_yaml(fleet: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+def test_health_status_as_yaml(fleet: FakeKube, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["health", "status", "--all", "-o", "yaml"]) == 0
     assert yaml.safe_load(capsys.readouterr().out) == {"nodes": [], "healthRemediation": {}}
 

@@ -21,8 +21,8 @@ from gpu_operator.controller.metrics import PrometheusMetrics
 from gpu_operator.controller.status import Observation, compute_status
 from gpu_operator.render.gpucluster import DEPLOY_LABELS
 from gpu_operator.views import NodeView
+from tests.fakes.kube import FakeKube
 from tests.unit.controller.builders import CONFIG
-from tests.unit.controller.fakes import FakeKube
 
 NS = "gpu-operator"
 IMAGE = "example.com/gpu-operator:1"

@@ -10,8 +10,8 @@ from kubernetes.client.exceptions import ApiException
 from gpu_operator.labels import OWNED_ANNOTATION
 from gpu_operator.node_labels import NodePolicy, Owned, Taint, is_gpu_node, plan_node
 from gpu_operator.views import NodeView
+from tests.fakes.kube import FakeKube
 from tests.unit.controller.builders import node_object
-from tests.unit.controller.fakes import FakeKube
 
 TAINT = Taint("nvidia.com/gpu", "present", "NoSchedule")
 POLICY = NodePolicy(

@@ -16,6 +16,7 @@ from gpu_operator.agent.deviceplugin_config import (
 )
 from gpu_operator.agent.discovery import label_patch, labels_for
 from gpu_operator.agent.inventory import Inventory
+from tests.fakes.kube import FakeKube
 
 from .conftest import Simulate, inventory_with
 
@@ -365,27 +366,19 @@ def test_device_plugin_config_flags() -> None:
     assert config.sharing_settings() == Sharing()
 
 
-class _Kube:
-    """The two calls discovery makes of gpu_operator.kube.Kube, on one in-memory Node."""
+def node_n1(labels: dict[str, str]) -> FakeKube:
+    """The fake holding discovery's Node, ``n1``, labelled ``labels``."""
+    node = {"metadata": {"name": "n1", "labels": dict(labels)}, "status": {}}
+    return FakeKube().add({"apiVersion": "v1", "kind": "Node", **node})
 
-    def __init__(self, labels: dict[str, str]) -> None:
-        self.labels = dict(labels)
-        self.patches: list[dict[str, object]] = []
 
-    def get(self, kind: str, name: str) -> dict[str, object]:
-        assert kind == "Node"
-        return {"metadata": {"name": name, "labels": dict(self.labels)}, "status": {}}
-
-    def merge_patch(
-        self, kind: str, name: str, body: dict[str, dict[str, dict[str, str | None]]]
-    ) -> None:
-        assert kind == "Node"
-        self.patches.append(body)
-        for key, value in body["metadata"]["labels"].items():
-            if value is None:
-                self.labels.pop(key, None)
-            else:
-                self.labels[key] = value
+def labels_of(api: FakeKube) -> dict[str, str]:
+    """Node ``n1``'s labels as stored: the dict itself, so a test may change them as a person
+    would."""
+    node = api.obj("Node", "n1")
+    assert node is not None
+    labels: dict[str, str] = node["metadata"]["labels"]
+    return labels
 
 
 def test_run_discover_patches_the_node_once_then_only_on_change(
@@ -394,7 +387,7 @@ def test_run_discover_patches_the_node_once_then_only_on_change(
     from gpu_operator.agent.nvml import Nvml
 
     simulate("t4:1")
-    api = _Kube({"nvidia.com/mig-1g.5gb.count": "7", "team": "ml"})
+    api = node_n1({"nvidia.com/mig-1g.5gb.count": "7", "team": "ml"})
     with Nvml() as nvml:
         for _ in range(2):
             discovery.run_discover(
@@ -405,11 +398,12 @@ def test_run_discover_patches_the_node_once_then_only_on_change(
                 oneshot=True,
                 machine_file=tmp_path / "missing",
             )
-    assert len(api.patches) == 1  # the second pass changed nothing but the timestamp
-    assert api.labels["nvidia.com/gpu.product"] == "Tesla-T4"
-    assert api.labels["nvidia.com/gpu.machine"] == "unknown"
-    assert api.labels["team"] == "ml"
-    assert "nvidia.com/mig-1g.5gb.count" not in api.labels
+    assert api.writes == [("patch", "Node", "n1")]  # the second changed nothing but the timestamp
+    labels = labels_of(api)
+    assert labels["nvidia.com/gpu.product"] == "Tesla-T4"
+    assert labels["nvidia.com/gpu.machine"] == "unknown"
+    assert labels["team"] == "ml"
+    assert "nvidia.com/mig-1g.5gb.count" not in labels
 
 
 def test_the_node_label_picks_the_config_each_pass_so_mps_capable_follows_it(
@@ -431,7 +425,7 @@ def test_the_node_label_picks_the_config_each_pass_so_mps_capable_follows_it(
     settings = discovery.Settings.chooser(
         None, DevicePluginConfig(), ConfigDir(configs, default="default")
     )
-    api = _Kube({})
+    api = node_n1({})
 
     def one_pass() -> dict[str, str]:
         with Nvml() as nvml:
@@ -443,17 +437,17 @@ def test_the_node_label_picks_the_config_each_pass_so_mps_capable_follows_it(
                 oneshot=True,
                 machine_file=tmp_path / "missing",
             )
-        return api.labels
+        return labels_of(api)
 
     assert one_pass()["nvidia.com/mps.capable"] == "false"
-    api.labels["nvidia.com/device-plugin.config"] = "mps"
+    labels_of(api)["nvidia.com/device-plugin.config"] = "mps"
     got = one_pass()
     assert got["nvidia.com/mps.capable"] == "true"
     assert got["nvidia.com/gpu.replicas"] == "4"
     assert got["nvidia.com/gpu.sharing-strategy"] == "mps"
-    api.labels["nvidia.com/device-plugin.config"] = "no-such-config"
+    labels_of(api)["nvidia.com/device-plugin.config"] = "no-such-config"
     assert one_pass()["nvidia.com/mps.capable"] == "true"  # a bad label keeps the last config
-    api.labels["nvidia.com/device-plugin.config"] = "default"
+    labels_of(api)["nvidia.com/device-plugin.config"] = "default"
     assert one_pass()["nvidia.com/gpu.replicas"] == "1"
 
 

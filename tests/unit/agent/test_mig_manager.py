@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import threading
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
@@ -30,6 +32,7 @@ from gpu_operator.labels import (
     MIG_PAUSED_LABELS,
     MIG_STATE_REASON,
 )
+from tests.fakes.kube import Call, FakeKube
 
 from .conftest import Simulate, inventory_with
 
@@ -299,76 +302,76 @@ def test_unreadable_pause_annotation_is_ignored() -> None:
 
 
 # -- the loop against an in-memory API -----------------------------------------------------------
-class FakeKube:
-    """A Node and its pods; paused deploy labels make the matching operand pods go away, as
-    the DaemonSet controller would."""
+NODE = "gpu-node-1"
+OPERANDS = {  # deploy label: the app label of its operand's pods
+    DP: "nvidia-device-plugin-daemonset",
+    GFD: "gpu-feature-discovery",
+    EXP: "nvidia-dcgm-exporter",
+    DCGM: "nvidia-dcgm",
+}
 
-    APPS: ClassVar[dict[str, str]] = {
-        DP: "nvidia-device-plugin-daemonset",
-        GFD: "gpu-feature-discovery",
-        EXP: "nvidia-dcgm-exporter",
-        DCGM: "nvidia-dcgm",
-    }
 
-    def __init__(self, labels: dict[str, str]) -> None:
-        self.labels = dict(labels)
-        self.annotations: dict[str, str] = {}
-        self.patches: list[dict[str, Any]] = []
-        self.events: list[dict[str, Any]] = []
-        self.version = 1
-        self.pods = [
-            {
-                "metadata": {
-                    "name": f"{app}-abc",
-                    "namespace": "gpu-operator",
-                    "labels": {"app": app},
-                },
-                "status": {"phase": "Running"},
-            }
-            for key, app in self.APPS.items()
-            if labels.get(key) == "true"
-        ]
+def operand_node(labels: dict[str, str], kube: FakeKube | None = None) -> FakeKube:
+    """``kube`` (a new fake by default) holding the manager's Node and, for each deploy label
+    set to true, its operand's pod on it. A paused deploy label makes the matching pods go
+    away, as the DaemonSet controller would; a request for anything but what the manager may
+    read and write fails."""
+    kube = kube if kube is not None else FakeKube()
+    node = {"metadata": {"name": NODE, "labels": dict(labels), "annotations": {}}, "status": {}}
+    kube.add({"apiVersion": "v1", "kind": "Node", **node})
+    for key, app in OPERANDS.items():
+        if labels.get(key) == "true":
+            meta = {"name": f"{app}-abc", "namespace": "gpu-operator", "labels": {"app": app}}
+            pod = {"metadata": meta, "spec": {"nodeName": NODE}, "status": {"phase": "Running"}}
+            kube.add({"apiVersion": "v1", "kind": "Pod", **pod})
 
-    def get(self, kind: str, name: str) -> dict[str, Any]:
-        assert kind == "Node"
-        return {
-            "metadata": {
-                "name": name,
-                "labels": dict(self.labels),
-                "annotations": dict(self.annotations),
-                "resourceVersion": str(self.version),
-            },
-            "status": {},
-        }
+    def daemonsets(call: Call) -> None:
+        if call.kind != "Node":
+            return
+        now = node_meta(kube, "labels")
+        paused = {app for key, app in OPERANDS.items() if now.get(key) != "true"}
+        for pod in kube.of_kind("Pod"):
+            if pod["metadata"]["labels"]["app"] in paused:
+                kube.remove("Pod", pod["metadata"]["name"], pod["metadata"]["namespace"])
 
-    def merge_patch(self, kind: str, name: str, body: dict[str, Any]) -> None:
-        assert kind == "Node"
-        self.patches.append(body)
-        self.version += 1
-        for section, target in (("labels", self.labels), ("annotations", self.annotations)):
-            for key, value in body["metadata"].get(section, {}).items():
-                if value is None:
-                    target.pop(key, None)
-                else:
-                    target[key] = value
-        paused = {app for key, app in self.APPS.items() if self.labels.get(key) != "true"}
-        self.pods = [p for p in self.pods if p["metadata"]["labels"]["app"] not in paused]
+    kube.on_request = only_what_the_manager_asks
+    kube.on_write = daemonsets
+    return kube
 
-    def create(self, body: dict[str, Any]) -> None:
-        assert body["kind"] == "Event" and body["metadata"]["namespace"] == "default"
-        self.events.append(body)
 
-    def list_objects(self, kind: str, namespace: str, field_selector: str) -> list[dict[str, Any]]:
-        assert (kind, namespace) == ("Pod", "gpu-operator")
-        assert field_selector == "spec.nodeName=gpu-node-1"
-        return list(self.pods)
+def only_what_the_manager_asks(call: Call) -> None:
+    """Its Node; the pods on it in the operands' namespace; Events about it in ``default``."""
+    if call.verb == "list":
+        assert (call.kind, call.namespace) == ("Pod", "gpu-operator")
+        assert call.body == {"fieldSelector": f"spec.nodeName={NODE}"}
+    elif call.verb == "create":
+        assert call.kind == "Event" and call.namespace == "default"
+    else:
+        assert call.kind == "Node"
+
+
+def node_meta(kube: FakeKube, section: str) -> dict[str, str]:
+    """The Node's ``labels`` or ``annotations`` as stored now."""
+    node = kube.obj("Node", NODE)
+    assert node is not None
+    return dict(node["metadata"].get(section) or {})
+
+
+def patches(kube: FakeKube) -> list[dict[str, Any]]:
+    """The merge patches sent to the Node, in order."""
+    return [c.body for c in kube.calls if (c.verb, c.kind) == ("patch", "Node")]
+
+
+def events(kube: FakeKube) -> list[dict[str, Any]]:
+    """The Events recorded, in the order they were."""
+    return sorted(kube.of_kind("Event"), key=lambda e: int(e["metadata"]["resourceVersion"]))
 
 
 def test_reconcile_applies_restores_and_then_writes_nothing(
     simulate: Simulate, nvidia_mig_config: MigPartedConfig
 ) -> None:
     sim = simulate("a100-40gb:8")
-    api = FakeKube({**DEPLOY, DCGM: "true", MIG_CONFIG: "all-balanced"})
+    api = operand_node({**DEPLOY, DCGM: "true", MIG_CONFIG: "all-balanced"})
     with Nvml() as nvml:
         result = mm.reconcile(
             api,
@@ -379,32 +382,31 @@ def test_reconcile_applies_restores_and_then_writes_nothing(
             poll_interval_s=0.01,
         )
         assert result.phase == "success"
-        assert api.labels == {
+        assert node_meta(api, "labels") == {
             **DEPLOY,
             DCGM: "true",
             MIG_CONFIG: "all-balanced",
             MIG_CONFIG_STATE: "success",
         }
-        assert api.annotations == {}
+        assert node_meta(api, "annotations") == {}
         assert all(
             dict(g.instance_counts()) == {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}
             for g in nvml.inventory().gpus
         )
         # pending and the pause went out in one patch, the restore in another
-        assert api.patches[0]["metadata"]["labels"][MIG_CONFIG_STATE] == "pending"
-        assert MIG_PAUSED_LABELS in api.patches[0]["metadata"]["annotations"]
+        assert patches(api)[0]["metadata"]["labels"][MIG_CONFIG_STATE] == "pending"
+        assert MIG_PAUSED_LABELS in patches(api)[0]["metadata"]["annotations"]
         # and the story is told on the Node, where `kubectl describe node` finds it
-        assert [e["reason"] for e in api.events] == ["MIGConfigPending", "MIGConfigApplied"]
-        assert api.events[0]["involvedObject"] == {
+        assert [e["reason"] for e in events(api)] == ["MIGConfigPending", "MIGConfigApplied"]
+        assert events(api)[0]["involvedObject"] == {
             "apiVersion": "v1", "kind": "Node", "name": "gpu-node-1", "uid": "gpu-node-1"
         }  # fmt: skip
-        assert api.events[0]["source"] == {"component": "nvidia-mig-manager"}
-        api.events.clear()
-        # the same config again: no writes, no NVML changes
-        api.patches.clear()
+        assert events(api)[0]["source"] == {"component": "nvidia-mig-manager"}
+        # the same config again: no writes (no patch, no Event), no NVML changes
+        written = len(api.writes)
         sim.calls.clear()
         mm.reconcile(api, "gpu-node-1", lambda: nvidia_mig_config, nvml, first_pass=True)
-        assert api.patches == [] and api.events == []
+        assert api.writes[written:] == []
         assert sim.calls["nvmlDeviceCreateGpuInstanceWithPlacement"] == 0
         assert sim.calls["nvmlGpuInstanceDestroy"] == 0
 
@@ -414,21 +416,32 @@ class ChangedAfterReadKube(FakeKube):
     a watch returns at once when the Node has changed since the version it is given, else
     ends the test (nothing more will change)."""
 
-    def __init__(self, labels: dict[str, str], read: int, layout: str, stop: Any) -> None:
-        super().__init__(labels)
+    def __init__(self, read: int, layout: str, stop: threading.Event) -> None:
+        super().__init__()
         self.reads, self.read_no, self.layout, self.stop = 0, read, layout, stop
 
-    def get(self, kind: str, name: str) -> dict[str, Any]:
-        node = super().get(kind, name)
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        node = super().get(kind, name, namespace)
         self.reads += 1
         if self.reads == self.read_no:
-            self.labels[MIG_CONFIG] = self.layout
-            self.version += 1
+            changed = copy.deepcopy(self.obj(kind, name, namespace))
+            assert changed is not None
+            changed["metadata"]["labels"][MIG_CONFIG] = self.layout
+            self.add(changed)  # someone else's write: a new resourceVersion
         return node
 
-    def wait_for_change(self, kind: str, name: str, resource_version: str, timeout_s: int) -> None:
-        if int(resource_version) >= self.version:
+    def wait_for_change(
+        self,
+        kind: str,
+        name: str,
+        resource_version: str,
+        timeout_s: int,
+        namespace: str | None = None,
+    ) -> bool:
+        changed = super().wait_for_change(kind, name, resource_version, 0, namespace)
+        if not changed:
             self.stop.set()
+        return changed
 
 
 def test_a_layout_chosen_just_after_the_managers_last_read_is_applied(
@@ -436,19 +449,18 @@ def test_a_layout_chosen_just_after_the_managers_last_read_is_applied(
 ) -> None:
     """The manager watches from the version its last decision was read at: a change between
     that read and the watch is a change, not something already seen (ci-h4 waited for it)."""
-    import threading
-
     simulate("a100-40gb:2")
     stop = threading.Event()
     # read 1: all-disabled, success written; read 2: idle, and the label changes right after
-    api = ChangedAfterReadKube({**DEPLOY, MIG_CONFIG: "all-disabled"}, 2, "all-1g.5gb", stop)
+    kube = ChangedAfterReadKube(2, "all-1g.5gb", stop)
+    api = operand_node({**DEPLOY, MIG_CONFIG: "all-disabled"}, kube)
     with Nvml() as nvml:
         mm.run_mig_manager(
             api, "gpu-node-1", lambda: nvidia_mig_config, nvml, stop=stop, poll_interval_s=0.01
         )
         assert all(dict(g.instance_counts()) == {"1g.5gb": 7} for g in nvml.inventory().gpus)
-    assert api.labels[MIG_CONFIG_STATE] == "success"
-    assert [e["message"] for e in api.events] == [
+    assert node_meta(api, "labels")[MIG_CONFIG_STATE] == "success"
+    assert [e["message"] for e in events(api)] == [
         "MIG config all-disabled applied",
         "MIG config all-1g.5gb: pausing GPU operands to repartition the GPUs",
         "MIG config all-1g.5gb applied",
@@ -462,18 +474,23 @@ def test_reconcile_reports_an_nvml_failure_and_restores(
 
     sim = simulate("h100-80gb:2")
     sim.fail("nvmlDeviceCreateGpuInstanceWithPlacement", pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
-    api = FakeKube({**DEPLOY, MIG_CONFIG: "all-7g.80gb"})
+    api = operand_node({**DEPLOY, MIG_CONFIG: "all-7g.80gb"})
     with Nvml() as nvml:
         result = mm.reconcile(
             api, "gpu-node-1", lambda: nvidia_mig_config, nvml, poll_interval_s=0.01
         )
     assert result.phase == "failed"
-    assert api.labels == {**DEPLOY, MIG_CONFIG: "all-7g.80gb", MIG_CONFIG_STATE: "failed"}
-    assert "GPU 0" in api.annotations[MIG_STATE_REASON]
-    assert "insufficient resources" in api.annotations[MIG_STATE_REASON]
-    assert MIG_PAUSED_LABELS not in api.annotations
-    assert [(e["type"], e["reason"]) for e in api.events] == [
+    annotations = node_meta(api, "annotations")
+    assert node_meta(api, "labels") == {
+        **DEPLOY,
+        MIG_CONFIG: "all-7g.80gb",
+        MIG_CONFIG_STATE: "failed",
+    }
+    assert "GPU 0" in annotations[MIG_STATE_REASON]
+    assert "insufficient resources" in annotations[MIG_STATE_REASON]
+    assert MIG_PAUSED_LABELS not in annotations
+    assert [(e["type"], e["reason"]) for e in events(api)] == [
         ("Normal", "MIGConfigPending"),
         ("Warning", "MIGConfigFailed"),
     ]
-    assert "insufficient resources" in api.events[1]["message"]
+    assert "insufficient resources" in events(api)[1]["message"]

@@ -30,6 +30,7 @@ from gpu_operator.labels import (
     UPGRADE_STATE,
 )
 from gpu_operator.views import NodeView
+from tests.fakes.kube import FakeKube
 from tests.unit.controller.builders import (
     CONFIG,
     NAMESPACE,
@@ -40,7 +41,6 @@ from tests.unit.controller.builders import (
     policy,
     revision,
 )
-from tests.unit.controller.fakes import FakeKube
 
 T = TypeVar("T")
 Indexes = dict[str, dict[tuple[str, str], Any]]

@@ -16,7 +16,7 @@ from gpu_operator.controller.crd_install import (
     ensure_crd,
     needs_update,
 )
-from tests.unit.controller.fakes import FakeKube
+from tests.fakes.kube import FakeKube
 
 
 def crd(version: str, schema: str = "same") -> dict[str, Any]:

@@ -8,8 +8,8 @@ import asyncio
 from gpu_operator.controller.driver_loop import NVIDIADriverController
 from gpu_operator.controller.metrics import PrometheusMetrics
 from gpu_operator.labels import DRIVER_POOL
+from tests.fakes.kube import FakeKube
 from tests.unit.controller.builders import CONFIG, gpu_node, node_object, policy
-from tests.unit.controller.fakes import FakeKube
 from tests.unit.controller.test_clusterpolicy import refresh
 
 

@@ -25,8 +25,8 @@ from gpu_operator.controller.actions import (
 )
 from gpu_operator.controller.execute import Executor, _counted_as, api_reason
 from gpu_operator.controller.metrics import PrometheusMetrics
+from tests.fakes.kube import FakeKube
 from tests.unit.controller.builders import NAMESPACE, gpu_node, node_object, pod
-from tests.unit.controller.fakes import FakeKube
 
 SA = {"apiVersion": "v1", "kind": "ServiceAccount",
       "metadata": {"name": "sa", "namespace": NAMESPACE}}  # fmt: skip

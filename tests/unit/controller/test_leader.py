@@ -14,8 +14,8 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from gpu_operator.controller.leader import LeaderElector, _fmt, _now, _parse, lease_free
+from tests.fakes.kube import FakeKube
 from tests.unit.controller.builders import NAMESPACE
-from tests.unit.controller.fakes import FakeKube
 
 T0 = datetime(2024, 1, 15, 8, 0, 0, tzinfo=UTC)  # long past: a Lease renewed then expired
 LEASE = "gpu-operator-leader"

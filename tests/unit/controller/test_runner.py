@@ -38,8 +38,8 @@ from gpu_operator.controller.runner import (
 )
 from gpu_operator.controller.watch import KOPF_WATCHED
 from gpu_operator.testenv.processes import free_ports
+from tests.fakes.kube import FakeKube
 from tests.unit.controller.builders import CONFIG, NAMESPACE, policy
-from tests.unit.controller.fakes import FakeKube
 
 LEASE = "gpu-operator-leader"
 KopfOperator = Callable[..., Awaitable[None]]

@@ -32,8 +32,8 @@ from gpu_operator.labels import (
     UNHEALTHY_TAINT,
 )
 from gpu_operator.views import NodeView
+from tests.fakes.kube import FakeKube
 from tests.unit.controller.builders import gpu_node, node_object
-from tests.unit.controller.fakes import FakeKube
 
 NS = "gpu-operator"
 OURS = {"key": "nvidia.com/gpu", "effect": "NoSchedule"}
