@@ -1,8 +1,11 @@
-"""Leader election on a Lease: who may take it, renewing, losing and handing it over."""
+"""Leader election on a Lease: who may take it, renewing, losing and handing it over; a holder
+that cannot confirm a renewal stops before anyone can take over; a refused renewal (409) is
+tried again at once; a renewal is one request, so a slow link does not cost the Lease."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import threading
 import time
@@ -14,7 +17,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from gpu_operator.controller.leader import LeaderElector, _fmt, _now, _parse, lease_free
-from tests.fakes.kube import FakeKube
+from tests.fakes.kube import Call, FakeKube
 from tests.unit.controller.builders import NAMESPACE
 
 T0 = datetime(2024, 1, 15, 8, 0, 0, tzinfo=UTC)  # long past: a Lease renewed then expired
@@ -310,3 +313,131 @@ def test_a_renewal_that_took_most_of_its_deadline_is_a_warning(
         leader._renew(stop)
     (warning,) = [r.getMessage() for r in caplog.records]
     assert warning.startswith("lease renewal took 4.0s of its 6.0s deadline"), warning
+
+
+# -- a short Lease on a link that can be slow or hang ------------------------------------------
+SHORT_LEASE_S = 4
+
+
+class Link:
+    """The network between the electors and the API server, as the fake's ``on_request`` hook:
+    each request takes ``latency`` seconds (a slow link), or, while ``hang`` is set, blocks
+    until ``released`` (a hung server)."""
+
+    def __init__(self) -> None:
+        self.hang = threading.Event()
+        self.released = threading.Event()
+        self.latency = 0.0
+
+    def __call__(self, call: Call) -> None:
+        if self.latency:
+            time.sleep(self.latency)
+        if self.hang.is_set():
+            self.released.wait(30)
+
+
+def on_link() -> tuple[FakeKube, Link]:
+    kube, link = FakeKube(), Link()
+    kube.on_request = link
+    return kube, link
+
+
+def short_elector(kube: FakeKube, identity: str) -> LeaderElector:
+    return elector(
+        kube, identity, lease_seconds=SHORT_LEASE_S, renew_seconds=0.3, renew_deadline_s=2.0
+    )
+
+
+def test_a_hung_api_server_makes_the_holder_stop_before_the_lease_can_move() -> None:
+    kube, link = on_link()
+    a = short_elector(kube, "a")
+
+    async def scenario() -> tuple[datetime, dict[str, Any]]:
+        await a.acquire()
+        await asyncio.sleep(0.5)  # a renewal or two go through
+        link.hang.set()
+        await asyncio.wait_for(a.hold(), timeout=10)
+        stopped = datetime.now(UTC)
+        # The Lease as another candidate would read it when the holder stopped: the hung
+        # request, once released, still lands and moves renewTime on (CI saw the test read
+        # renewTime before that write and the expiry after it).
+        seen = copy.deepcopy(spec_of(kube))
+        link.released.set()  # let the hung request end (its answer comes too late)
+        return stopped, seen
+
+    stopped, spec = asyncio.run(scenario())
+    renewed = _parse(spec["renewTime"])
+    assert renewed is not None
+    # The holder stopped while no other candidate could have taken the Lease yet.
+    assert not lease_free(spec, "b", stopped)
+    assert lease_free(spec, "b", renewed + timedelta(seconds=SHORT_LEASE_S + 0.1))
+
+
+def test_a_refused_renewal_is_tried_again_at_once() -> None:
+    kube = FakeKube()
+    a = short_elector(kube, "a")
+
+    async def scenario() -> None:
+        await a.acquire()
+        kube.refuse("patch", "Lease", status=409, times=3)  # three renewals in a row refused
+        hold = asyncio.create_task(a.hold())
+        await asyncio.sleep(2.5)  # longer than the renew deadline
+        assert not hold.done(), "leadership given up over refusals that were retried"
+        hold.cancel()
+
+    asyncio.run(scenario())
+    assert spec_of(kube)["holderIdentity"] == "a"
+    assert not kube.refusals  # all three were met
+
+
+def test_a_standby_waits_and_takes_over_once_the_lease_expired() -> None:
+    kube = FakeKube()
+    a, b = short_elector(kube, "a"), short_elector(kube, "b")
+
+    async def scenario() -> None:
+        await a.acquire()
+        assert a._try() is not None and b._try() is None  # a renews; b cannot take it
+        await asyncio.wait_for(b.acquire(), timeout=10)  # a stopped renewing: b after expiry
+
+    asyncio.run(scenario())
+    assert spec_of(kube)["holderIdentity"] == "b"
+    assert spec_of(kube)["leaseTransitions"] == 1
+
+
+def test_a_renewal_is_one_request_and_a_slow_link_keeps_the_lease() -> None:
+    """Round trips of 0.8 s against a 2 s renew deadline: reading before writing (two trips)
+    would leave too little margin; one trip, spaced from the renew time written, holds."""
+    kube, link = on_link()
+    a = short_elector(kube, "a")
+
+    async def scenario() -> None:
+        await a.acquire()
+        before = len(kube.calls)
+        assert a._try() is not None
+        assert len(kube.calls) - before == 1, "a renewal read the Lease first"
+        link.latency = 0.8
+        hold = asyncio.create_task(a.hold())
+        await asyncio.sleep(5.0)  # two and a half renew deadlines
+        assert not hold.done(), "leadership lost on a slow but working link"
+        hold.cancel()
+
+    asyncio.run(scenario())
+    assert spec_of(kube)["holderIdentity"] == "a"
+
+
+def test_a_holder_whose_lease_was_written_by_another_reads_it_and_stops_renewing() -> None:
+    kube = FakeKube()
+    a, b = short_elector(kube, "a"), short_elector(kube, "b")
+
+    async def scenario() -> None:
+        await a.acquire()
+        stored = kube.obj("Lease", LEASE, NAMESPACE)
+        assert stored is not None
+        # Someone else took the Lease (it expired while a was cut off, say).
+        stored["spec"]["holderIdentity"] = "b"
+        stored["metadata"]["resourceVersion"] = "99"
+        assert a._try() is None, "a blind renewal overwrote another holder"
+        assert b._try() is not None
+
+    asyncio.run(scenario())
+    assert spec_of(kube)["holderIdentity"] == "b"
