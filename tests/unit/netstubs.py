@@ -11,12 +11,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then let go)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
+@contextlib.contextmanager
+def closed_port() -> Iterator[int]:
+    """A loopback port nothing listens on, for as long as the block runs: it stays bound (and
+    never listens), so a connection is refused and no other server can be handed the port. A
+    port bound and let go at once was taken by a busy machine's next server now and then."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        port: int = holder.getsockname()[1]
+        yield port
 
 
 @contextlib.contextmanager

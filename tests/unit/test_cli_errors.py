@@ -94,13 +94,14 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     found = {name: str(root / file) for name, file in files.items()}
     found["missing"] = str(root / "missing.yaml")
     found["plugins"] = str(root / "empty" / "kubelet.sock")  # the device-plugin dir, no kubelet
-    found["closed"] = write_kubeconfig(root / "closed", f"https://127.0.0.1:{closed_port()}")
     answers = {
         "forbidden": (403, json.dumps(FORBIDDEN).encode()),
         "unauthorized": (401, json.dumps(UNAUTHORIZED).encode()),
         "nocrd": (404, b"404 page not found\n"),  # no nvidia.com group at all
     }
     with contextlib.ExitStack() as servers:
+        port = servers.enter_context(closed_port())
+        found["closed"] = write_kubeconfig(root / "closed", f"https://127.0.0.1:{port}")
         for name, (status, body) in answers.items():
             url = servers.enter_context(answering(status, body))
             found[name] = write_kubeconfig(root / name, url)

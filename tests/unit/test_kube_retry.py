@@ -179,15 +179,15 @@ def test_this_is_the_only_retry_layer(caplog: pytest.LogCaptureFixture) -> None:
     """urllib3 asks nothing again under it: a refused connection costs the attempts counted
     here (urllib3's own three each, every one a warning, before), and a person waiting on
     INTERACTIVE hears within seconds."""
-    port = closed_port()
-    config = client.Configuration()
-    config.host = f"http://127.0.0.1:{port}"
-    kube = Kube(client.ApiClient(config), INTERACTIVE)
-    assert kube.api.rest_client.pool_manager.connection_pool_kw["retries"].total == 0
-    started = time.monotonic()
-    with caplog.at_level(logging.DEBUG), pytest.raises(urllib3.exceptions.MaxRetryError):
-        kube.get("Node", "n1")
-    assert time.monotonic() - started < INTERACTIVE.deadline_s
+    with closed_port() as port:
+        config = client.Configuration()
+        config.host = f"http://127.0.0.1:{port}"
+        kube = Kube(client.ApiClient(config), INTERACTIVE)
+        assert kube.api.rest_client.pool_manager.connection_pool_kw["retries"].total == 0
+        started = time.monotonic()
+        with caplog.at_level(logging.DEBUG), pytest.raises(urllib3.exceptions.MaxRetryError):
+            kube.get("Node", "n1")
+        assert time.monotonic() - started < INTERACTIVE.deadline_s
     said = [r.getMessage() for r in caplog.records]
     # Only this server's: another test's thread in this worker may be connecting elsewhere.
     dialled = [m for m in said if m.startswith("Starting new HTTP") and f":{port}" in m]
