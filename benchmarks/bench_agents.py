@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpu_operator.agent import discovery, exporter, migparted
-from gpu_operator.agent.deviceplugin_config import MigStrategy
+from gpu_operator.agent.deviceplugin.config_file import MigStrategy
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simulated_nvml
 

@@ -29,9 +29,9 @@ from timing import Summary, summarize  # benchmarks/ is on sys.path when a bench
 
 from gpu_operator.agent import migparted
 from gpu_operator.agent.deviceplugin.agent import DevicePluginAgent, HealthOptions, Paths
+from gpu_operator.agent.deviceplugin.config_file import parse_device_plugin_config
 from gpu_operator.agent.deviceplugin.configs import ConfigDir
 from gpu_operator.agent.deviceplugin.kubelet import LocalKubelet
-from gpu_operator.agent.deviceplugin_config import parse_device_plugin_config
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.agent.simulated import (
     SimulatedNvml,

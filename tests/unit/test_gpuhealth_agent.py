@@ -23,9 +23,9 @@ import pytest
 
 from gpu_operator.agent.deviceplugin.agent import DevicePluginAgent, HealthOptions, Paths
 from gpu_operator.agent.deviceplugin.capacity import capacity_patch, counts
+from gpu_operator.agent.deviceplugin.config_file import parse_device_plugin_config
 from gpu_operator.agent.deviceplugin.kubelet import LocalKubelet
 from gpu_operator.agent.deviceplugin.resources import device_map
-from gpu_operator.agent.deviceplugin_config import parse_device_plugin_config
 from gpu_operator.agent.gpuhealth.monitor import HealthMonitor, KubeNode
 from gpu_operator.agent.gpuhealth.settings import HealthSettings, xid_policy
 from gpu_operator.agent.inventory import Inventory
@@ -466,14 +466,14 @@ def _until(what: Callable[[], Any], expected: Any, timeout_s: float = 15) -> Non
 def test_kwok_capacity_publishes_the_condition_and_takes_a_lost_gpu_off_allocatable(
     sim: SimulatedNvml, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gpu_operator.agent import kube as agent_kube
+    from gpu_operator.agent import nodeapi
     from gpu_operator.agent.cli import plugins
     from gpu_operator.agent.deviceplugin.settings import ENV_NAMES
 
     if not hasattr(sim, "inject_fault"):
         pytest.skip("the simulated library has no hardware fault injection yet")
     api = KwokNode()
-    monkeypatch.setattr(agent_kube, "connect", lambda *_: api)
+    monkeypatch.setattr(nodeapi, "connect", lambda *_: api)
     args = argparse.Namespace(
         simulate="a100-40gb:4",
         config_file=None,

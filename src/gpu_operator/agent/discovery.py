@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpu_operator.agent import kube
-from gpu_operator.agent.deviceplugin_config import DevicePluginConfig, MigStrategy, Sharing
+from gpu_operator.agent import nodeapi
+from gpu_operator.agent.deviceplugin.config_file import DevicePluginConfig, MigStrategy, Sharing
 from gpu_operator.agent.inventory import Gpu, Inventory, MigDevice
 
 if TYPE_CHECKING:
@@ -317,7 +317,7 @@ def run_discover(
         if not output:
             if api is None or not node_name:
                 raise ValueError("labelling the node needs NODE_NAME and a Kubernetes client")
-            node = kube.read_node(api, node_name)
+            node = nodeapi.read_node(api, node_name)
         chosen = settings(node.labels if node else {})
         labels = labels_for(
             read_inventory(),
@@ -337,7 +337,7 @@ def run_discover(
         elif node is not None and api is not None and node_name:
             patch = label_patch(node.labels, labels)
             if patch:
-                kube.patch_node_metadata(api, node_name, labels=patch)
+                nodeapi.patch_node_metadata(api, node_name, labels=patch)
                 log.info("updated %d labels on node %s", len(patch), node_name)
         if oneshot or stop.wait(interval_s):
             return 0

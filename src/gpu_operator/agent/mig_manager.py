@@ -28,9 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gpu_operator.agent import kube
+from gpu_operator.agent import nodeapi
 from gpu_operator.agent.inventory import Inventory
-from gpu_operator.agent.kube import PodView
 from gpu_operator.agent.migparted import (
     MigBackend,
     MigPartedConfig,
@@ -39,6 +38,7 @@ from gpu_operator.agent.migparted import (
     apply_plan,
     plan,
 )
+from gpu_operator.agent.nodeapi import PodView
 from gpu_operator.labels import (
     DEPLOY_PREFIX,
     MIG_CONFIG,
@@ -318,9 +318,9 @@ def _reconcile(
     stop = stop or threading.Event()
     apply_error = ""
     for _ in range(max_steps):
-        node = kube.read_node(api, node_name)
+        node = nodeapi.read_node(api, node_name)
         paused = MIG_PAUSED_LABELS in node.annotations
-        pods = kube.pods_on_node(api, node_name, namespace) if paused else []
+        pods = nodeapi.pods_on_node(api, node_name, namespace) if paused else []
         cfg, cfg_error = _read_config(config)
         result = step(
             MigObservation(
@@ -348,11 +348,11 @@ def _reconcile(
         waiting = False
         for action in result.actions:
             if isinstance(action, PatchNode):
-                kube.patch_node_metadata(
+                nodeapi.patch_node_metadata(
                     api, node_name, labels=action.labels, annotations=action.annotations
                 )
             elif isinstance(action, RecordEvent):
-                kube.record_node_event(
+                nodeapi.record_node_event(
                     api,
                     node_name,
                     action.type,
@@ -414,5 +414,5 @@ def run_mig_manager(
             continue
         if stop.is_set():
             return
-        if not kube.wait_for_node_change(api, node_name, version, resync_s):
+        if not nodeapi.wait_for_node_change(api, node_name, version, resync_s):
             stop.wait(poll_interval_s)

@@ -26,7 +26,7 @@ from typing import Any
 
 from gpu_operator.agent.driverready import DriverLocation
 from gpu_operator.agent.inventory import Inventory
-from gpu_operator.agent.kube import NodeView
+from gpu_operator.agent.nodeapi import NodeView
 from gpu_operator.agent.nvml import NvmlError
 from gpu_operator.labels import DEPLOY_PREFIX
 

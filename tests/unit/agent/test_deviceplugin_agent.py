@@ -28,11 +28,11 @@ from gpu_operator.agent.deviceplugin.agent import (
     Paths,
     server_changes,
 )
+from gpu_operator.agent.deviceplugin.config_file import Sharing, parse_device_plugin_config
 from gpu_operator.agent.deviceplugin.configs import ConfigDir
 from gpu_operator.agent.deviceplugin.kubelet import LocalKubelet
 from gpu_operator.agent.deviceplugin.server import Advertised
 from gpu_operator.agent.deviceplugin.settings import PluginSettings
-from gpu_operator.agent.deviceplugin_config import Sharing, parse_device_plugin_config
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.agent.simulated import SimulatedNvml
 from gpu_operator.kubelet_api.deviceplugin.v1beta1 import api_pb2 as pb

@@ -18,10 +18,10 @@ from gpu_operator.agent.deviceplugin.allocation import (
     container_allocation,
     preferred_allocation,
 )
+from gpu_operator.agent.deviceplugin.config_file import Replicated, Sharing
 from gpu_operator.agent.deviceplugin.resources import Device, MigPart
 from gpu_operator.agent.deviceplugin.settings import PluginSettings
 from gpu_operator.agent.deviceplugin.topology import Locality, pci_root, read_locality
-from gpu_operator.agent.deviceplugin_config import Replicated, Sharing
 from gpu_operator.agent.driver_cdi import HostDriver
 from gpu_operator.agent.driverroot import DeviceNodes
 

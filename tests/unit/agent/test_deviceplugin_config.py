@@ -8,6 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from gpu_operator.agent.deviceplugin.config_file import (
+    DevicePluginConfigError,
+    Replicated,
+    Sharing,
+    parse_device_plugin_config,
+)
 from gpu_operator.agent.deviceplugin.configs import (
     ConfigSelectionError,
     available_configs,
@@ -15,12 +21,6 @@ from gpu_operator.agent.deviceplugin.configs import (
     select_config,
 )
 from gpu_operator.agent.deviceplugin.settings import PluginSettings, plugin_settings
-from gpu_operator.agent.deviceplugin_config import (
-    DevicePluginConfigError,
-    Replicated,
-    Sharing,
-    parse_device_plugin_config,
-)
 
 NVIDIA_TIME_SLICING = """
 version: v1

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_operator.agent.deviceplugin import ResourceError, advertised_resources, device_map
-from gpu_operator.agent.deviceplugin.resources import physical_devices, physical_id
-from gpu_operator.agent.deviceplugin_config import MigStrategy, parse_device_plugin_config
+from gpu_operator.agent.deviceplugin.config_file import MigStrategy, parse_device_plugin_config
+from gpu_operator.agent.deviceplugin.resources import (
+    ResourceError,
+    advertised_resources,
+    device_map,
+    physical_devices,
+    physical_id,
+)
 from gpu_operator.agent.inventory import Inventory
 
 from .conftest import Simulate, inventory_with

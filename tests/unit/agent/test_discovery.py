@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpu_operator.agent import discovery
-from gpu_operator.agent.deviceplugin_config import (
+from gpu_operator.agent.deviceplugin.config_file import (
     DevicePluginConfigError,
     MigStrategy,
     Replicated,
@@ -411,8 +411,8 @@ def test_the_node_label_picks_the_config_each_pass_so_mps_capable_follows_it(
 ) -> None:
     """Feature discovery follows nvidia.com/device-plugin.config as the device plugin does: the
     MPS control daemon's nodeSelector (mps.capable=true) matches once the node's config is MPS."""
+    from gpu_operator.agent.deviceplugin.config_file import DevicePluginConfig
     from gpu_operator.agent.deviceplugin.configs import ConfigDir
-    from gpu_operator.agent.deviceplugin_config import DevicePluginConfig
     from gpu_operator.agent.nvml import Nvml
 
     simulate("a100-40gb:2")
@@ -452,7 +452,7 @@ def test_the_node_label_picks_the_config_each_pass_so_mps_capable_follows_it(
 
 
 def test_without_a_config_directory_the_settings_are_the_files() -> None:
-    from gpu_operator.agent.deviceplugin_config import parse_device_plugin_config
+    from gpu_operator.agent.deviceplugin.config_file import parse_device_plugin_config
 
     config = parse_device_plugin_config("version: v1\nflags: {migStrategy: mixed}\n")
     choose = discovery.Settings.chooser(None, config, None)

@@ -12,7 +12,6 @@ import pytest
 
 from gpu_operator.agent import mig_manager as mm
 from gpu_operator.agent.inventory import Inventory
-from gpu_operator.agent.kube import PodView
 from gpu_operator.agent.mig_manager import (
     PAUSED,
     ApplyMig,
@@ -24,6 +23,7 @@ from gpu_operator.agent.mig_manager import (
     step,
 )
 from gpu_operator.agent.migparted import MigPartedConfig
+from gpu_operator.agent.nodeapi import PodView
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.labels import (
     MIG_CONFIG,

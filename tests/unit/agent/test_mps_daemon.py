@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from gpu_operator.agent.deviceplugin import device_map, mps
+from gpu_operator.agent.deviceplugin import mps
 from gpu_operator.agent.deviceplugin.agent import DevicePluginAgent, HealthOptions, Paths
+from gpu_operator.agent.deviceplugin.config_file import parse_device_plugin_config
 from gpu_operator.agent.deviceplugin.kubelet import LocalKubelet
-from gpu_operator.agent.deviceplugin_config import parse_device_plugin_config
+from gpu_operator.agent.deviceplugin.resources import device_map
 from gpu_operator.agent.nvml import Nvml
 
 from .conftest import Simulate, inventory_with

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpu_operator.agent.deviceplugin import advertised_resources
+from gpu_operator.agent.deviceplugin.config_file import load_device_plugin_config
 from gpu_operator.agent.deviceplugin.configs import available_configs, select_config
-from gpu_operator.agent.deviceplugin_config import load_device_plugin_config
+from gpu_operator.agent.deviceplugin.resources import advertised_resources
 from gpu_operator.agent.discovery import labels_for
 from gpu_operator.labels import DEVICE_PLUGIN_CONFIG
 from gpu_operator.node_labels import NodePolicy, plan_node

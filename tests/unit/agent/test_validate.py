@@ -10,7 +10,7 @@ import pynvml
 import pytest
 
 from gpu_operator.agent import validate
-from gpu_operator.agent.kube import NodeView
+from gpu_operator.agent.nodeapi import NodeView
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.agent.validate import READY_MARKER, Validator, run_validator
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from gpu_operator.agent import migparted
-from gpu_operator.agent.deviceplugin_config import parse_device_plugin_config
+from gpu_operator.agent.deviceplugin.config_file import parse_device_plugin_config
 from gpu_operator.agent.inventory import Inventory
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simulated_nvml

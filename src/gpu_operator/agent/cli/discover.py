@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpu_operator.agent import discovery, kube
+from gpu_operator.agent import discovery, nodeapi
 from gpu_operator.agent.cli.common import (
     add_common,
     add_config_args,
@@ -19,7 +19,10 @@ from gpu_operator.agent.cli.common import (
     node_name,
     setup,
 )
-from gpu_operator.agent.deviceplugin_config import DevicePluginConfig, load_device_plugin_config
+from gpu_operator.agent.deviceplugin.config_file import (
+    DevicePluginConfig,
+    load_device_plugin_config,
+)
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.cluster_args import add_cluster_options, credentials
 from gpu_operator.durations import EXAMPLES, parse_duration
@@ -43,7 +46,7 @@ def cmd_discover(args: argparse.Namespace) -> int:
         interval = (gfd.sleep_interval if gfd and gfd.sleep_interval else None) or "60s"
     oneshot = args.oneshot or env_bool("GFD_ONESHOT")
     node = node_name(args)
-    api = None if args.output_file else kube.connect(*credentials(args))
+    api = None if args.output_file else nodeapi.connect(*credentials(args))
     nvml = Nvml().open()
     try:
         return discovery.run_discover(

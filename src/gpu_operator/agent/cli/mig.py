@@ -7,7 +7,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from gpu_operator.agent import kube
+from gpu_operator.agent import nodeapi
 from gpu_operator.agent.cli.common import add_common, add_node_name, node_name, setup
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.cluster_args import add_cluster_options, credentials
@@ -32,7 +32,7 @@ def cmd_mig_manager(args: argparse.Namespace) -> int:
         return migparted.load_mig_config(path)
 
     namespace = args.namespace or mig_manager.DEFAULT_NAMESPACE
-    api = kube.connect(*credentials(args))
+    api = nodeapi.connect(*credentials(args))
     with Nvml() as nvml:
         if args.once:
             step = mig_manager.reconcile(

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpu_operator.agent import kube, validate
+from gpu_operator.agent import nodeapi, validate
 from gpu_operator.agent.cli.common import add_common, add_node_name, env_bool, node_name, setup
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.agent.podresources import KUBELET_SOCKET
@@ -80,10 +80,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         ) from exc
     read_node = None
     if "plugin" in components and node:
-        api = kube.connect(*credentials(args))
+        api = nodeapi.connect(*credentials(args))
 
-        def read_node() -> kube.NodeView:
-            return kube.read_node(api, node)
+        def read_node() -> nodeapi.NodeView:
+            return nodeapi.read_node(api, node)
 
     def read_inventory() -> Any:
         with Nvml() as nvml:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpu_operator.agent import kube
+from gpu_operator.agent import nodeapi
 from gpu_operator.agent.cli.common import (
     add_common,
     add_config_args,
@@ -22,8 +22,8 @@ from gpu_operator.agent.cli.common import (
     node_name,
     setup,
 )
+from gpu_operator.agent.deviceplugin.config_file import load_device_plugin_config
 from gpu_operator.agent.deviceplugin.settings import ENV_NAMES as PLUGIN_ENV
-from gpu_operator.agent.deviceplugin_config import load_device_plugin_config
 from gpu_operator.agent.nvml import Nvml, NvmlError, simulated
 from gpu_operator.cluster_args import add_cluster_options, credentials
 from gpu_operator.stopping import stop_on_signals, wait_until
@@ -76,7 +76,7 @@ def cmd_device_plugin(args: argparse.Namespace) -> int:
         configs=configs,
         node=node,
         api=(
-            kube.connect(*credentials(args))
+            nodeapi.connect(*credentials(args))
             if (configs is not None or gpu_health is not None) and node
             else None
         ),
@@ -93,8 +93,8 @@ def _kwok_capacity(
 ) -> int:
     """``device-plugin --kwok-capacity``: the simulated node's capacity instead of a kubelet;
     with ``gpu_health``, the GPUHealthy condition too, and unhealthy GPUs off allocatable."""
-    from gpu_operator.agent.deviceplugin import device_map
     from gpu_operator.agent.deviceplugin.capacity import counts, follow, set_capacity
+    from gpu_operator.agent.deviceplugin.resources import device_map
     from gpu_operator.agent.deviceplugin.settings import plugin_settings
 
     if not args.simulate or not node:
@@ -106,13 +106,13 @@ def _kwok_capacity(
     overrides = {env: getattr(args, env.lower()) for env in PLUGIN_ENV}
     nvml = Nvml()
     nvml.open()
-    api = kube.connect(*credentials(args))
+    api = nodeapi.connect(*credentials(args))
     inventory = [nvml.inventory()]  # the latest read that succeeded
     from gpu_operator.agent.deviceplugin.agent import EVENT_COMPONENT
 
     monitor = _health_monitor(nvml, api, node, gpu_health, inventory[0], EVENT_COMPONENT)
 
-    def advertised(view: kube.NodeView) -> tuple[dict[str, int], dict[str, int]]:
+    def advertised(view: nodeapi.NodeView) -> tuple[dict[str, int], dict[str, int]]:
         if configs is not None:
             _, config = configs.choose(view.labels.get(configs.label_key) or None)
         else:
@@ -134,7 +134,7 @@ def _kwok_capacity(
         stop.set()
 
     def refresh(_: frozenset[str]) -> None:  # the unhealthy GPUs changed: allocatable too
-        view = kube.read_node(api, node)
+        view = nodeapi.read_node(api, node)
         set_capacity(api, view, *advertised(view))
 
     # The watch may block for its whole timeout: a daemon thread, so a signal ends it at once.
@@ -207,14 +207,14 @@ def cmd_mps_control_daemon(args: argparse.Namespace) -> int:
             "use NVIDIA's device-plugin image (devicePlugin.repository/image) for MPS on real GPUs",
         )
     node = node_name(args)
-    api = kube.connect(*credentials(args)) if args.config_dir and node else None
+    api = nodeapi.connect(*credentials(args)) if args.config_dir and node else None
     seen = {"version": ""}
 
     def resources() -> list[str]:
         if configs is not None:
             label = None
             if api is not None and node:
-                view = kube.read_node(api, node)
+                view = nodeapi.read_node(api, node)
                 seen["version"] = view.resource_version
                 label = view.labels.get(configs.label_key) or None
             _, config = configs.choose(label)
@@ -230,7 +230,7 @@ def cmd_mps_control_daemon(args: argparse.Namespace) -> int:
         if (
             api is None
             or not node
-            or not kube.wait_for_node_change(api, node, seen["version"], 300)
+            or not nodeapi.wait_for_node_change(api, node, seen["version"], 300)
         ):
             stop.wait(10)
 
@@ -276,7 +276,7 @@ def cmd_dra_plugin(args: argparse.Namespace) -> int:
     settings = health_settings({**os.environ, HEALTH_ENV_CONDITION: "true"}) if health_on else None
     stop = stop_on_signals()
     nvml = Nvml().open()
-    api = kube.connect(*credentials(args))
+    api = nodeapi.connect(*credentials(args))
     health = _dra_health(nvml, api, node, settings, stop, args.health_poll_ms / 1000.0)
     try:
         return dra.run(

@@ -32,17 +32,17 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from gpu_operator.agent import kube
+from gpu_operator.agent import nodeapi
 from gpu_operator.agent.deviceplugin import cdi, health, mps
+from gpu_operator.agent.deviceplugin.config_file import (
+    DevicePluginConfig,
+    load_device_plugin_config,
+)
 from gpu_operator.agent.deviceplugin.configs import ConfigDir
 from gpu_operator.agent.deviceplugin.resources import Device, device_map
 from gpu_operator.agent.deviceplugin.server import Advertised, PluginServer, ResourceState
 from gpu_operator.agent.deviceplugin.settings import PluginSettings, plugin_settings
 from gpu_operator.agent.deviceplugin.topology import read_locality
-from gpu_operator.agent.deviceplugin_config import (
-    DevicePluginConfig,
-    load_device_plugin_config,
-)
 from gpu_operator.agent.driver_cdi import HostDriver, find_host_driver
 from gpu_operator.agent.gpuhealth.monitor import HealthMonitor, KubeNode
 from gpu_operator.agent.gpuhealth.settings import HealthSettings
@@ -390,11 +390,11 @@ class DevicePluginAgent:
         ``configs``), and for the health monitor its reset request and condition."""
 
         def report(etype: str, reason: str, message: str) -> None:
-            kube.record_node_event(api, node, etype, reason, message, component=EVENT_COMPONENT)
+            nodeapi.record_node_event(api, node, etype, reason, message, component=EVENT_COMPONENT)
 
         while not self._stop.is_set():
             try:
-                view, conditions = kube.read_node_conditions(api, node)
+                view, conditions = nodeapi.read_node_conditions(api, node)
             except Exception as exc:  # API hiccups: log, back off, retry
                 log.warning("reading node %s failed: %s", node, exc)
                 self._stop.wait(retry_s)
@@ -403,7 +403,7 @@ class DevicePluginAgent:
                 self.switch(view.labels.get(configs.label_key) or None, configs, report=report)
             if self.monitor is not None:
                 self.monitor.on_node(view, conditions)
-            if not kube.wait_for_node_change(api, node, view.resource_version, resync_s):
+            if not nodeapi.wait_for_node_change(api, node, view.resource_version, resync_s):
                 self._stop.wait(retry_s)
 
     def adopt_label(self, label: str | None) -> None:
@@ -490,7 +490,7 @@ def run_device_plugin(
         )
     label: str | None = None
     if configs is not None and api is not None and node:
-        label = kube.read_node(api, node).labels.get(configs.label_key) or None
+        label = nodeapi.read_node(api, node).labels.get(configs.label_key) or None
     if configs is not None:
         name, config = configs.choose(label)
         log.info("device-plugin config %s", name or "(empty: defaults)")
@@ -511,7 +511,7 @@ def run_device_plugin(
         event_api, event_node = api, node
 
         def report(etype: str, reason: str, message: str) -> None:
-            kube.record_node_event(
+            nodeapi.record_node_event(
                 event_api, event_node, etype, reason, message, component=EVENT_COMPONENT
             )
 

@@ -20,10 +20,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpu_operator.agent.deviceplugin import cdi
+from gpu_operator.agent.deviceplugin.config_file import Sharing
 from gpu_operator.agent.deviceplugin.resources import Device
 from gpu_operator.agent.deviceplugin.settings import PluginSettings
 from gpu_operator.agent.deviceplugin.topology import Locality
-from gpu_operator.agent.deviceplugin_config import Sharing
 from gpu_operator.agent.driver_cdi import HostDriver
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"

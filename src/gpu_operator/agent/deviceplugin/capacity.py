@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Mapping, Set
 from typing import TYPE_CHECKING, Any
 
-from gpu_operator.agent import kube
+from gpu_operator.agent import nodeapi
 from gpu_operator.agent.deviceplugin.resources import DeviceMap
 from gpu_operator.labels import KWOK_NODE, KWOK_NODE_FAKE
 from gpu_operator.views import NodeView
@@ -113,7 +113,7 @@ def follow(
     Node (and its conditions by type). Returns the exit code."""
     while not stop.is_set():
         try:
-            view, conditions = kube.read_node_conditions(api, node)
+            view, conditions = nodeapi.read_node_conditions(api, node)
         except Exception as exc:  # API hiccups: log, back off, retry
             log.warning("reading node %s failed: %s", node, exc)
             stop.wait(retry_s)
@@ -135,6 +135,6 @@ def follow(
                 log.warning("writing the capacity of node %s failed: %s", node, exc)
                 stop.wait(retry_s)
                 continue
-        if not kube.wait_for_node_change(api, node, view.resource_version, resync_s):
+        if not nodeapi.wait_for_node_change(api, node, view.resource_version, resync_s):
             stop.wait(retry_s)
     return 0

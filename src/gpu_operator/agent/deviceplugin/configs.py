@@ -13,7 +13,10 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_operator.agent.deviceplugin_config import DevicePluginConfig, parse_device_plugin_config
+from gpu_operator.agent.deviceplugin.config_file import (
+    DevicePluginConfig,
+    parse_device_plugin_config,
+)
 
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 FALLBACKS = ("named", "single", "empty")

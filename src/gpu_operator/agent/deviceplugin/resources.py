@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from gpu_operator.agent.deviceplugin_config import (
+from gpu_operator.agent.deviceplugin.config_file import (
     DevicePluginConfig,
     MigStrategy,
     Replicated,

@@ -27,10 +27,10 @@ from gpu_operator.agent.deviceplugin.allocation import (
     container_allocation,
     preferred_allocation,
 )
+from gpu_operator.agent.deviceplugin.config_file import RESOURCE_PREFIX, Sharing
 from gpu_operator.agent.deviceplugin.resources import Device
 from gpu_operator.agent.deviceplugin.settings import PluginSettings
 from gpu_operator.agent.deviceplugin.topology import Locality
-from gpu_operator.agent.deviceplugin_config import RESOURCE_PREFIX, Sharing
 from gpu_operator.agent.driver_cdi import HostDriver
 from gpu_operator.kubelet_api.deviceplugin.v1beta1 import api_pb2 as pb
 from gpu_operator.kubelet_api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc

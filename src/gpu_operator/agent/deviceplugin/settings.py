@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpu_operator.agent.deviceplugin_config import (
+from gpu_operator.agent.deviceplugin.config_file import (
     DEVICE_ID_STRATEGIES,
     DEVICE_LIST_STRATEGIES,
     MIG_STRATEGIES,

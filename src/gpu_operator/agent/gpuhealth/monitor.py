@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gpu_operator.agent import kube
+from gpu_operator.agent import nodeapi
 from gpu_operator.agent.gpuhealth import reset
 from gpu_operator.agent.gpuhealth.condition import (
     Condition,
@@ -64,16 +64,16 @@ class KubeNode:
         self.api, self.node, self.component = api, node, component
 
     def read_condition(self) -> Mapping[str, Any] | None:
-        return kube.read_node_conditions(self.api, self.node)[1].get(GPU_HEALTHY_CONDITION)
+        return nodeapi.read_node_conditions(self.api, self.node)[1].get(GPU_HEALTHY_CONDITION)
 
     def write_condition(self, entry: Mapping[str, Any]) -> None:
-        kube.patch_node_condition(self.api, self.node, entry)
+        nodeapi.patch_node_condition(self.api, self.node, entry)
 
     def annotate(self, annotations: Mapping[str, str]) -> None:
-        kube.patch_node_metadata(self.api, self.node, annotations=annotations)
+        nodeapi.patch_node_metadata(self.api, self.node, annotations=annotations)
 
     def event(self, etype: str, reason: str, message: str) -> None:
-        kube.record_node_event(
+        nodeapi.record_node_event(
             self.api, self.node, etype, reason, message, component=self.component
         )
 

@@ -1,4 +1,4 @@
-"""The node agents' view of the API server: their Node, the pods on it, Events about it.
+"""The node agents' node-side API helpers: their Node, the pods on it, Events about it.
 
 Requests go through :mod:`gpu_operator.kube`, the project's one door to the API server; this
 module only turns what comes back into plain data (:class:`NodeView`, :class:`PodView`), so the

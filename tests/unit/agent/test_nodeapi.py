@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpu_operator.agent import kube
+from gpu_operator.agent import nodeapi
 from gpu_operator.cli_errors import USAGE, explain
 from gpu_operator.kube import Kube
 
@@ -109,7 +109,7 @@ def api() -> Iterator[tuple[Any, list[dict[str, Any]]]]:
 
 def test_read_node(api: tuple[Any, list[dict[str, Any]]]) -> None:
     core, _ = api
-    node = kube.read_node(core, "gpu-node-1")
+    node = nodeapi.read_node(core, "gpu-node-1")
     assert node.labels == {"nvidia.com/gpu.present": "true"}
     assert node.annotations == {"a": "b"}
     assert node.capacity == {"nvidia.com/gpu": "8"}
@@ -118,7 +118,7 @@ def test_read_node(api: tuple[Any, list[dict[str, Any]]]) -> None:
 
 def test_patch_is_one_json_merge_patch(api: tuple[Any, list[dict[str, Any]]]) -> None:
     core, seen = api
-    kube.patch_node_metadata(
+    nodeapi.patch_node_metadata(
         core, "gpu-node-1", labels={"x": "1", "y": None}, annotations={"z": None}
     )
     (patch,) = [s for s in seen if s["method"] == "PATCH"]
@@ -127,13 +127,13 @@ def test_patch_is_one_json_merge_patch(api: tuple[Any, list[dict[str, Any]]]) ->
     assert patch["body"] == {
         "metadata": {"labels": {"x": "1", "y": None}, "annotations": {"z": None}}
     }
-    kube.patch_node_metadata(core, "gpu-node-1")  # nothing to change: no request
+    nodeapi.patch_node_metadata(core, "gpu-node-1")  # nothing to change: no request
     assert len([s for s in seen if s["method"] == "PATCH"]) == 1
 
 
 def test_pods_on_node_uses_a_field_selector(api: tuple[Any, list[dict[str, Any]]]) -> None:
     core, seen = api
-    (pod,) = kube.pods_on_node(core, "gpu-node-1", "gpu-operator")
+    (pod,) = nodeapi.pods_on_node(core, "gpu-node-1", "gpu-operator")
     assert (pod.name, pod.namespace, pod.labels, pod.phase) == (
         "gfd-1",
         "gpu-operator",
@@ -155,8 +155,8 @@ def test_wait_for_node_change_is_one_watch(api: tuple[Any, list[dict[str, Any]]]
         assert f"resourceVersion={version}" in path
     # The agents' wrapper: True after an event or a quiet timeout, False when watching failed
     # (the MIG manager then backs off and polls).
-    assert kube.wait_for_node_change(core, "gpu-node-1", "42", 5) is True
-    assert kube.wait_for_node_change(core, "gpu-node-1", "0", 5) is False
+    assert nodeapi.wait_for_node_change(core, "gpu-node-1", "42", 5) is True
+    assert nodeapi.wait_for_node_change(core, "gpu-node-1", "0", 5) is False
 
 
 def test_read_node_names_a_missing_node() -> None:
@@ -165,5 +165,5 @@ def test_read_node_names_a_missing_node() -> None:
             return None
 
     with pytest.raises(LookupError, match="node gpu-node-9 not found: is NODE_NAME"):
-        kube.read_node(Missing(), "gpu-node-9")  # type: ignore[arg-type]
-    assert explain(kube.NodeNotFound("gpu-node-9"))[0] == USAGE
+        nodeapi.read_node(Missing(), "gpu-node-9")  # type: ignore[arg-type]
+    assert explain(nodeapi.NodeNotFound("gpu-node-9"))[0] == USAGE
