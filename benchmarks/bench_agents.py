@@ -22,7 +22,7 @@ from pathlib import Path
 from gpu_operator.agent import discovery, exporter, migparted
 from gpu_operator.agent.deviceplugin.config_file import MigStrategy
 from gpu_operator.agent.nvml import Nvml
-from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simulated_nvml
+from gpu_operator.sim.nvml import install_simulated_nvml, uninstall_simulated_nvml
 
 REFERENCE = Path(__file__).resolve().parents[1] / ".." / "shared" / "reference" / "nvidia"
 MIG_CONFIGMAP = REFERENCE / "mig-parted-default-configmap.yaml"

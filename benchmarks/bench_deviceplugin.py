@@ -33,7 +33,7 @@ from gpu_operator.agent.deviceplugin.config_file import parse_device_plugin_conf
 from gpu_operator.agent.deviceplugin.configs import ConfigDir
 from gpu_operator.agent.deviceplugin.kubelet import LocalKubelet
 from gpu_operator.agent.nvml import Nvml
-from gpu_operator.agent.simulated import (
+from gpu_operator.sim.nvml import (
     SimulatedNvml,
     install_simulated_nvml,
     uninstall_simulated_nvml,
@@ -238,7 +238,7 @@ def _hwm():
     status = open("/proc/self/status").read().split("VmHWM:")[1].split()[0]
     open(os.environ["HWM_OUT"], "w").write(status)
 atexit.register(_hwm)
-from gpu_operator.agent.simulated import install_simulated_nvml
+from gpu_operator.sim.nvml import install_simulated_nvml
 install_simulated_nvml("a100-40gb:8", seed="bench")
 from gpu_operator.agent import exporter
 from gpu_operator.agent.nvml import Nvml

@@ -48,13 +48,13 @@ from gpu_operator.agent.driverroot import DeviceNodes
 from gpu_operator.agent.inventory import Inventory
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.agent.nvml.loader import load_nvml
-from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simulated_nvml
-from gpu_operator.agent.simulated_operands import install_driver
 from gpu_operator.api import dragates
 from gpu_operator.api.draconfig import GROUP_VERSION
 from gpu_operator.kube import Kube
 from gpu_operator.render.dra import device_classes
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
+from gpu_operator.sim.nvml import install_simulated_nvml, uninstall_simulated_nvml
+from gpu_operator.sim.operands import install_driver
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

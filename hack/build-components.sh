@@ -457,7 +457,7 @@ build_standins() {
   rm -rf "$ctx" && mkdir -p "$ctx"
   list=$(PYTHONPATH="$REPO_ROOT/src" "$py" -m gpu_operator.testenv.standins "$ctx" "$base")
   # The stub driver the driver stand-in lays out, compiled here (gcc): the image has no compiler.
-  stubs=$(PYTHONPATH="$REPO_ROOT/src" "$py" -m gpu_operator.agent.stubdriver build "$ctx/stubdriver")
+  stubs=$(PYTHONPATH="$REPO_ROOT/src" "$py" -m gpu_operator.sim.stubdriver build "$ctx/stubdriver")
   # Current when built FROM this very image with these very names, entrypoints and stubs.
   id="$(buildah_cmd images --noheading --no-trunc --format '{{.ID}}' "$base") $(sha256sum <<<"$list" | cut -c1-16) $stubs"
   if [ -f "$archive" ] && [ "$(cat "$archive.id" 2>/dev/null)" = "$id" ]; then

@@ -45,7 +45,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gpu_operator.agent.stubdriver import PROBE, build_stubs
+from gpu_operator.sim.stubdriver import PROBE, build_stubs
 from tests.gpu.container import collect_glibc
 from tests.gpu.host import GLIBC_DIR
 

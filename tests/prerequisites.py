@@ -66,7 +66,7 @@ def kubectl() -> str:
 
 
 def gcc() -> str:
-    """The C compiler the stub driver is built with (``gpu_operator.agent.stubdriver``)."""
+    """The C compiler the stub driver is built with (``gpu_operator.sim.stubdriver``)."""
     path = shutil.which("gcc")
     if path is None:
         absent(NO_GCC)

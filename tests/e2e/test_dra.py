@@ -26,9 +26,9 @@ from gpu_operator.agent.dra import agent as dra_agent
 from gpu_operator.agent.dra import devices as dra_devices
 from gpu_operator.agent.dra import slices as dra_slices
 from gpu_operator.agent.nvml import Nvml
-from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simulated_nvml
 from gpu_operator.kube import Kube
 from gpu_operator.render.dra import device_classes
+from gpu_operator.sim.nvml import install_simulated_nvml, uninstall_simulated_nvml
 from gpu_operator.testenv import nodes as testenv_nodes
 from tests.e2e.support import NotYet, private_cluster, wait_for
 

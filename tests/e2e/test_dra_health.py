@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from gpu_operator.agent.simnvml.injection import clear_faults, inject_fault
 from gpu_operator.kube import Kube
 from gpu_operator.labels import GPU_HEALTHY_CONDITION
 from gpu_operator.render.dra import device_classes
+from gpu_operator.sim.nvml.injection import clear_faults, inject_fault
 
 from .support import NotYet, private_cluster, wait_for
 

@@ -16,9 +16,9 @@ import pytest
 
 from gpu_operator.agent import migparted
 from gpu_operator.agent.nvml import Nvml
-from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simulated_nvml
 from gpu_operator.kube import Kube
 from gpu_operator.labels import KWOK_NODE
+from gpu_operator.sim.nvml import install_simulated_nvml, uninstall_simulated_nvml
 from gpu_operator.testenv import nodes
 from tests.e2e.support import (
     NotYet,

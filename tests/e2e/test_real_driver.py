@@ -31,12 +31,12 @@ import yaml
 
 from gpu_operator import labels as gpu_labels
 from gpu_operator import testenv
-from gpu_operator.agent.stubdriver import PROBE
 from gpu_operator.api.dragates import Gates
 from gpu_operator.kube import Kube
 from gpu_operator.render.dra_admission import config_policies
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
 from gpu_operator.render.images import split_reference
+from gpu_operator.sim.stubdriver import PROBE
 from tests.e2e.stack_support import (
     NS,
     POLICY,
@@ -342,7 +342,7 @@ def _compute_mode(stack: Stack, uuid: str) -> str:
     (it has the driver root mounted)."""
     plugin = pods_on(stack, DRA_PLUGIN, DRA_NODE)[0]["metadata"]["name"]
     script = (
-        "from gpu_operator.agent.stubdriver import read_compute_policy\n"
+        "from gpu_operator.sim.stubdriver import read_compute_policy\n"
         f"print(read_compute_policy('/driver-root/dev', {uuid!r}).compute_mode)"
     )
     return pod_exec(stack, plugin, "gpus", ["python3", "-c", script]).strip()

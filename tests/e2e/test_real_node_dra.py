@@ -24,12 +24,12 @@ from gpu_operator.agent.dra.prepare import spec_file_name
 from gpu_operator.agent.dra.server import DraPlugin
 from gpu_operator.agent.dra.sharing import NvidiaSmi
 from gpu_operator.agent.driver_cdi import find_host_driver
-from gpu_operator.agent.simulated_operands import install_driver
-from gpu_operator.agent.stubdriver import read_compute_policy
 from gpu_operator.api.draconfig import GROUP_VERSION
 from gpu_operator.api.dragates import resolve
 from gpu_operator.kube import Kube
 from gpu_operator.render.dra import device_classes
+from gpu_operator.sim.operands import install_driver
+from gpu_operator.sim.stubdriver import read_compute_policy
 
 from .dra_node_support import log_with, namespace, phase, plugin_paths, registered, slices_of
 from .support import NotYet, wait_for

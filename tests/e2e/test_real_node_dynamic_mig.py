@@ -33,13 +33,13 @@ from gpu_operator.agent.dra.server import DraPlugin
 from gpu_operator.agent.driver_cdi import HostDriver, find_host_driver
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.agent.nvml.loader import load_nvml
-from gpu_operator.agent.simulated import uninstall_simulated_nvml
-from gpu_operator.agent.simulated_operands import install_driver
-from gpu_operator.agent.stubdriver import read_mig_state
 from gpu_operator.api.dragates import resolve
 from gpu_operator.kube import Kube
 from gpu_operator.render.dra import device_classes
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
+from gpu_operator.sim.nvml import uninstall_simulated_nvml
+from gpu_operator.sim.operands import install_driver
+from gpu_operator.sim.stubdriver import read_mig_state
 
 from .dra_node_support import (
     DRIVER,

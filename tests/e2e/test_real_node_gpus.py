@@ -26,7 +26,7 @@ from gpu_operator.agent.deviceplugin import cdi
 from gpu_operator.agent.deviceplugin.agent import DevicePluginAgent, HealthOptions, Paths
 from gpu_operator.agent.deviceplugin.config_file import parse_device_plugin_config
 from gpu_operator.agent.nvml import Nvml
-from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simulated_nvml
+from gpu_operator.sim.nvml import install_simulated_nvml, uninstall_simulated_nvml
 from gpu_operator.testenv.processes import free_ports
 
 from .support import NotYet, wait_for

@@ -16,7 +16,7 @@ import pytest
 
 from gpu_operator.agent.inventory import Inventory
 from gpu_operator.agent.nvml import Nvml, load_nvml, use_driver_root
-from gpu_operator.agent.stubdriver import PROBE, StubDriverError, build_stubs
+from gpu_operator.sim.stubdriver import PROBE, StubDriverError, build_stubs
 from tests.gpu import container, host
 from tests.prerequisites import NO_NVIDIA_DEVICE, NO_NVIDIA_DRIVER
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_operator.agent.driverroot import DriverNotFound, dev_root_of, discover_driver, find_library
-from gpu_operator.agent.stubdriver import DRIVER_MARKER, PROBE
+from gpu_operator.sim.stubdriver import DRIVER_MARKER, PROBE
 from tests.paths import REPO
 
 NVML_SONAME = "libnvidia-ml.so.1"

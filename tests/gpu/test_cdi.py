@@ -23,7 +23,7 @@ import pytest
 from gpu_operator.agent.driverroot import discover_driver
 from gpu_operator.agent.driverroot.discover import firmware_dirs
 from gpu_operator.agent.inventory import Inventory
-from gpu_operator.agent.stubdriver import PROBE
+from gpu_operator.sim.stubdriver import PROBE
 from tests.gpu import container
 from tests.gpu.conftest import Driver
 from tests.gpu.host import Probe, SmiGpu, agent

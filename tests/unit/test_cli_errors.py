@@ -22,9 +22,9 @@ from kubernetes.client.exceptions import ApiException
 
 from gpu_operator import cli_errors
 from gpu_operator.agent.nvml import GpuLost, use_driver_root
-from gpu_operator.agent.simulated import uninstall_simulated_nvml
 from gpu_operator.api import PolicyError
 from gpu_operator.cli import main
+from gpu_operator.sim.nvml import uninstall_simulated_nvml
 from gpu_operator.usage import UsageProblem
 from tests.unit.netstubs import answering, closed_port
 

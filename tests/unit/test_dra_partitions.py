@@ -16,10 +16,9 @@ from gpu_operator.agent.dra import devices as dra
 from gpu_operator.agent.dra import partitions
 from gpu_operator.agent.inventory import Gpu, Inventory
 from gpu_operator.agent.nvml import Nvml
-from gpu_operator.agent.simnvml import mig
-from gpu_operator.agent.simnvml.devices import SimGpu, new_gpus
-from gpu_operator.agent.simnvml.profiles import GpuModel, load_model
-from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simulated_nvml
+from gpu_operator.sim.nvml import install_simulated_nvml, mig, uninstall_simulated_nvml
+from gpu_operator.sim.nvml.devices import SimGpu, new_gpus
+from gpu_operator.sim.nvml.profiles import GpuModel, load_model
 
 MIG_MODELS = ("a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "b200-180gb")
 SLICES = [f"memory-slice-{i}" for i in range(8)]

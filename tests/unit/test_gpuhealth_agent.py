@@ -30,17 +30,17 @@ from gpu_operator.agent.gpuhealth.monitor import HealthMonitor, KubeNode
 from gpu_operator.agent.gpuhealth.settings import HealthSettings, xid_policy
 from gpu_operator.agent.inventory import Inventory
 from gpu_operator.agent.nvml import Nvml
-from gpu_operator.agent.simulated import (
-    SimulatedNvml,
-    install_simulated_nvml,
-    uninstall_simulated_nvml,
-)
 from gpu_operator.kube import Kube
 from gpu_operator.labels import (
     GPU_HEALTHY_CONDITION,
     HEALTH_RESET_DONE,
     HEALTH_RESET_REQUESTED,
     KWOK_NODE,
+)
+from gpu_operator.sim.nvml import (
+    SimulatedNvml,
+    install_simulated_nvml,
+    uninstall_simulated_nvml,
 )
 from gpu_operator.views import NodeView
 

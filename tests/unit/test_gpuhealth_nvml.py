@@ -15,7 +15,7 @@ import pytest
 
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.agent.nvml.health import HealthReading
-from gpu_operator.agent.simulated import (
+from gpu_operator.sim.nvml import (
     SimulatedNvml,
     install_simulated_nvml,
     uninstall_simulated_nvml,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .cluster import Cluster
 
-# The agents' `agent.nvml.loader.SIM_STATE`, under a driver root's dev/ (a test keeps them equal).
+# The simulated NVML's `sim.nvml.SIM_STATE`, under a driver root's dev/ (a test keeps them equal).
 SIM_STATE_IN_DEV = "gpu-operator-sim/nvml-state.json"
 # A real node's driver roots as this machine sees them, inside the node's directory: its
 # /run/nvidia is the node's `nvidia/` (node-init.sh), the driver container's root is

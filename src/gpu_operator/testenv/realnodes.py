@@ -85,9 +85,9 @@ def _run(*argv: str, check: bool = True, stdin: Any = None) -> subprocess.Comple
 
 
 def known_gpu_profiles() -> list[str]:
-    """Simulated GPU profiles the agents accept: their data files (testenv sits beside the
-    agents in the layers, so it reads the files rather than importing the agent package)."""
-    folder = resources.files("gpu_operator") / "agent" / "profiles"
+    """Simulated GPU profiles the agents accept: their data files (testenv sits below the
+    simulation in the layers, so it reads the files rather than importing gpu_operator.sim)."""
+    folder = resources.files("gpu_operator") / "sim" / "profiles"
     return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 

@@ -1,8 +1,8 @@
-"""Shared fixtures: a simulated NVML per test, NVIDIA's reference files, inventories."""
+"""Shared fixtures: NVIDIA's reference files, inventories (a simulated NVML per test:
+``simulate``, from tests/unit/conftest.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,17 +11,11 @@ import pytest
 from gpu_operator.agent import migparted
 from gpu_operator.agent.inventory import Inventory
 from gpu_operator.agent.nvml import Nvml
-from gpu_operator.agent.simulated import (
-    SimulatedNvml,
-    install_simulated_nvml,
-    uninstall_simulated_nvml,
-)
 from tests import prerequisites
 from tests.paths import REPO
+from tests.unit.conftest import Simulate
 
-__all__ = ["REPO"]  # the dashboard test finds the repository here
-
-Simulate = Callable[..., SimulatedNvml]
+__all__ = ["REPO", "Simulate"]  # the repository (the dashboard test), the fixture's type
 
 
 def mig_configmap() -> Path:
@@ -32,18 +26,6 @@ def mig_configmap() -> Path:
 def counters_csv() -> Path:
     """NVIDIA's default dcgm-exporter counters (a reference document: may skip the test)."""
     return prerequisites.nvidia("dcgm-exporter-default-counters.csv")
-
-
-@pytest.fixture
-def simulate() -> Iterator[Simulate]:
-    """Install a simulated NVML (``simulate("a100-40gb:8")``); removed after the test."""
-
-    def install(spec: Any, **kwargs: Any) -> SimulatedNvml:
-        kwargs.setdefault("seed", "test-node")
-        return install_simulated_nvml(spec, **kwargs)
-
-    yield install
-    uninstall_simulated_nvml()
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""``gpu-operator agent cdi generate|list`` over a stub driver root (``agent.stubdriver``).
+"""``gpu-operator agent cdi generate|list`` over a stub driver root (``sim.stubdriver``).
 
 The stub is built with gcc (skipped without it, failed in CI). The CLI runs in a subprocess:
 generating a spec loads the root's libnvidia-ml, and a stub library loaded into this process
@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_operator.agent.simulated import build_simulated_nvml
-from gpu_operator.agent.stubdriver import StubGpu, build_stubs, lay_out
+from gpu_operator.sim.nvml import build_simulated_nvml
+from gpu_operator.sim.stubdriver import StubGpu, build_stubs, lay_out
 from tests import prerequisites
 
 VERSION = "580.95.05"

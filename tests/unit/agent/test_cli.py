@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_operator.agent import simulated_operands
 from gpu_operator.agent.cli import MODULES, add_agent_commands, monitor
 from gpu_operator.agent.nvml import NvmlUnavailable, current_driver_root, use_driver_root
-from gpu_operator.agent.simulated import uninstall_simulated_nvml
 from gpu_operator.cli import main
+from gpu_operator.sim import operands
+from gpu_operator.sim.nvml import uninstall_simulated_nvml
 from tests import prerequisites
 
 from .conftest import mig_configmap
@@ -269,7 +269,7 @@ def test_each_module_registers_its_commands_and_imports_only_what_is_light() -> 
         "gpu_operator.agent.migparted",
         "gpu_operator.agent.deviceplugin.agent",
         "gpu_operator.agent.dra",
-        "gpu_operator.agent.simulated_operands",
+        "gpu_operator.sim",
         "gpu_operator.agent.driver_cdi",
     )
     probe = (
@@ -342,8 +342,8 @@ def test_simulate_driver_actions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     def record(name: str) -> Any:
         return lambda *a, **kw: calls.append((name, (a, kw))) or 0
 
-    monkeypatch.setattr(simulated_operands, "run_driver", record("driver"))
-    monkeypatch.setattr(simulated_operands, "run_manager", record("manager"))
+    monkeypatch.setattr(operands, "run_driver", record("driver"))
+    monkeypatch.setattr(operands, "run_manager", record("manager"))
     driver = Path("/run/nvidia/driver")
     # Where it writes is never a default: the stand-in image's command passes it.
     root = ["--driver-root", str(driver)]
@@ -397,7 +397,7 @@ def test_simulate_toolkit_options(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DRIVER_ROOT_CTR_PATH", "/mnt/driver")
     monkeypatch.setenv("NVIDIA_DRIVER_ROOT", "/home/kubernetes/bin/nvidia")
     calls: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(simulated_operands, "run_toolkit", lambda *a: calls.append(a) or 0)
+    monkeypatch.setattr(operands, "run_toolkit", lambda *a: calls.append(a) or 0)
     assert run(["agent", "simulate-toolkit", "--containerd-config", "/etc/c/config.toml"]) == 0
     assert calls == [
         (

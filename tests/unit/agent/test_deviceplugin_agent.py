@@ -34,8 +34,8 @@ from gpu_operator.agent.deviceplugin.kubelet import LocalKubelet
 from gpu_operator.agent.deviceplugin.server import Advertised
 from gpu_operator.agent.deviceplugin.settings import PluginSettings
 from gpu_operator.agent.nvml import Nvml
-from gpu_operator.agent.simulated import SimulatedNvml
 from gpu_operator.kubelet_api.deviceplugin.v1beta1 import api_pb2 as pb
+from gpu_operator.sim.nvml import SimulatedNvml
 from tests.e2e.support import NotYet, wait_for
 
 from .conftest import Simulate, mig_configmap

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from gpu_operator.agent import stubdriver as sd
 from gpu_operator.agent.dra import mps, mps_daemon
 from gpu_operator.agent.dra.mps import DaemonPod, MpsDaemon
+from gpu_operator.sim import stubdriver as sd
 from tests import prerequisites
-from tests.unit.agent.test_simulated_operands import wait_for
-from tests.unit.agent.test_stubdriver import GPUS, lay_driver
+from tests.unit.sim.test_operands import wait_for
+from tests.unit.sim.test_stubdriver import GPUS, lay_driver
 
 DAEMON = MpsDaemon(
     id="u1-abcde",

@@ -88,7 +88,7 @@ def node_pool(key: str, gpus: int = 8) -> tuple[list[dict[str, Any]], list[dict[
     """The DynamicMIG devices and counter sets of a node with ``gpus`` GPUs of ``key``."""
     from gpu_operator.agent.dra import partitions
     from gpu_operator.agent.nvml import Nvml
-    from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simulated_nvml
+    from gpu_operator.sim.nvml import install_simulated_nvml, uninstall_simulated_nvml
 
     install_simulated_nvml(f"{key}:{gpus}", seed="slices")
     try:

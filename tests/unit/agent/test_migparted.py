@@ -10,7 +10,7 @@ from gpu_operator.agent import migparted
 from gpu_operator.agent.inventory import Placement
 from gpu_operator.agent.migparted import MigConfigError, MigPlanError, parse_mig_config
 from gpu_operator.agent.nvml import Nvml
-from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simulated_nvml
+from gpu_operator.sim.nvml import install_simulated_nvml, uninstall_simulated_nvml
 from tests.paths import REPO
 
 from .conftest import Simulate, mig_configmap

@@ -21,7 +21,7 @@ from gpu_operator.agent.nvml import (
     NvmlError,
     NvmlUnavailable,
 )
-from gpu_operator.agent.simulated import SimulationError, parse_spec, uninstall_simulated_nvml
+from gpu_operator.sim.nvml import SimulationError, parse_spec, uninstall_simulated_nvml
 
 from .conftest import Simulate
 
@@ -247,7 +247,7 @@ def test_state_file_is_shared_between_processes(simulate: Simulate, tmp_path: Pa
         gi = nvml.create_gpu_instance(1, 4, Placement(0, 8))
         nvml.create_compute_instance(1, gi, 7)
     code = (
-        "from gpu_operator.agent.simulated import install_simulated_nvml\n"
+        "from gpu_operator.sim.nvml import install_simulated_nvml\n"
         "from gpu_operator.agent.nvml import Nvml\n"
         f"install_simulated_nvml('h100-80gb:2', state_file={str(state)!r}, seed='test-node')\n"
         "with Nvml() as n:\n"

@@ -14,13 +14,13 @@ from gpu_operator.agent import migparted
 from gpu_operator.agent.deviceplugin.config_file import parse_device_plugin_config
 from gpu_operator.agent.inventory import Inventory
 from gpu_operator.agent.nvml import Nvml
-from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simulated_nvml
 from gpu_operator.api import ClusterPolicySpec, parse_document
 from gpu_operator.api.crd import clusterpolicy_crd, nvidiadriver_crd
 from gpu_operator.api.nvidiadriver import parse_driver_spec
 from gpu_operator.install.manifests import NAMESPACE
 from gpu_operator.render import render
 from gpu_operator.render.facts import Facts, NodeOS
+from gpu_operator.sim.nvml import install_simulated_nvml, uninstall_simulated_nvml
 from tests.paths import REPO
 from tests.schema import prune_nulls, strict, validate_kubernetes
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_operator.agent.simnvml.profiles import available_profiles
+from gpu_operator.sim.nvml.profiles import available_profiles
 from gpu_operator.testenv import binaries, nodeconfig, nodes, realnodes
 from gpu_operator.testenv.nodeconfig import NodeConfigError
 

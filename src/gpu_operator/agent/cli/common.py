@@ -1,5 +1,7 @@
 """What every agent command shares: logging, where NVML comes from, the node's name, and the
-device-plugin config arguments (one file, or a directory of named configs)."""
+device-plugin config arguments (one file, or a directory of named configs). The simulated NVML
+(:mod:`gpu_operator.sim.nvml`) is imported where ``--simulate`` is defined and used, never at
+module level."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ from typing import TYPE_CHECKING, cast
 from gpu_operator import labels, logsetup
 from gpu_operator.agent.driverready import read_ready
 from gpu_operator.agent.nvml import driver_root_from_env, use_driver_root
-from gpu_operator.agent.simulated import ENV_SIMULATE, ENV_STATE, install_simulated_nvml
 
 if TYPE_CHECKING:
     from gpu_operator.agent.deviceplugin.configs import ConfigDir
@@ -37,6 +38,8 @@ def setup(args: argparse.Namespace) -> None:
     logsetup.configure(fmt=getattr(args, "log_format", None))
     spec = getattr(args, "simulate", None)
     if spec:
+        from gpu_operator.sim.nvml import install_simulated_nvml
+
         state = getattr(args, "simulate_state", None) or None
         install_simulated_nvml(spec, state_file=state)
         log.info("using simulated NVML: %s", spec)
@@ -67,6 +70,8 @@ def add_driver_root(parser: argparse.ArgumentParser) -> None:
 
 def add_common(parser: argparse.ArgumentParser) -> None:
     """The options of every command that reads the GPUs: simulated, or from a driver root."""
+    from gpu_operator.sim.nvml import ENV_SIMULATE, ENV_STATE
+
     parser.add_argument(
         "--simulate",
         metavar="PROFILE:COUNT",

@@ -1,6 +1,7 @@
 """``agent simulate-fault``: inject a hardware fault into a SIMULATED GPU, for demos and people.
 
-(Light to import: :mod:`.common` already loads the simulated NVML package.)
+(The simulated NVML is imported inside the functions: the agents' parser loads it anyway, for
+``--simulate``.)
 
 It writes the node's simulated NVML state file, so every agent of that node (each with its own
 simulated NVML over the file) reads the fault at its next NVML call. It acts on simulated GPUs
@@ -16,19 +17,20 @@ import argparse
 import os
 from typing import Any
 
-from gpu_operator.agent.simnvml import (
-    ENV_STATE,
-    FAULT_KINDS,
-    SimulationError,
-    clear_faults,
-    inject_fault,
-)
 from gpu_operator.usage import UsageProblem
 
 CLEAR = "clear"
 
 
 def cmd_simulate_fault(args: argparse.Namespace) -> int:
+    from gpu_operator.sim.nvml import (
+        ENV_STATE,
+        FAULT_KINDS,
+        SimulationError,
+        clear_faults,
+        inject_fault,
+    )
+
     if not args.simulate_state:
         raise UsageProblem(
             "simulate-fault acts on simulated GPUs only",
@@ -48,6 +50,8 @@ def cmd_simulate_fault(args: argparse.Namespace) -> int:
 
 
 def _number(text: str | None) -> int | None:
+    from gpu_operator.sim.nvml import SimulationError
+
     if text is None:
         return None
     try:
@@ -57,6 +61,8 @@ def _number(text: str | None) -> int | None:
 
 
 def register(sub: Any) -> None:
+    from gpu_operator.sim.nvml import ENV_STATE, FAULT_KINDS
+
     p = sub.add_parser(
         "simulate-fault",
         help="inject a hardware fault into a SIMULATED GPU (XID, ECC, row remap, lost, slowdown)",

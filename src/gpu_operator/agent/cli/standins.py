@@ -1,5 +1,5 @@
 """``agent simulate-driver`` and ``agent simulate-toolkit``: the SIMULATED stand-ins for NVIDIA's
-driver and container-toolkit images (testenv only; :mod:`gpu_operator.agent.simulated_operands`).
+driver and container-toolkit images (testenv only; :mod:`gpu_operator.sim.operands`).
 
 Each writes into the host it runs on, so none has a default for where it writes: run by hand
 without its target paths, it refuses with a usage error (exit 2) rather than lay a stub driver
@@ -17,7 +17,6 @@ from typing import Any, NoReturn
 
 from gpu_operator import labels
 from gpu_operator.agent.cli.common import setup
-from gpu_operator.agent.stubdriver import STYLES  # light: the NVML loader imports it anyway
 from gpu_operator.usage import UsageProblem
 
 
@@ -27,7 +26,7 @@ def _refuse(command: str, missing: list[str]) -> NoReturn:
 
 
 def cmd_simulate_driver(args: argparse.Namespace) -> int:
-    from gpu_operator.agent import simulated_operands as sim
+    from gpu_operator.sim import operands as sim
 
     if args.action == "install":
         return _install(args)
@@ -54,8 +53,8 @@ def cmd_simulate_driver(args: argparse.Namespace) -> int:
 
 def _install(args: argparse.Namespace) -> int:
     """``install``: lay the stub driver out once (the testenv harness's preinstalled driver)."""
-    from gpu_operator.agent import simulated_operands as sim
-    from gpu_operator.agent.stubdriver import StubDriverError
+    from gpu_operator.sim import operands as sim
+    from gpu_operator.sim.stubdriver import StubDriverError
 
     missing = [f"--{name}" for name in ("root", "spec", "seed") if not getattr(args, name)]
     if missing:
@@ -81,7 +80,7 @@ def _install(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate_toolkit(args: argparse.Namespace) -> int:
-    from gpu_operator.agent import simulated_operands as sim
+    from gpu_operator.sim import operands as sim
 
     if not args.containerd_config:
         _refuse("simulate-toolkit", ["--containerd-config (env CONTAINERD_CONFIG)"])
@@ -96,6 +95,8 @@ def cmd_simulate_toolkit(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
+    from gpu_operator.sim.stubdriver import STYLES
+
     p = sub.add_parser(
         "simulate-driver",
         help="SIMULATED NVIDIA driver container (testenv stand-in images only)",

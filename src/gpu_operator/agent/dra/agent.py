@@ -100,7 +100,7 @@ def same_pool(published: list[dict[str, Any]], pool: Pool) -> bool:
 def simulated_inventory(spec: str, node: str, state_file: str | Path | None = None) -> Inventory:
     """The inventory a simulated node's NVML reports (its MIG state from ``state_file``)."""
     from gpu_operator.agent.nvml import Nvml
-    from gpu_operator.agent.simulated import install_simulated_nvml, uninstall_simulated_nvml
+    from gpu_operator.sim.nvml import install_simulated_nvml, uninstall_simulated_nvml
 
     install_simulated_nvml(spec, seed=node, state_file=state_file)
     try:

@@ -148,7 +148,7 @@ def dev_root_of(driver_root: str | Path) -> str | None:
     root to be the driver root), else ``/`` when ``/dev/nvidiactl`` exists (a host with the
     driver loaded; a privileged container sees the host's ``/dev``); None when neither has it:
     no driver loaded. The stub driver's libraries decide the same way
-    (``agent/stubdriver/c/stubdriver.h``)."""
+    (``sim/stubdriver/c/stubdriver.h``)."""
     for root in (str(driver_root), "/"):
         if os.path.exists(os.path.join(root, "dev", "nvidiactl")):
             return root

@@ -21,7 +21,6 @@ from .errors import (
     error_for,
 )
 from .loader import (
-    SIM_STATE,
     current_driver_root,
     driver_root_from_env,
     load_nvml,
@@ -32,7 +31,6 @@ from .names import mig_profile_name
 from .session import Nvml, probe
 
 __all__ = [
-    "SIM_STATE",
     "GpuLost",
     "InUse",
     "InsufficientResources",

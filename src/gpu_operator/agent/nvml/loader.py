@@ -7,26 +7,25 @@ toolkit would (the root's ld.so.cache, then the usual library directories) and p
 pynvml before ``nvmlInit``. A root without the library fails with one error naming every path
 searched.
 
-The testenv's stub driver (:mod:`gpu_operator.agent.stubdriver`) is found and loaded the same
+The testenv's stub driver (:mod:`gpu_operator.sim.stubdriver`) is found and loaded the same
 way; once loaded it is recognised by its marker symbol and the simulated NVML takes over, built
 from the GPU table the stub carries. Like the real library it needs the driver's control device
 node (``nvidiactl``): in the driver root's ``dev/`` (a driver container's, or the simulated
-driver's nodes), or in ``/dev``.
+driver's nodes), or in ``/dev``. Only that hand-over imports :mod:`gpu_operator.sim`, so an
+agent on a real driver never loads the simulation.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 import pynvml
 
 from gpu_operator.agent.driverroot import DriverNotFound, dev_root_of, find_library
-from gpu_operator.agent.simnvml import SimulatedNvml, install_simulated_nvml
-from gpu_operator.agent.stubdriver import STUB_MARKER, read_table
-from gpu_operator.agent.stubdriver.compute import SIM_DIR
 
 from .errors import NvmlUnavailable
 
@@ -34,9 +33,10 @@ NVML_SONAME = "libnvidia-ml.so.1"
 # NVIDIA's names: the driver root on the host, and where a container has it mounted.
 ENV_DRIVER_ROOT = "NVIDIA_DRIVER_ROOT"
 ENV_CONTAINER_DRIVER_ROOT = "CONTAINER_DRIVER_ROOT"
-# The simulated GPUs' own state (MIG mode and instances: what the hardware holds), beside the
-# device nodes that stand for the GPUs.
-SIM_STATE = f"{SIM_DIR}/nvml-state.json"
+# The symbol every stub driver library exports (gpu_operator.sim.stubdriver's STUB_MARKER; a
+# test keeps them equal): spelled here so that telling a stub from NVIDIA's needs no simulation.
+STUB_MARKER = "gpu_operator_stub_driver"
+_SIM_NVML = "gpu_operator.sim.nvml"
 
 
 def driver_root_from_env(env: Mapping[str, str] = os.environ) -> str:
@@ -56,8 +56,10 @@ def use_driver_root(root: str | None) -> None:
 
 def simulated() -> bool:
     """Whether the NVML under pynvml is the simulated one (``--simulate``, or the stub driver
-    handed over to it): the agents that stand in for NVIDIA's binaries run only then."""
-    return isinstance(pynvml.nvmlLib, SimulatedNvml)
+    handed over to it): the agents that stand in for NVIDIA's binaries run only then. Never
+    imports the simulation: a process that has not imported it cannot be running it."""
+    sim = sys.modules.get(_SIM_NVML)
+    return sim is not None and isinstance(pynvml.nvmlLib, sim.SimulatedNvml)
 
 
 def current_driver_root() -> str:
@@ -74,7 +76,7 @@ def load_nvml(root: str | Path | None = None) -> str:
     """
     current = pynvml.nvmlLib
     if current is not None:
-        return "simulated NVML" if isinstance(current, SimulatedNvml) else "already loaded"
+        return "simulated NVML" if simulated() else "already loaded"
     root = Path(root or current_driver_root())
     try:
         path = find_library(root, NVML_SONAME)
@@ -96,6 +98,9 @@ def load_nvml(root: str | Path | None = None) -> str:
 
 def _simulate_from_stub(root: Path, path: Path) -> str:
     """The stub driver: the simulated NVML of the GPUs its table names."""
+    from gpu_operator.sim.nvml import SIM_STATE, install_simulated_nvml
+    from gpu_operator.sim.stubdriver import read_table
+
     dev_root = dev_root_of(root)
     if dev_root is None:
         raise NvmlUnavailable(

@@ -2,7 +2,7 @@
 
 Nothing above this package calls pynvml. Works the same against the real ``libnvidia-ml.so.1``
 (loaded from the driver root by :mod:`.loader`) and against the simulated library
-(:mod:`gpu_operator.agent.simnvml`), which replaces the library under pynvml.
+(:mod:`gpu_operator.sim.nvml`), which replaces the library under pynvml.
 """
 
 from __future__ import annotations

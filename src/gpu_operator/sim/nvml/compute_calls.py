@@ -1,5 +1,5 @@
 """C entry points of a GPU's compute mode. With a state file, the mode is the one the stub
-driver's C library keeps beside it (:mod:`gpu_operator.agent.stubdriver.compute`), so an
+driver's C library keeps beside it (:mod:`gpu_operator.sim.stubdriver.compute`), so an
 agent's NVML, ``nvidia-smi -c`` and a test read one value; without one, the GPU's own, in
 memory, Default after boot."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pynvml
 
-from gpu_operator.agent.stubdriver.compute import (
+from gpu_operator.sim.stubdriver.compute import (
     COMPUTE_MODES,
     read_compute_policy,
     write_compute_policy,

@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 
 from gpu_operator import labels
-from gpu_operator.agent import simulated_operands as sim
 from gpu_operator.agent import validate
-from gpu_operator.agent.simulated import build_simulated_nvml
-from gpu_operator.agent.stubdriver import build_stubs
+from gpu_operator.sim import operands as sim
+from gpu_operator.sim.nvml import build_simulated_nvml
+from gpu_operator.sim.stubdriver import build_stubs
 from tests import prerequisites
 
 LIB = "usr/lib/x86_64-linux-gnu"
@@ -34,7 +34,7 @@ NOT_ROOT = "device nodes are made only as root (mknod)"
 TOOLKIT = (
     "import sys, threading\n"
     "from pathlib import Path\n"
-    "from gpu_operator.agent import simulated_operands as sim\n"
+    "from gpu_operator.sim import operands as sim\n"
     "from gpu_operator.agent.nvml import use_driver_root\n"
     "config, cdi, root = sys.argv[1:4]\n"
     "use_driver_root(root)\n"

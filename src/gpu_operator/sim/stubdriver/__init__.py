@@ -1,6 +1,6 @@
 """A stub NVIDIA driver: real ELF libraries and programs laid out like a driver root.
 
-Tests run without a GPU; :mod:`gpu_operator.agent.simnvml` fakes NVML inside Python. What it
+Tests run without a GPU; :mod:`gpu_operator.sim.nvml` fakes NVML inside Python. What it
 cannot show is how a *container* gets the driver: ``libnvidia-ml.so.1``, ``libcuda.so.1``,
 ``nvidia-smi`` and the device nodes, bind-mounted or CDI-mounted from a driver root. This
 package builds small C stand-ins for them (NVIDIA's sonames and versioned file names, a subset

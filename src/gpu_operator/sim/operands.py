@@ -6,7 +6,7 @@ what the real containers leave, so every agent runs unmodified and gets the driv
 would on a GPU node:
 
 - the driver (`nvidia-driver init`): a driver root (`/run/nvidia/driver`) laid out like a real
-  driver's, with the stub driver (:mod:`gpu_operator.agent.stubdriver`): `libnvidia-ml.so.1`,
+  driver's, with the stub driver (:mod:`gpu_operator.sim.stubdriver`): `libnvidia-ml.so.1`,
   `libcuda.so.1` and the rest of NVIDIA's libraries as real ELF files carrying the node's GPU
   table, `nvidia-smi`, GSP firmware, and the device nodes under the root's `dev/`; made from
   the GPU profile the harness wrote on the node, and taken away again when the container stops
@@ -31,10 +31,10 @@ from pathlib import Path
 
 from gpu_operator.agent.driver_cdi import discover_host_driver, generate_spec
 from gpu_operator.agent.driverroot import DriverNotFound
-from gpu_operator.agent.nvml import SIM_STATE, Nvml, NvmlError
-from gpu_operator.agent.simnvml import DEFAULT_CUDA, build_simulated_nvml
-from gpu_operator.agent.stubdriver import StubGpu, lay_out, remove, replace_file
-from gpu_operator.agent.stubdriver.libraries import Style
+from gpu_operator.agent.nvml import Nvml, NvmlError
+from gpu_operator.sim.nvml import DEFAULT_CUDA, SIM_STATE, build_simulated_nvml
+from gpu_operator.sim.stubdriver import StubGpu, lay_out, remove, replace_file
+from gpu_operator.sim.stubdriver.libraries import Style
 from gpu_operator.stopping import stop_on_signals, wait_until
 
 BANNER = "SIMULATED"

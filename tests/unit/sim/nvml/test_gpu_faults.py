@@ -17,7 +17,7 @@ import pynvml
 import pytest
 
 from gpu_operator.agent.nvml import Nvml
-from gpu_operator.agent.simnvml import (
+from gpu_operator.sim.nvml import (
     SimulatedNvml,
     SimulationError,
     build_simulated_nvml,
@@ -26,9 +26,8 @@ from gpu_operator.agent.simnvml import (
     load_model,
     read_faults,
 )
-from gpu_operator.agent.simnvml.health_calls import POWER_BRAKE_REASONS, THERMAL_REASONS
-
-from ..conftest import Simulate
+from gpu_operator.sim.nvml.health_calls import POWER_BRAKE_REASONS, THERMAL_REASONS
+from tests.unit.conftest import Simulate
 
 UNCORRECTED, CORRECTED = (
     pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,

@@ -5,7 +5,7 @@
  * tests, so that containers get a driver root laid out like a real one.
  *
  * The GPU table. Each library carries a fixed-size array that starts with STUB_TABLE_MARKER
- * and is patched in place in the library file (gpu_operator.agent.stubdriver.table does it,
+ * and is patched in place in the library file (gpu_operator.sim.stubdriver.table does it,
  * no compiler needed). Its text, NUL-terminated, one record a line:
  *
  *     GPU_OPERATOR_STUB_GPU_TABLE_V1

@@ -9,8 +9,8 @@ line (``c/stubdriver.h`` reads the same format)::
     driver 580.95.05
     cuda 13000
     gpu <minor> <uuid> <memory MiB> <pci bus id> <name, spaces allowed>
-    simulate a100-40gb:2      (optional: the simnvml spec these GPUs were made from)
-    seed node-1               (optional: what their UUIDs derive from, in simnvml)
+    simulate a100-40gb:2      (optional: the sim.nvml spec these GPUs were made from)
+    seed node-1               (optional: what their UUIDs derive from, in sim.nvml)
 
 Unknown lines are ignored by both readers, so the format can grow (the C side reads only
 ``driver``, ``cuda`` and ``gpu``).
@@ -27,7 +27,8 @@ TABLE_SIZE = 65536  # STUB_TABLE_SIZE in c/stubdriver.h
 MAX_GPUS = 64  # STUB_MAX_GPUS
 MAX_NAME = 95  # STUB_NAME_LEN - 1
 MAX_VERSION = 79  # STUB_VERSION_LEN - 1
-# The symbol every stub library exports (a loader tells the stub by it), and its value.
+# The symbol every stub library exports (a loader tells the stub by it: the NVML loader spells
+# it too, a test keeps them equal), and its value.
 STUB_MARKER = "gpu_operator_stub_driver"
 DRIVER_MARKER = "gpu-operator SIMULATED stub driver 1"  # STUB_DRIVER_MARKER
 
@@ -73,7 +74,7 @@ class StubTable:
     driver_version: str
     cuda_version: int
     gpus: tuple[StubGpu, ...] = ()
-    simulate: str = ""  # the simnvml spec behind the GPUs, where they came from one
+    simulate: str = ""  # the sim.nvml spec behind the GPUs, where they came from one
     seed: str | None = None  # and the seed of their UUIDs
 
     def validate(self) -> None:

@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 
-from gpu_operator.agent.nvml import SIM_STATE
-from gpu_operator.agent.simnvml import (
+from gpu_operator.cli import main
+from gpu_operator.sim.nvml import (
     ENV_STATE,
+    SIM_STATE,
     SimulationError,
     build_simulated_nvml,
     clear_faults,
     inject_fault,
     read_faults,
 )
-from gpu_operator.cli import main
 from gpu_operator.testenv import gpufaults
 
 

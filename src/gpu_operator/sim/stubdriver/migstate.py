@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_operator.agent.stubdriver.compute import SIM_DIR
+from gpu_operator.sim.stubdriver.compute import SIM_DIR
 
 MIG_DIR = f"{SIM_DIR}/mig"
 

@@ -25,7 +25,7 @@ process of the node sees them; every event set receives every XID logged after i
 
 Modules, by concern:
 
-- :mod:`.profiles`: GPU models from ``agent/profiles/*.yaml`` and the ``PROFILE:COUNT`` spec
+- :mod:`.profiles`: GPU models from ``sim/profiles/*.yaml`` and the ``PROFILE:COUNT`` spec
 - :mod:`.devices`: the node's plain state (GPUs, GPU and compute instances)
 - :mod:`.mig`: MIG rules (placement, instances, mode changes, reset) as plain functions
 - :mod:`.telemetry`: metric curves over time
@@ -51,6 +51,7 @@ from .install import (
     ENV_SEED,
     ENV_SIMULATE,
     ENV_STATE,
+    SIM_STATE,
     build_simulated_nvml,
     install_from_environment,
     install_simulated_nvml,
@@ -76,6 +77,7 @@ __all__ = [
     "ENV_SIMULATE",
     "ENV_STATE",
     "FAULT_KINDS",
+    "SIM_STATE",
     "GiProfileSpec",
     "GpuFaults",
     "GpuModel",

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_operator.agent.simnvml import mig
-from gpu_operator.agent.simnvml.devices import NvmlFault, SimGi, SimGpu, new_gpus
-from gpu_operator.agent.simnvml.profiles import GiProfileSpec, load_model
+from gpu_operator.sim.nvml import mig
+from gpu_operator.sim.nvml.devices import NvmlFault, SimGi, SimGpu, new_gpus
+from gpu_operator.sim.nvml.profiles import GiProfileSpec, load_model
 
 A100 = load_model("a100-40gb")
 H100 = load_model("h100-80gb")

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pynvml
 
+from gpu_operator.sim.stubdriver.compute import SIM_DIR
+
 from .devices import new_gpus
 from .library import SimulatedNvml
 from .node import SimNode
@@ -31,6 +33,10 @@ ENV_SEED = "GPU_OPERATOR_SIMULATE_SEED"
 ENV_DRIVER = "GPU_OPERATOR_SIMULATE_DRIVER"
 DEFAULT_DRIVER = "580.95.05"
 DEFAULT_CUDA = 13000  # the 580 branch ships CUDA 13.0
+# The simulated GPUs' own state (MIG mode and instances: what the hardware holds) under a driver
+# root's dev/, beside the device nodes that stand for the GPUs: where the NVML loader's stub
+# hand-over and the driver stand-in keep it.
+SIM_STATE = f"{SIM_DIR}/nvml-state.json"
 
 _installed_lock = threading.Lock()
 

@@ -1,4 +1,4 @@
-"""``python -m gpu_operator.agent.stubdriver build DIR``: the stub driver's artefacts, built (or
+"""``python -m gpu_operator.sim.stubdriver build DIR``: the stub driver's artefacts, built (or
 taken from the cache) and copied into DIR, for an image build context; prints the sources' hash
 (what the artefacts are made from, so an image build can tell when they changed)."""
 
@@ -13,7 +13,7 @@ from .table import StubDriverError
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] != "build":
-        print("usage: python -m gpu_operator.agent.stubdriver build DIR", file=sys.stderr)
+        print("usage: python -m gpu_operator.sim.stubdriver build DIR", file=sys.stderr)
         return 2
     try:
         built = build_stubs()

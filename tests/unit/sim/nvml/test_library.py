@@ -9,19 +9,18 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from gpu_operator.agent.simnvml import cabi
-from gpu_operator.agent.simnvml.devices import NvmlFault
-from gpu_operator.agent.simnvml.install import (
+from gpu_operator.sim.nvml import cabi
+from gpu_operator.sim.nvml.devices import NvmlFault
+from gpu_operator.sim.nvml.install import (
     ENV_SIMULATE,
     ENV_STATE,
     build_simulated_nvml,
     install_from_environment,
     uninstall_simulated_nvml,
 )
-from gpu_operator.agent.simnvml.library import ENTRY_POINTS
-from gpu_operator.agent.simnvml.profiles import load_model
-
-from ..conftest import Simulate
+from gpu_operator.sim.nvml.library import ENTRY_POINTS
+from gpu_operator.sim.nvml.profiles import load_model
+from tests.unit.conftest import Simulate
 
 NOT_CALLED_BY_PYNVML = {"nvmlInit_v2"}  # in nvml.h; pynvml's nvmlInit calls nvmlInitWithFlags
 

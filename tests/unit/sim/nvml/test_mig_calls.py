@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pynvml
 import pytest
 
-from ..conftest import Simulate
+from tests.unit.conftest import Simulate
 
 GI_1G, GI_3G, GI_7G = 0, 2, 4  # A100 GPU-instance profile indexes
 GI_ID_3G = 9  # A100 3g.20gb profile id

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_operator.agent.simnvml import telemetry
-from gpu_operator.agent.simnvml.devices import SimCi, SimGi, new_gpus
-from gpu_operator.agent.simnvml.profiles import available_profiles, load_model
+from gpu_operator.sim.nvml import telemetry
+from gpu_operator.sim.nvml.devices import SimCi, SimGi, new_gpus
+from gpu_operator.sim.nvml.profiles import available_profiles, load_model
 
 MIB = 1024 * 1024
 TIMES = [i * 7.3 for i in range(40)]  # a little over two periods

@@ -1,4 +1,4 @@
-"""GPU models with real numbers, read from ``agent/profiles/*.yaml``, and the spec that picks them.
+"""GPU models with real numbers, read from ``sim/profiles/*.yaml``, and the spec that picks them.
 
 A spec names a node's GPUs as ``PROFILE:COUNT`` items (``"a100-40gb:4,t4:2"``); every simulated
 GPU is one :class:`GpuModel`, immutable and shared by the GPUs of that model.
@@ -71,12 +71,12 @@ class GpuModel:
 
 def available_profiles() -> list[str]:
     """Names accepted in a simulation spec (``a100-40gb``, ``h100-80gb``, ``t4``...)."""
-    folder = resources.files("gpu_operator.agent") / "profiles"
+    folder = resources.files("gpu_operator.sim") / "profiles"
     return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
 def load_model(key: str) -> GpuModel:
-    path = resources.files("gpu_operator.agent") / "profiles" / f"{key}.yaml"
+    path = resources.files("gpu_operator.sim") / "profiles" / f"{key}.yaml"
     if not path.is_file():
         raise SimulationError(
             f"unknown simulated GPU profile {key!r}; known: {', '.join(available_profiles())}"

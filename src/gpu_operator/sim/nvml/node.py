@@ -15,8 +15,8 @@ from typing import Any
 
 import pynvml
 
-from gpu_operator.agent.stubdriver.compute import SIM_DIR
-from gpu_operator.agent.stubdriver.migstate import MigRow, write_mig_state
+from gpu_operator.sim.stubdriver.compute import SIM_DIR
+from gpu_operator.sim.stubdriver.migstate import MigRow, write_mig_state
 
 from . import telemetry
 from .cabi import Kind, unpack_handle

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_operator.agent import stubdriver as sd
-from gpu_operator.agent.stubdriver import StubDriverError, StubGpu, StubTable, lay_out
+from gpu_operator.sim import stubdriver as sd
+from gpu_operator.sim.stubdriver import StubDriverError, StubGpu, StubTable, lay_out
 from tests import prerequisites
 
 VERSION = "580.95.05"
@@ -139,6 +139,12 @@ def test_plan_puts_each_style_where_its_distribution_does() -> None:
     assert f"nvidia-caps/nvidia-cap{3 + 135 * 2}" not in caps  # no GPU of minor 2
     plan = sd.plan_layout(version=VERSION, cuda_version=CUDA, gpus=GPUS, device_nodes=False)
     assert not [e for e in plan if e.kind == "node"]
+
+
+def test_the_nvml_loader_knows_the_stub_by_its_marker() -> None:
+    from gpu_operator.agent.nvml import loader  # spelled there: the loader imports no simulation
+
+    assert loader.STUB_MARKER == sd.STUB_MARKER
 
 
 def test_python_and_c_agree_on_the_format() -> None:
@@ -398,9 +404,8 @@ def simulated_node(
 ) -> None:
     """A simulated node's stub driver at ``root`` (its device nodes stand-ins when not root)
     and this process's NVML the agents' simulated one over its state, as on that node."""
-    from gpu_operator.agent.nvml.loader import SIM_STATE
-    from gpu_operator.agent.simulated import install_simulated_nvml
-    from gpu_operator.agent.simulated_operands import install_driver
+    from gpu_operator.sim.nvml import SIM_STATE, install_simulated_nvml
+    from gpu_operator.sim.operands import install_driver
 
     if Path("/dev/nvidiactl").exists():
         pytest.skip("this machine has /dev/nvidiactl (a real driver): the stub would use /dev")
@@ -423,7 +428,7 @@ def test_an_agents_simulated_nvml_and_the_stubs_c_library_share_the_compute_mode
     stub's C programs keep one compute mode per GPU: set by one, read by the other."""
     import pynvml
 
-    from gpu_operator.agent.simulated import uninstall_simulated_nvml
+    from gpu_operator.sim.nvml import uninstall_simulated_nvml
 
     root = tmp_path / "driver"
     simulated_node(root, artefacts, monkeypatch, "a100-40gb:2", "node-x")
@@ -510,7 +515,7 @@ def test_nvidia_smi_lists_the_mig_devices_the_simulated_nvml_made_that_this_proc
     from gpu_operator.agent.driverroot import mig_device_caps, parse_mig_minors
     from gpu_operator.agent.driverroot.devices import mig_minors_text
     from gpu_operator.agent.nvml import Nvml
-    from gpu_operator.agent.simulated import uninstall_simulated_nvml
+    from gpu_operator.sim.nvml import uninstall_simulated_nvml
 
     root = tmp_path / "driver"
     simulated_node(root, artefacts, monkeypatch, "h100-80gb:1", "node-m")

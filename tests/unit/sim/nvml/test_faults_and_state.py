@@ -8,12 +8,12 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from gpu_operator.agent.simnvml import hwfaults, mig, persistence
-from gpu_operator.agent.simnvml.devices import NvmlFault, SimGpu, new_gpus
-from gpu_operator.agent.simnvml.faults import EventSets, InjectedFailures
-from gpu_operator.agent.simnvml.hwfaults import GpuFaults
-from gpu_operator.agent.simnvml.persistence import StateFile
-from gpu_operator.agent.simnvml.profiles import load_model
+from gpu_operator.sim.nvml import hwfaults, mig, persistence
+from gpu_operator.sim.nvml.devices import NvmlFault, SimGpu, new_gpus
+from gpu_operator.sim.nvml.faults import EventSets, InjectedFailures
+from gpu_operator.sim.nvml.hwfaults import GpuFaults
+from gpu_operator.sim.nvml.persistence import StateFile
+from gpu_operator.sim.nvml.profiles import load_model
 
 
 def node_gpus(*keys: str) -> list[SimGpu]:
