@@ -36,7 +36,7 @@ from pathlib import Path
 
 from kubernetes import client as k8s
 
-from gpu_operator.controller.informer import REPORTED_PACE_S
+from gpu_operator.controller.runtime.informer import REPORTED_PACE_S
 from gpu_operator.kube import Kube, Repeats
 from gpu_operator.views import NodeView
 

@@ -64,7 +64,7 @@ def _cmd_crd(args: argparse.Namespace) -> int:
         crd = next(c for c in all_crds() if c["spec"]["names"]["kind"].lower() == args.kind)
         sys.stdout.write(dump_yaml([crd]))
         return 0
-    from gpu_operator.controller.crd_install import ensure_crds
+    from gpu_operator.controller.runtime.crd_install import ensure_crds
 
     for kind, applied in ensure_crds(cluster(args)).items():
         sys.stdout.write(f"applied the {kind} CRD\n" if applied else f"the {kind} CRD is current\n")

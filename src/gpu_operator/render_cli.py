@@ -2,7 +2,7 @@
 
 Each document of the file is checked by its API module's parser (every bad field named, nothing
 printed unless all are valid) and rendered by the renderer its controller uses: ``render`` for a
-ClusterPolicy, ``render.driver`` per node pool for an NVIDIADriver (as ``driver_decide`` does),
+ClusterPolicy, ``render.driver`` per node pool for an NVIDIADriver (as its own loop does),
 ``render.gpucluster`` for a GPUCluster. Documents of other kinds (the ConfigMaps beside a policy,
 a workload) are printed unchanged, as ``kubectl apply`` would apply them; the ConfigMaps a
 ClusterPolicy names are read as the controller reads them from its namespace. The command-line

@@ -223,7 +223,7 @@ class ChaosEnv:
                 for name in GPU_NODES
             ]
         )  # fmt: skip
-        from gpu_operator.controller.crd_install import ensure_crd
+        from gpu_operator.controller.runtime.crd_install import ensure_crd
 
         ensure_crd(self.kube)
         wait_for("ClusterPolicy API served", lambda: policy_api_served(self.kube))

@@ -21,8 +21,8 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from gpu_operator import testenv
-from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.runner import OperatorThread, RunOptions
+from gpu_operator.controller.runtime.config import OperatorConfig
 from gpu_operator.install.manifests import namespace_object
 from gpu_operator.kube import Kube
 

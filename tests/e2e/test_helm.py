@@ -43,9 +43,9 @@ from gpu_operator import __version__, testenv
 from gpu_operator.api import parse_document
 from gpu_operator.api.crd import clusterpolicy_crd
 from gpu_operator.cli import build_parser
-from gpu_operator.controller.config import OperatorConfig
-from gpu_operator.controller.crd_install import SCHEMA_ANNOTATION, VERSION_ANNOTATION
 from gpu_operator.controller.runner import IMAGE_ENV_NAMES, OperatorThread, RunOptions
+from gpu_operator.controller.runtime.config import OperatorConfig
+from gpu_operator.controller.runtime.crd_install import SCHEMA_ANNOTATION, VERSION_ANNOTATION
 from gpu_operator.install import helm
 from gpu_operator.install.helm_values import MOVES, handled
 from gpu_operator.install.uninstall_plan import CRDS, RESOURCE_KINDS

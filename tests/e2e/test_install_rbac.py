@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from gpu_operator import testenv
-from gpu_operator.controller.config import OperatorConfig
+from gpu_operator.controller.clusterpolicy.status import NOT_SERVED
 from gpu_operator.controller.runner import OperatorThread, RunOptions
-from gpu_operator.controller.status import NOT_SERVED
+from gpu_operator.controller.runtime.config import OperatorConfig
 from gpu_operator.install.rbac import CLUSTER_RULES, NAMESPACE_RULES, Rule, cluster_role, role
 from gpu_operator.kube import Kube
 from tests import prerequisites

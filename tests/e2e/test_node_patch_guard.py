@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpu_operator.controller.execute import unapplied
+from gpu_operator.controller.runtime.execute import unapplied
 from gpu_operator.kube import Kube
 from gpu_operator.labels import MIG_CONFIG
 from gpu_operator.node_labels import NodePolicy, Owned, plan_node

@@ -26,7 +26,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from gpu_operator import testenv
-from gpu_operator.controller.crd_install import ensure_crd
+from gpu_operator.controller.runtime.crd_install import ensure_crd
 from gpu_operator.kube import Kube
 from gpu_operator.views import pod_ready
 from tests.e2e.support import (

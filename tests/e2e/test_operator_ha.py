@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.runner import OperatorThread, RunOptions
+from gpu_operator.controller.runtime.config import OperatorConfig
 from gpu_operator.kube import Kube
 from gpu_operator.testenv.processes import free_ports
 from tests import prerequisites

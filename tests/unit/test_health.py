@@ -9,8 +9,8 @@ import urllib.request
 
 import pytest
 
-from gpu_operator.controller.health import HealthServer, parse_endpoint
-from gpu_operator.controller.metrics import PrometheusMetrics
+from gpu_operator.controller.runtime.health import HealthServer, parse_endpoint
+from gpu_operator.controller.runtime.metrics import PrometheusMetrics
 from gpu_operator.testenv.processes import free_ports
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from gpu_operator import testenv
-from gpu_operator.controller.informer import (
+from gpu_operator.controller.runtime.informer import (
     ABSENT_FIRST_S,
     ABSENT_RETRY_S,
     KIND_KEY,
@@ -20,7 +20,7 @@ from gpu_operator.controller.informer import (
     REPORTED_PACE_S,
     Informer,
 )
-from gpu_operator.controller.watch import INFORMED, ObjectKey, Stores, Watched, index_value
+from gpu_operator.controller.runtime.watch import INFORMED, ObjectKey, Stores, Watched, index_value
 from gpu_operator.kinds import KINDS
 from gpu_operator.kube import Retry
 

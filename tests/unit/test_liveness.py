@@ -12,8 +12,8 @@ from typing import Any
 
 from kopf._core.reactor import orchestration
 
-from gpu_operator.controller.health import HealthServer
-from gpu_operator.controller.liveness import WATCHER_PREFIX, Verdict, Watchdog, judge
+from gpu_operator.controller.runtime.health import HealthServer
+from gpu_operator.controller.runtime.liveness import WATCHER_PREFIX, Verdict, Watchdog, judge
 
 from .test_health import free_port
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_operator.controller.config import OperatorConfig
-from gpu_operator.controller.loop import (
+from gpu_operator.controller.runtime.config import OperatorConfig
+from gpu_operator.controller.runtime.loop import (
     MAX_SETTLE_S,
     PASS_CPU_SHARE,
     ROLLOUT_SETTLE_S,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpu_operator.controller.memory import summarize_errors
-from gpu_operator.controller.watch import trim
+from gpu_operator.controller.clusterpolicy.memory import summarize_errors
+from gpu_operator.controller.runtime.watch import trim
 
 
 def test_errors_are_grouped_by_reason() -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpu_operator.controller.actions import Create, Tally
-from gpu_operator.controller.config import OperatorConfig
+from gpu_operator.controller.runtime.actions import Create, Tally
+from gpu_operator.controller.runtime.config import OperatorConfig
 from gpu_operator.events import event_body
 
 EVENT_SOURCE = "gpu-operator"

@@ -9,9 +9,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpu_operator.api.spec import UpgradePolicy
-from gpu_operator.controller.actions import Action, Create, Patch
-from gpu_operator.controller.config import OperatorConfig
 from gpu_operator.controller.notices import object_event
+from gpu_operator.controller.runtime.actions import Action, Create, Patch
+from gpu_operator.controller.runtime.config import OperatorConfig
 from gpu_operator.labels import COMPONENT, UPGRADE_RETRY
 from gpu_operator.upgrade.canary import Rollout, RolloutDecision, settings_digest
 from gpu_operator.upgrade.fleet import DRIVER_COMPONENTS

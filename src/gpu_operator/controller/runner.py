@@ -18,18 +18,18 @@ from kubernetes import client as k8s
 from prometheus_client import start_http_server
 
 from gpu_operator import logsetup
-from gpu_operator.controller.clusterpolicy import ClusterPolicyController
-from gpu_operator.controller.config import OperatorConfig
-from gpu_operator.controller.crd_install import ensure_crd
-from gpu_operator.controller.driver_loop import NVIDIADriverController
-from gpu_operator.controller.gpucluster import GPUClusterController
-from gpu_operator.controller.health import HealthServer
-from gpu_operator.controller.informer import Informer
-from gpu_operator.controller.leader import LeaderElector
-from gpu_operator.controller.liveness import OK, Verdict, Watchdog
-from gpu_operator.controller.metrics import PrometheusMetrics
-from gpu_operator.controller.process import name_os_thread, named_pool
-from gpu_operator.controller.watch import (
+from gpu_operator.controller.clusterpolicy.reconciler import ClusterPolicyController
+from gpu_operator.controller.gpucluster.reconciler import GPUClusterController
+from gpu_operator.controller.nvidiadriver.reconciler import NVIDIADriverController
+from gpu_operator.controller.runtime.config import OperatorConfig
+from gpu_operator.controller.runtime.crd_install import ensure_crd
+from gpu_operator.controller.runtime.health import HealthServer
+from gpu_operator.controller.runtime.informer import Informer
+from gpu_operator.controller.runtime.leader import LeaderElector
+from gpu_operator.controller.runtime.liveness import OK, Verdict, Watchdog
+from gpu_operator.controller.runtime.metrics import PrometheusMetrics
+from gpu_operator.controller.runtime.process import name_os_thread, named_pool
+from gpu_operator.controller.runtime.watch import (
     INFORMED,
     ObjectKey,
     Stores,

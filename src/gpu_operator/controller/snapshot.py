@@ -1,8 +1,9 @@
-"""One immutable observation of everything a ClusterPolicy pass decides from.
+"""One immutable observation of everything a ClusterPolicy pass decides from (and what an
+NVIDIADriver pass's snapshot is built on).
 
 Built by the loop from the watches' stores (what is watched) plus the few reads a pass needs
-(workload pods on nodes being emptied); :func:`~gpu_operator.controller.decide.decide` never
-sees anything else.
+(workload pods on nodes being emptied);
+:func:`~gpu_operator.controller.clusterpolicy.decide.decide` never sees anything else.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_operator.controller.plan import Observed
+from gpu_operator.controller.runtime.plan import Observed
 from gpu_operator.views import NodeView
 
 
@@ -33,5 +34,6 @@ class Snapshot:
     workload_pods: tuple[Mapping[str, Any], ...] = ()  # on nodes being emptied for an upgrade
     # GPU nodes a GPUCluster's DRA stack also targets (the GPUCluster loop finds them).
     dra_conflicts: frozenset[str] = frozenset()
-    # Of the kinds applied only where their CRD is served (decide.OPTIONAL_KINDS), those served.
+    # Of the kinds applied only where their CRD is served (clusterpolicy.decide.OPTIONAL_KINDS),
+    # those served.
     served_optional: frozenset[str] = frozenset()

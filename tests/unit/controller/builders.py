@@ -6,8 +6,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpu_operator.api import API_VERSION, KIND
-from gpu_operator.controller.config import OperatorConfig
-from gpu_operator.controller.decide import FINALIZER
+from gpu_operator.controller.clusterpolicy.decide import FINALIZER
+from gpu_operator.controller.runtime.config import OperatorConfig
 from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.labels import (
     COMPONENT,

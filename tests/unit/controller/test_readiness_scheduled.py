@@ -9,16 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_operator.controller.actions import Apply, Patch
-from gpu_operator.controller.config import OperatorConfig
-from gpu_operator.controller.decide import FINALIZER, decide
-from gpu_operator.controller.memory import Memory
+from gpu_operator.controller.clusterpolicy.decide import FINALIZER, decide
+from gpu_operator.controller.clusterpolicy.memory import Memory
 from gpu_operator.controller.readiness import (
     NodeKinds,
     component_readiness,
     eligible_nodes,
     should_run,
 )
+from gpu_operator.controller.runtime.actions import Apply, Patch
+from gpu_operator.controller.runtime.config import OperatorConfig
 from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.labels import COMPONENT
 from gpu_operator.views import NodeView

@@ -23,12 +23,7 @@ import pytest
 from kubernetes import client as k8s
 
 from gpu_operator.controller import runner
-from gpu_operator.controller.clusterpolicy import ClusterPolicyController
-from gpu_operator.controller.crd_install import desired_crd
-from gpu_operator.controller.informer import Informer
-from gpu_operator.controller.leader import _fmt
-from gpu_operator.controller.liveness import WATCHER_PREFIX
-from gpu_operator.controller.metrics import PrometheusMetrics
+from gpu_operator.controller.clusterpolicy.reconciler import ClusterPolicyController
 from gpu_operator.controller.runner import (
     OperatorStopped,
     OperatorThread,
@@ -36,7 +31,12 @@ from gpu_operator.controller.runner import (
     main_run,
     run_operator,
 )
-from gpu_operator.controller.watch import KOPF_WATCHED
+from gpu_operator.controller.runtime.crd_install import desired_crd
+from gpu_operator.controller.runtime.informer import Informer
+from gpu_operator.controller.runtime.leader import _fmt
+from gpu_operator.controller.runtime.liveness import WATCHER_PREFIX
+from gpu_operator.controller.runtime.metrics import PrometheusMetrics
+from gpu_operator.controller.runtime.watch import KOPF_WATCHED
 from gpu_operator.testenv.processes import free_ports
 from tests.fakes.kube import FakeKube
 from tests.unit.controller.builders import CONFIG, NAMESPACE, policy

@@ -202,7 +202,7 @@ def test_hooks_hold_only_the_rules_they_need() -> None:
 
 def test_the_chart_owns_the_lease_the_operator_takes() -> None:
     """So that `helm uninstall` leaves no Lease behind."""
-    from gpu_operator.controller.leader import LeaderElector
+    from gpu_operator.controller.runtime.leader import LeaderElector
 
     name = {f.name: f.default for f in dataclasses.fields(LeaderElector)}["name"]
     assert helm.leader_lease()["metadata"]["name"] == name

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_operator.controller.actions import Apply
-from gpu_operator.controller.driver_decide import DriverDecision, DriverSnapshot
-from gpu_operator.controller.plan import Observed
+from gpu_operator.controller.nvidiadriver.decide import DriverDecision, DriverSnapshot
+from gpu_operator.controller.runtime.actions import Apply
+from gpu_operator.controller.runtime.plan import Observed
 from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.labels import COMPONENT, OS_ID, OS_VERSION, REVISION_HASH
 from gpu_operator.render.driver import KERNEL_LABEL, POOL_LABEL

@@ -6,8 +6,8 @@ from typing import Any
 
 import yaml
 
-from gpu_operator.controller.config import OperatorConfig
-from gpu_operator.controller.driver_decide import decide_drivers
+from gpu_operator.controller.nvidiadriver.decide import decide_drivers
+from gpu_operator.controller.runtime.config import OperatorConfig
 from gpu_operator.render.driver import POOL_LABEL
 from tests.paths import REPO
 from tests.unit.nvidiadriver.fleet import applied, node, snapshot

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from gpu_operator.controller.actions import Create, Patch, Prune
-from gpu_operator.controller.config import OperatorConfig
-from gpu_operator.controller.driver_decide import decide_drivers
-from gpu_operator.controller.plan import Observed
+from gpu_operator.controller.nvidiadriver.decide import decide_drivers
 from gpu_operator.controller.pools import DriverSelector, assign
+from gpu_operator.controller.runtime.actions import Create, Patch, Prune
+from gpu_operator.controller.runtime.config import OperatorConfig
+from gpu_operator.controller.runtime.plan import Observed
 from gpu_operator.render.driver import POOL_LABEL
 from gpu_operator.views import NodeView
 from tests.unit.nvidiadriver.fleet import (

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_operator.controller.actions import DeletePod, Evict, Patch
-from gpu_operator.controller.config import OperatorConfig
-from gpu_operator.controller.driver_decide import decide_drivers
+from gpu_operator.controller.nvidiadriver.decide import decide_drivers
+from gpu_operator.controller.runtime.actions import DeletePod, Evict, Patch
+from gpu_operator.controller.runtime.config import OperatorConfig
 from gpu_operator.labels import UPGRADE_STATE
 from gpu_operator.views import NodeView
 from tests.unit.nvidiadriver.fleet import (

@@ -1,0 +1,33 @@
+"""The GPUCluster loop's shell on the fake API: a refused write is retried by the pass itself."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from gpu_operator.controller.gpucluster.reconciler import GPUClusterController
+from gpu_operator.controller.runtime.loop import REFUSED_RETRY_S
+from gpu_operator.controller.runtime.metrics import PrometheusMetrics
+from tests.fakes.kube import FakeKube
+from tests.unit.controller.builders import CONFIG
+from tests.unit.controller.gpucluster.test_decide import cluster, node
+
+
+def test_a_refused_apply_is_retried_by_itself_and_not_again_once_applied() -> None:
+    """No watch event follows a refused write: the pass itself asks to be run again."""
+    kube = FakeKube().add(cluster(), {"kind": "Node", "metadata": {"name": "gpu-a"}})
+    stores: dict[str, list[Any]] = {
+        "gpuclusters": [cluster()], "nodes": [node("gpu-a")], "clusterpolicies": [],
+        "daemonsets": [],
+    }  # fmt: skip
+    controller = GPUClusterController(
+        kube, CONFIG, PrometheusMetrics(), lambda index: stores[index], lambda nodes: None
+    )
+    kube.refuse("apply", "DeviceClass", status=409, times=1)
+    start = time.time()
+    retry = asyncio.run(controller.run_pass(False))
+    end = time.time()
+    assert retry is not None and start + REFUSED_RETRY_S <= retry <= end + REFUSED_RETRY_S
+    assert asyncio.run(controller.run_pass(False)) is None
+    assert kube.obj("DeviceClass", "gpu.nvidia.com") is not None
