@@ -1,18 +1,19 @@
 """The ClusterPolicy loop's imperative shell: observe, decide, execute, remember.
 
 Watch events (kopf's and the informer's alike) only mark what changed and wake the loop; each
-pass takes one snapshot of the stores (plus the few reads decisions need), asks :func:`decide`
-for the actions, performs them, and folds the outcomes into the memory the next pass decides
-with. All state that must outlive the process is in the cluster.
+pass (:func:`~gpu_operator.controller.runtime.reconciler.run_pass`) takes one snapshot of the
+stores (plus the few reads decisions need), asks :func:`.decide.decide` for the actions,
+performs them, and folds the outcomes into the memory the next pass decides with. All state
+that must outlive the process is in the cluster.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from gpu_operator.api import KIND
@@ -21,14 +22,17 @@ from gpu_operator.controller.clusterpolicy.decide import (
     OPTIONAL_KINDS,
     Decision,
     Gauges,
-    decide,
 )
-from gpu_operator.controller.clusterpolicy.memory import Memory, remember
+from gpu_operator.controller.clusterpolicy.decide import decide as decide_policies
+from gpu_operator.controller.clusterpolicy.memory import Memory
+from gpu_operator.controller.clusterpolicy.memory import remember as remember_outcomes
 from gpu_operator.controller.runtime.actions import Apply, Outcome, Prune, refused
 from gpu_operator.controller.runtime.config import OperatorConfig
 from gpu_operator.controller.runtime.execute import Executor
-from gpu_operator.controller.runtime.loop import Loop, earliest
-from gpu_operator.controller.runtime.metrics import PrometheusMetrics, count_tallies
+from gpu_operator.controller.runtime.loop import Loop
+from gpu_operator.controller.runtime.metrics import PrometheusMetrics
+from gpu_operator.controller.runtime.observe import configmap_keys, pods_on, stored
+from gpu_operator.controller.runtime.reconciler import run_pass
 from gpu_operator.controller.runtime.watch import ObjectKey, Watched, owned_children
 from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.controller.urgent import URGENT_KINDS, moves_an_upgrade
@@ -57,6 +61,10 @@ class Inbox:
 
 
 class ClusterPolicyController:
+    """The ClusterPolicy loop's :class:`~gpu_operator.controller.runtime.reconciler.Reconciler`:
+    it reads the shared stores, decides with :func:`.decide.decide`, and keeps what the
+    outcomes teach the next pass (its :class:`Memory`, the nodes to look at again)."""
+
     def __init__(self, kube: Kube, config: OperatorConfig, metrics: PrometheusMetrics) -> None:
         self.kube = kube
         self.config = config
@@ -66,7 +74,7 @@ class ClusterPolicyController:
         self._policy_marks: dict[ObjectKey, tuple[Any, ...]] = {}
         self.memory = Memory()
         self.executor = Executor(kube, config.write_concurrency, metrics)
-        self.loop = Loop("clusterpolicy", self.run_pass, config, metrics)
+        self.loop = Loop("clusterpolicy", partial(run_pass, self), config, metrics)
         self.dra_conflicts: frozenset[str] = frozenset()
         self.also_wake: list[Loop] = []  # other loops that decide from these indexes
 
@@ -110,80 +118,66 @@ class ClusterPolicyController:
 
     # -- one pass ----------------------------------------------------------------------------
 
-    async def run_pass(self, resync: bool) -> float | None:
+    async def observe(self, resync: bool) -> Snapshot:
         if resync:
             self.inbox.look_at_all = True
-        snapshot = await self.observe()
-        decision = decide(snapshot, self.memory, self.config)
-        outcomes = await self.executor.run(decision.stages)
-        after = remember(decision.memory, outcomes, reconciled=decision.reconciled)
+        nodes = tuple(self.values("nodes"))
+        changed = self.inbox.take()
+        emptying = sorted({*emptying_nodes(nodes), *draining_nodes(nodes)})
+        workload_pods = await pods_on(self.executor, emptying)
+        namespace = self.config.namespace
+        return Snapshot(
+            now=time.time(),
+            stamp=now_iso(),
+            policies=tuple(self.values("clusterpolicies")),
+            nodes=nodes,
+            changed_nodes=changed,
+            configmap_hashes={
+                cm["metadata"]["name"]: cm["hash"]
+                for cm in self.values("configmaps")
+                if cm["metadata"].get("namespace") == namespace
+            },
+            mps_configmaps=frozenset(
+                cm["metadata"]["name"]
+                for cm in self.values("configmaps")
+                if cm["metadata"].get("namespace") == namespace and cm.get("mps")
+            ),
+            configmap_keys=configmap_keys(self.indexes, namespace),
+            managed=tuple(
+                owned_children(
+                    {k: self.values(KINDS[k].plural) for k in APPLIED_KINDS | OPTIONAL_KINDS}
+                )
+            ),
+            served_optional=frozenset(k for k in OPTIONAL_KINDS if KINDS[k].plural in self.indexes),
+            daemonsets=tuple(self.values("daemonsets")),
+            pods=tuple(self.values("pods")),
+            revisions=tuple(self.values("controllerrevisions")),
+            workload_pods=workload_pods,
+            dra_conflicts=self.dra_conflicts,
+        )
+
+    def decide(self, snapshot: Snapshot) -> Decision:
+        return decide_policies(snapshot, self.memory, self.config)
+
+    async def execute(self, decision: Decision) -> list[Outcome]:
+        return await self.executor.run(decision.stages)
+
+    def remember(self, decision: Decision, outcomes: list[Outcome]) -> None:
+        after = remember_outcomes(decision.memory, outcomes, reconciled=decision.reconciled)
         self.memory = after.memory
         self._set_gauges(decision.gauges)
-        count_tallies(self.metrics, outcomes)
         if after.look_again:
             self.loop.wake.set()
         if any(o.ok and isinstance(o.action, (Apply, Prune)) for o in outcomes):
             self.loop.urgent.set()  # see what the new objects do without waiting to settle
         self.inbox.changed_nodes |= after.retry_nodes  # the retry looks at them again
         _log_pass(decision, outcomes)
-        retry = self.loop.refusals.retry_at(bool(refused(outcomes)), time.time())
-        return earliest(decision.requeue_at, retry)
-
-    async def observe(self) -> Snapshot:
-        nodes = tuple(self._values("nodes"))
-        changed = self.inbox.take()
-        emptying = sorted({*emptying_nodes(nodes), *draining_nodes(nodes)})
-        listed = await asyncio.gather(
-            *(
-                self.executor.call(
-                    self.kube.list_objects, "Pod", field_selector=f"spec.nodeName={name}"
-                )
-                for name in emptying
-            )
-        )
-        namespace = self.config.namespace
-        return Snapshot(
-            now=time.time(),
-            stamp=now_iso(),
-            policies=tuple(self._values("clusterpolicies")),
-            nodes=nodes,
-            changed_nodes=changed,
-            configmap_hashes={
-                cm["metadata"]["name"]: cm["hash"]
-                for cm in self._values("configmaps")
-                if cm["metadata"].get("namespace") == namespace
-            },
-            mps_configmaps=frozenset(
-                cm["metadata"]["name"]
-                for cm in self._values("configmaps")
-                if cm["metadata"].get("namespace") == namespace and cm.get("mps")
-            ),
-            configmap_keys={
-                cm["metadata"]["name"]: tuple(cm.get("keys") or ())
-                for cm in self._values("configmaps")
-                if cm["metadata"].get("namespace") == namespace
-            },
-            managed=tuple(
-                owned_children(
-                    {k: self._values(KINDS[k].plural) for k in APPLIED_KINDS | OPTIONAL_KINDS}
-                )
-            ),
-            served_optional=frozenset(k for k in OPTIONAL_KINDS if KINDS[k].plural in self.indexes),
-            daemonsets=tuple(self._values("daemonsets")),
-            pods=tuple(self._values("pods")),
-            revisions=tuple(self._values("controllerrevisions")),
-            workload_pods=tuple(p for pods in listed for p in pods),
-            dra_conflicts=self.dra_conflicts,
-        )
 
     # -- helpers -------------------------------------------------------------------------------
 
     def values(self, index: str) -> list[Any]:
         """What an index holds (for the loops that share these indexes)."""
-        return self._values(index)
-
-    def _values(self, index: str) -> list[Any]:
-        return list((self.indexes.get(index) or {}).values())
+        return stored(self.indexes, index)
 
     def _set_gauges(self, gauges: Gauges) -> None:
         m = self.metrics

@@ -20,7 +20,7 @@ once, those pods never finish.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpu_operator.api import PolicyError, parse_spec
@@ -35,7 +35,7 @@ from gpu_operator.controller.active_policy import active_policy
 from gpu_operator.controller.conditions import condition
 from gpu_operator.controller.runtime.plan import Owner, content_hash, stamp
 from gpu_operator.events import event_body
-from gpu_operator.jsonpatch import finalizer_body
+from gpu_operator.jsonpatch import finalizer_body, merge_patch_to
 from gpu_operator.labels import DEPLOY_PREFIX, DRA_TEARDOWN_FINALIZER
 from gpu_operator.node_labels import is_gpu_node
 from gpu_operator.render.facts import Facts
@@ -66,6 +66,8 @@ class GpuClusterSnapshot:
 
 @dataclass(frozen=True)
 class GpuClusterDecision:
+    """What one GPUCluster pass writes, in the order the shell writes it."""
+
     applies: tuple[dict[str, Any], ...] = ()
     applied_hash: str | None = None  # of ``applies``; the shell skips an unchanged set
     labels: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)  # node -> patch
@@ -74,6 +76,13 @@ class GpuClusterDecision:
     conflicts: frozenset[str] = frozenset()  # nodes with both stacks asked for
     finalizers: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # name -> patch
     deletes: tuple[str, ...] = ()  # DaemonSets to delete in the foreground (pods first)
+    # name -> the merge patch to its new status, for those that differ from the status read
+    status_patches: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def requeue_at(self) -> float | None:
+        """Never: nothing in a GPUCluster pass waits for a time; the watches wake the loop."""
+        return None
 
 
 def _device_plugin_wanted(policies: Sequence[Mapping[str, Any]]) -> bool:
@@ -114,7 +123,21 @@ def decide_gpucluster(
     operator_image: str,
     reported: frozenset[str] = frozenset(),
 ) -> GpuClusterDecision:
-    """``reported``: nodes already given a conflict Event (by this process)."""
+    """The GPUCluster loop's judgement, pure: the DRA stack's objects, the nodes' deploy labels,
+    the statuses (and their patches where they change), conflict Events and the finalizer, or
+    the teardown of a deleted GPUCluster. ``reported``: nodes already given a conflict Event
+    (by this process)."""
+    decision = _decide(snap, namespace, operator_image, reported)
+    return replace(decision, status_patches=_status_patches(snap.clusters, decision.statuses))
+
+
+def _decide(
+    snap: GpuClusterSnapshot,
+    namespace: str,
+    operator_image: str,
+    reported: frozenset[str],
+) -> GpuClusterDecision:
+    """:func:`decide_gpucluster`'s decision, less the status patches."""
     statuses: dict[str, dict[str, Any]] = {}
     singleton = next((c for c in snap.clusters if c["metadata"]["name"] == SINGLETON), None)
     deleted = singleton is not None and bool(singleton["metadata"].get("deletionTimestamp"))
@@ -235,6 +258,20 @@ def _teardown(
         labels=_drop_labels(snap.nodes, DEPLOY_LABELS),
         finalizers={SINGLETON: finalizer_body(cluster, FINALIZER, add=False)},
     )
+
+
+def _status_patches(
+    clusters: Sequence[Mapping[str, Any]], statuses: Mapping[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Each new status that differs from the one read, as the merge patch to exactly it (stale
+    keys go too): an unchanged status is no write."""
+    by_name = {c["metadata"]["name"]: c for c in clusters}
+    patches = {}
+    for name, status in statuses.items():
+        current = (by_name.get(name) or {}).get("status") or {}
+        if current != status:
+            patches[name] = {"status": merge_patch_to(current, status)}
+    return patches
 
 
 def _drop_labels(

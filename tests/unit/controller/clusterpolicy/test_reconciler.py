@@ -20,6 +20,7 @@ from gpu_operator.controller.clusterpolicy.reconciler import ClusterPolicyContro
 from gpu_operator.controller.nvidiadriver.reconciler import NVIDIADriverController
 from gpu_operator.controller.runtime.loop import MAX_REFUSED_RETRY_S, REFUSED_RETRY_S
 from gpu_operator.controller.runtime.metrics import PrometheusMetrics
+from gpu_operator.controller.runtime.reconciler import run_pass
 from gpu_operator.controller.runtime.watch import OUR_GROUP, WATCHED, Watched, index_value
 from gpu_operator.kinds import KINDS
 from gpu_operator.labels import (
@@ -82,7 +83,7 @@ class Harness:
     def run_pass(self, resync: bool = False) -> float | None:
         """One pass; afterwards the watches report what it changed (nodes included)."""
         before = {n.name: n for n in self._nodes()}
-        requeue = self.run(self.controller.run_pass(resync))
+        requeue = self.run(run_pass(self.controller, resync))
         refresh(self.kube, self.indexes)
         for node in self._nodes():
             if before.get(node.name) != node:
@@ -309,11 +310,11 @@ def test_observe_lists_workload_pods_only_on_nodes_being_emptied() -> None:
     h.indexes["configmaps"][("team", "theirs")] = index_value(
         "configmaps", kube.of_kind("ConfigMap")[1]
     )
-    snap = h.run(h.controller.observe())
+    snap = h.run(h.controller.observe(False))
     assert [p["metadata"]["name"] for p in snap.workload_pods] == ["train-1"]
     assert set(snap.configmap_hashes) == {"mine"}
     assert snap.changed_nodes is None  # the first pass looks at every node
-    assert h.run(h.controller.observe()).changed_nodes == frozenset()
+    assert h.run(h.controller.observe(False)).changed_nodes == frozenset()
 
 
 def test_changes_wake_the_loop_and_name_the_node() -> None:

@@ -7,6 +7,7 @@ import asyncio
 
 from gpu_operator.controller.nvidiadriver.reconciler import NVIDIADriverController
 from gpu_operator.controller.runtime.metrics import PrometheusMetrics
+from gpu_operator.controller.runtime.reconciler import run_pass
 from gpu_operator.labels import DRIVER_POOL
 from tests.fakes.kube import FakeKube
 from tests.unit.controller.builders import CONFIG, gpu_node, node_object, policy
@@ -26,7 +27,7 @@ def test_default_driver_created_applied_and_then_silent() -> None:
     with asyncio.Runner() as runner:
         for _ in range(6):
             before = len(kube.writes)
-            runner.run(controller.run_pass(False))
+            runner.run(run_pass(controller, False))
             for created in kube.of_kind("NVIDIADriver"):  # the API server gives each a uid
                 created["metadata"].setdefault("uid", "uid-default")
             refresh(kube, indexes)
@@ -61,20 +62,20 @@ def test_a_pool_label_written_counts_before_the_node_watch_shows_it() -> None:
         return sum(1 for w in kube.writes[since:] if w[:2] == ("patch", "Node"))
 
     with asyncio.Runner() as runner:
-        runner.run(controller.run_pass(False))  # creates the default NVIDIADriver
+        runner.run(run_pass(controller, False))  # creates the default NVIDIADriver
         (default,) = kube.of_kind("NVIDIADriver")
         default["metadata"].setdefault("uid", "uid-default")
         refresh(kube, indexes)
         stale = dict(indexes["nodes"])
         before = len(kube.writes)
-        runner.run(controller.run_pass(False))
+        runner.run(run_pass(controller, False))
         assert node_patches(before) == 2 and set(controller.written) == {"gpu-1", "gpu-2"}
         refresh(kube, indexes)
         indexes["nodes"].clear()
         indexes["nodes"].update(stale)  # the node watch behind: no pool label shown
         before = len(kube.writes)
-        runner.run(controller.run_pass(False))
+        runner.run(run_pass(controller, False))
         assert node_patches(before) == 0
         refresh(kube, indexes)  # the node watch caught up
-        runner.run(controller.run_pass(False))
+        runner.run(run_pass(controller, False))
         assert controller.written == {}
