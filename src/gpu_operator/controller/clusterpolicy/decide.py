@@ -26,6 +26,7 @@ from gpu_operator.controller.clusterpolicy.status import Observation, compute_st
 from gpu_operator.controller.notices import object_event
 from gpu_operator.controller.pools import handback_pending, handover_pending
 from gpu_operator.controller.readiness import (
+    DaemonSetReadiness,
     NodeKinds,
     by_owner,
     component_readiness,
@@ -48,18 +49,18 @@ from gpu_operator.controller.runtime.actions import (
     Stage,
 )
 from gpu_operator.controller.runtime.config import OperatorConfig
-from gpu_operator.controller.runtime.plan import Owner, key_of, plan_changes, stamp
+from gpu_operator.controller.runtime.plan import ObjectChanges, Owner, key_of, plan_changes, stamp
 from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.controller.upgrade_stage import upgrade_stage
 from gpu_operator.events import iso_time
 from gpu_operator.jsonpatch import finalizer_body, merge_patch_to
 from gpu_operator.labels import NODE_CLEANUP_FINALIZER
 from gpu_operator.node_labels import NodePolicy, is_gpu_node, plan_node
-from gpu_operator.remediation import (
-    HealthSummary,
-)
-from gpu_operator.render import render_components
+from gpu_operator.remediation import HealthPlan, HealthSummary
+from gpu_operator.render import RenderedComponent, render_components
+from gpu_operator.render.facts import Facts
 from gpu_operator.upgrade import (
+    Fleet,
     Policy,
     Summary,
     UpgradePlan,
@@ -159,6 +160,47 @@ def decide(snap: Snapshot, memory: Memory, config: OperatorConfig) -> Decision:
     return _decide_active(snap, memory, config, active, gpu_nodes, nfd, tail)
 
 
+@dataclass(frozen=True)
+class Active:
+    """What every step of deciding the active policy reads, gathered once per pass: the
+    snapshot, the memory and config the pass began with, the policy and its spec, its status
+    basics, and what its render and driver rollout start from. A step returns what it decides
+    and changes none of it, so the steps can be read, and tested, one at a time."""
+
+    snap: Snapshot
+    memory: Memory  # as the pass began; the node and health steps return the memory after them
+    config: OperatorConfig
+    policy: Mapping[str, Any]
+    spec: ClusterPolicySpec
+    base: Observation  # namespace, generation, GPU nodes, NFD
+    facts: Facts  # what the render reads of the cluster
+    fleet: Fleet  # what the upgrade and health planners read of it
+    previous: Rollout | None  # the driver rollout as the policy's status last told it
+    settings: dict[str, Any]  # the driver settings a rollout carries
+    retry: bool  # a retry of a failed rollout is asked for
+
+    @property
+    def own_driver(self) -> bool:
+        """Whether the policy upgrades a driver of its own; with useNvidiaDriverCRD each
+        NVIDIADriver upgrades its own pool (:mod:`gpu_operator.controller.nvidiadriver`)."""
+        return self.spec.driver.enabled and not self.spec.driver.use_nvidia_driver_crd
+
+    @property
+    def owner(self) -> Owner:
+        meta = self.policy["metadata"]
+        return Owner(API_VERSION, KIND, meta["name"], meta["uid"])
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """One render of the active policy: the objects stamped with their owner, what of them
+    differs from the server, and the components they came from (for readiness)."""
+
+    desired: list[dict[str, Any]]
+    changes: ObjectChanges
+    parts: list[RenderedComponent]
+
+
 def _decide_active(
     snap: Snapshot,
     memory: Memory,
@@ -168,6 +210,9 @@ def _decide_active(
     nfd: bool,
     tail: list[Stage],
 ) -> Decision:
+    """The active policy's pass, step by step: render (on the settings its driver rollout
+    picks), label the nodes, upgrade the driver, remediate GPU health, and the status that
+    tells how it all stands. An invalid spec is reported, and nothing else is done."""
     meta = policy["metadata"]
     base = Observation(
         namespace=config.namespace,
@@ -184,118 +229,23 @@ def _decide_active(
             memory, _nonempty(stages), gauges=Gauges(gpu_nodes=gpu_nodes, policy_ready=False)
         )
 
-    facts = gather_facts(
-        snap.nodes,
-        spec,
-        namespace=config.namespace,
-        configmap_hashes=snap.configmap_hashes,
-        mps_configmaps=snap.mps_configmaps,
-        configmap_keys=snap.configmap_keys,
-        operator_image=config.operator_image,
-        image_env=config.image_env,
-        simulate_gpus=config.simulate_gpus,
-    )
-    if spec.driver.use_nvidia_driver_crd:
-        shared = handover_pending(snap.nodes, snap.daemonsets, snap.pods)
-    else:
-        shared = handback_pending(snap.nodes, snap.daemonsets)
-    facts = replace(facts, driver_handover=shared)
-    # With useNvidiaDriverCRD each NVIDIADriver upgrades its own pool (nvidiadriver.decide).
-    own_driver = spec.driver.enabled and not spec.driver.use_nvidia_driver_crd
-    previous = Rollout.from_status(
-        ((policy.get("status") or {}).get("upgrade") or {}).get("rollout")
-    )
-    settings = settings_of(spec.driver.to_wire())
-    retry = retry_requested(policy)
-    on_stable = own_driver and renders_stable(previous, settings, retry)
-    owner = Owner(API_VERSION, KIND, meta["name"], meta["uid"])
-
-    def render(stable: bool) -> tuple[list[dict[str, Any]], Any, list[Any]]:
-        chosen = _on_settings(spec, previous.stable_spec) if stable and previous else spec
-        parts = render_components(chosen, facts)
-        desired = stamp((o for p in parts for o in p.objects), owner)
-        changes = plan_changes(
-            desired, snap.managed, memory.applied_generations, APPLIED_KINDS | snap.served_optional
-        )
-        return desired, changes, parts
-
-    desired, changes, parts = render(on_stable)
-    fleet = fleet_from_objects(
-        snap.nodes, snap.daemonsets, snap.pods, snap.revisions, snap.workload_pods
-    )
-    rollout = None
-    if own_driver:
-        upgrade_policy = spec.driver.upgrade_policy
-        rollout = decide_rollout(
-            previous,
-            CanaryPolicy.from_spec(upgrade_policy.canary if upgrade_policy else None),
-            settings,
-            progress(fleet),
-            {n.name: n.gpu_health for n in snap.nodes},
-            retry=retry,
-            now=snap.now,
-            synced=drivers_synced(desired, changes.apply, snap.daemonsets),
-        )
-        if rollout.render_stable != on_stable:
-            desired, changes, parts = render(rollout.render_stable)
-    applies = changes.apply
-    object_stages = [
-        Stage(tuple(Apply(o) for o in applies if o["kind"] != "DaemonSet")),
-        # DaemonSets after what they use (ServiceAccounts, RBAC, ConfigMaps).
-        Stage(tuple(Apply(o) for o in applies if o["kind"] == "DaemonSet")),
-        Stage(tuple(Prune(k) for k in changes.prune)),
-    ]
+    active = _active(snap, memory, config, policy, spec, base)
+    rendered, rollout = _render_and_roll_out(active)
     labels, memory, relabelled = _node_stage(snap, memory, node_policy(spec), uninstall=False)
-    upgrade = None
-    upgrade_steps = Stage(())
-    if rollout is not None:
-        limits = Policy.from_spec(spec.driver.upgrade_policy)
-        upgrade = plan(fleet, limits, snap.now, rollout.allowed)
-        about = {"apiVersion": API_VERSION, "kind": KIND, **policy}
-        notices = rollout_actions(rollout, about, snap.stamp, config)
-        upgrade_steps = upgrade_stage(upgrade, snap, config, notices)
-    health = plan_remediation(spec, snap, fleet, memory, gpu_nodes)
-    health_stage, memory = remediation_stage(health, snap, memory, config)
-
-    pods_by_owner = by_owner(snap.pods)
-    revisions_by_owner = by_owner(snap.revisions)
-    labelled = _labelled_after(snap.nodes, relabelled)
-    kinds = NodeKinds(labelled, map(daemonset_pod_spec, snap.daemonsets))
-    # A DaemonSet of ours updated in this pass has a rollout ahead of it, whatever its status
-    # says now.
-    ours = {o.key for o in snap.managed}
-    rolling = {
-        o["metadata"]["name"] for o in applies if o["kind"] == "DaemonSet" and key_of(o) in ours
-    }
-    components = {
-        part.component.name: [
-            replace(r, ready=False, message="rollout starting") if r.name in rolling else r
-            for r in component_readiness(
-                part.component.name, snap.daemonsets, pods_by_owner, revisions_by_owner, kinds
-            )
-        ]
-        for part in parts
-        if part.enabled
-    }
-    observation = replace(
-        base,
-        components=components,
-        apply_error=memory.apply_error,
-        unimplemented=tuple(spec.unimplemented_enabled()),
-        upgrade=_upgrade_status(upgrade, rollout) if upgrade and rollout else None,
-        health=remediation_status(health.summary),
-        dra_conflicts=tuple(sorted(snap.dra_conflicts)) if spec.device_plugin.enabled else (),
-        not_served=tuple(f"{kind} {namespace}/{name}" for kind, namespace, name in changes.skipped),
+    upgrade, driver_upgrade = _upgrade_step(active, rollout)
+    health, health_stage, memory = _health_step(active, memory)
+    components = _components(active, rendered, relabelled)
+    status_stage, status = _status_step(
+        active, memory, rendered, components, upgrade, rollout, health
     )
-    status_actions, status = _status_actions(policy, observation, snap.stamp, config)
     # Nodes first: the DaemonSets only schedule on labelled nodes, and the API server is quiet
     # before their thousands of pods start coming.
     stages = [
         labels,
-        *object_stages,
-        upgrade_steps,
+        *_object_stages(rendered.changes),
+        driver_upgrade,
         health_stage,
-        Stage(tuple(status_actions)),
+        status_stage,
         *tail,
     ]
     gauges = Gauges(
@@ -321,6 +271,188 @@ def _decide_active(
         gauges=gauges,
         reconciled=True,
     )
+
+
+def _active(
+    snap: Snapshot,
+    memory: Memory,
+    config: OperatorConfig,
+    policy: Mapping[str, Any],
+    spec: ClusterPolicySpec,
+    base: Observation,
+) -> Active:
+    """The context of the active policy's steps, each part read from the snapshot once."""
+    facts = gather_facts(
+        snap.nodes,
+        spec,
+        namespace=config.namespace,
+        configmap_hashes=snap.configmap_hashes,
+        mps_configmaps=snap.mps_configmaps,
+        configmap_keys=snap.configmap_keys,
+        operator_image=config.operator_image,
+        image_env=config.image_env,
+        simulate_gpus=config.simulate_gpus,
+    )
+    if spec.driver.use_nvidia_driver_crd:
+        shared = handover_pending(snap.nodes, snap.daemonsets, snap.pods)
+    else:
+        shared = handback_pending(snap.nodes, snap.daemonsets)
+    return Active(
+        snap=snap,
+        memory=memory,
+        config=config,
+        policy=policy,
+        spec=spec,
+        base=base,
+        facts=replace(facts, driver_handover=shared),
+        fleet=fleet_from_objects(
+            snap.nodes, snap.daemonsets, snap.pods, snap.revisions, snap.workload_pods
+        ),
+        previous=Rollout.from_status(
+            ((policy.get("status") or {}).get("upgrade") or {}).get("rollout")
+        ),
+        settings=settings_of(spec.driver.to_wire()),
+        retry=retry_requested(policy),
+    )
+
+
+def _render(active: Active, stable: bool) -> Rendered:
+    """The policy's objects, its driver on the last good settings when ``stable`` (a failed
+    rollout rolled back or held), and what of them differs from the server."""
+    spec, previous, snap = active.spec, active.previous, active.snap
+    chosen = _on_settings(spec, previous.stable_spec) if stable and previous else spec
+    parts = render_components(chosen, active.facts)
+    desired = stamp((o for p in parts for o in p.objects), active.owner)
+    changes = plan_changes(
+        desired,
+        snap.managed,
+        active.memory.applied_generations,
+        APPLIED_KINDS | snap.served_optional,
+    )
+    return Rendered(desired, changes, parts)
+
+
+def _render_and_roll_out(active: Active) -> tuple[Rendered, RolloutDecision | None]:
+    """The render and the driver rollout depend on each other: the rollout asks whether the
+    drivers rendered are on the server yet, and picks the settings to render (the spec's, or
+    the last good ones). So: render as the last pass did, decide the rollout, and render
+    again if it moved."""
+    on_stable = active.own_driver and renders_stable(active.previous, active.settings, active.retry)
+    rendered = _render(active, on_stable)
+    rollout = _rollout(active, rendered)
+    if rollout is not None and rollout.render_stable != on_stable:
+        rendered = _render(active, rollout.render_stable)
+    return rendered, rollout
+
+
+def _rollout(active: Active, rendered: Rendered) -> RolloutDecision | None:
+    """The policy's own driver rollout behind its canary; None without a driver of its own."""
+    if not active.own_driver:
+        return None
+    snap = active.snap
+    upgrade_policy = active.spec.driver.upgrade_policy
+    return decide_rollout(
+        active.previous,
+        CanaryPolicy.from_spec(upgrade_policy.canary if upgrade_policy else None),
+        active.settings,
+        progress(active.fleet),
+        {n.name: n.gpu_health for n in snap.nodes},
+        retry=active.retry,
+        now=snap.now,
+        synced=drivers_synced(rendered.desired, rendered.changes.apply, snap.daemonsets),
+    )
+
+
+def _object_stages(changes: ObjectChanges) -> list[Stage]:
+    """The applies, DaemonSets after what they use (ServiceAccounts, RBAC, ConfigMaps), then
+    the prunes."""
+    return [
+        Stage(tuple(Apply(o) for o in changes.apply if o["kind"] != "DaemonSet")),
+        Stage(tuple(Apply(o) for o in changes.apply if o["kind"] == "DaemonSet")),
+        Stage(tuple(Prune(k) for k in changes.prune)),
+    ]
+
+
+def _upgrade_step(
+    active: Active, rollout: RolloutDecision | None
+) -> tuple[UpgradePlan | None, Stage]:
+    """The driver upgrade's plan within what the rollout allows, and its stage, the rollout's
+    own Events first; nothing without a rollout."""
+    if rollout is None:
+        return None, Stage(())
+    snap, config = active.snap, active.config
+    limits = Policy.from_spec(active.spec.driver.upgrade_policy)
+    upgrade = plan(active.fleet, limits, snap.now, rollout.allowed)
+    about = {"apiVersion": API_VERSION, "kind": KIND, **active.policy}
+    notices = rollout_actions(rollout, about, snap.stamp, config)
+    return upgrade, upgrade_stage(upgrade, snap, config, notices)
+
+
+def _health_step(active: Active, memory: Memory) -> tuple[HealthPlan, Stage, Memory]:
+    """GPU health remediation: its plan, its stage, and the memory with the nodes it writes.
+    ``memory`` is the node step's: a node whose label patch the watch does not show yet waits
+    a pass."""
+    snap = active.snap
+    health = plan_remediation(active.spec, snap, active.fleet, memory, active.base.gpu_nodes)
+    stage, memory = remediation_stage(health, snap, memory, active.config)
+    return health, stage, memory
+
+
+def _components(
+    active: Active, rendered: Rendered, relabelled: Mapping[str, Mapping[str, str | None]]
+) -> dict[str, list[DaemonSetReadiness]]:
+    """Each enabled component's DaemonSets' readiness, on the nodes as this pass labels them."""
+    snap = active.snap
+    pods_by_owner = by_owner(snap.pods)
+    revisions_by_owner = by_owner(snap.revisions)
+    labelled = _labelled_after(snap.nodes, relabelled)
+    kinds = NodeKinds(labelled, map(daemonset_pod_spec, snap.daemonsets))
+    # A DaemonSet of ours updated in this pass has a rollout ahead of it, whatever its status
+    # says now.
+    ours = {o.key for o in snap.managed}
+    rolling = {
+        o["metadata"]["name"]
+        for o in rendered.changes.apply
+        if o["kind"] == "DaemonSet" and key_of(o) in ours
+    }
+    return {
+        part.component.name: [
+            replace(r, ready=False, message="rollout starting") if r.name in rolling else r
+            for r in component_readiness(
+                part.component.name, snap.daemonsets, pods_by_owner, revisions_by_owner, kinds
+            )
+        ]
+        for part in rendered.parts
+        if part.enabled
+    }
+
+
+def _status_step(
+    active: Active,
+    memory: Memory,
+    rendered: Rendered,
+    components: Mapping[str, Sequence[DaemonSetReadiness]],
+    upgrade: UpgradePlan | None,
+    rollout: RolloutDecision | None,
+    health: HealthPlan,
+) -> tuple[Stage, dict[str, Any]]:
+    """The policy's status from all the pass decided, and the stage that writes it (its patch,
+    and an Event when the Ready reason changes) when it changes."""
+    spec, snap = active.spec, active.snap
+    observation = replace(
+        active.base,
+        components=components,
+        apply_error=memory.apply_error,
+        unimplemented=tuple(spec.unimplemented_enabled()),
+        upgrade=_upgrade_status(upgrade, rollout) if upgrade and rollout else None,
+        health=remediation_status(health.summary),
+        dra_conflicts=tuple(sorted(snap.dra_conflicts)) if spec.device_plugin.enabled else (),
+        not_served=tuple(
+            f"{kind} {namespace}/{name}" for kind, namespace, name in rendered.changes.skipped
+        ),
+    )
+    actions, status = _status_actions(active.policy, observation, snap.stamp, active.config)
+    return Stage(tuple(actions)), status
 
 
 def _nonempty(stages: Iterable[Stage]) -> tuple[Stage, ...]:
