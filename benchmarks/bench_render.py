@@ -21,9 +21,9 @@ import yaml
 from timing import summarize  # benchmarks/ is on sys.path when a benchmark runs
 
 from gpu_operator.api import parse_spec
-from gpu_operator.cli import policy_from_text
 from gpu_operator.render import Facts, NodeOS, render
 from gpu_operator.render.engine import clear_parse_caches
+from gpu_operator.render_cli import parse
 
 NVIDIA_HELM_DEFAULT = (
     Path(__file__).resolve().parents[1].parent
@@ -74,7 +74,7 @@ def main() -> None:
         render(policy, facts)
 
     def load() -> None:
-        policy_from_text(text, "helm-default")
+        parse(yaml.safe_load(text))
 
     daemonsets = sum(o["kind"] == "DaemonSet" for o in objects)
     print(
