@@ -1,4 +1,4 @@
-"""Reliability under faults, with figures (issue 16): the chaos suite's scenarios, each run
+"""Reliability under faults, with figures: the chaos suite's scenarios, each run
 ``--runs`` times (default 3) on one converged 6-GPU-node cluster, with the operator as its own
 process behind Toxiproxy and the HTTP fault proxy (tests/chaos/harness.py).
 

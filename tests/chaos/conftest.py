@@ -1,4 +1,4 @@
-"""The chaos suite (issue 16): every test here is marked ``chaos`` and runs against the real
+"""The chaos suite: every test here is marked ``chaos`` and runs against the real
 local control plane, with Toxiproxy built into the testenv cache. Outside CI a machine that
 cannot build the binaries skips the suite with one line; under CI that fails."""
 

@@ -1,5 +1,5 @@
 """One fault at a time while the operator reconciles a policy change, a new GPU node and a
-driver upgrade on a converged 6-node cluster (issue 16). After each fault the cluster reaches
+driver upgrade on a converged 6-node cluster. After each fault the cluster reaches
 the fault-free end state: no managed object lost or duplicated, no node upgraded twice, the
 user's labels and taint (and a deploy label set to false) untouched, API writes within twice
 the fault-free run; the time from the end of the fault to convergence is printed.

@@ -1,4 +1,4 @@
-"""The API server down for 5 minutes (issue 16), longer than kopf's 9 request attempts: the
+"""The API server down for 5 minutes, longer than kopf's 9 request attempts: the
 operator keeps retrying or exits non-zero and is restarted, never stays alive but deaf, and
 ``/healthz`` says which.
 

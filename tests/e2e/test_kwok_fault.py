@@ -1,6 +1,6 @@
 """A pod on a kwok node that asks for the simulated fault (testenv.kwokconfig) starts but never
 turns Ready, as a driver that fails validation; every other pod still turns Ready, and both go
-away when deleted. Canary driver upgrades (issue 27) rely on it."""
+away when deleted. Canary driver upgrades rely on it."""
 
 from __future__ import annotations
 

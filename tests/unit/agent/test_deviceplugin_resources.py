@@ -1,5 +1,5 @@
-"""What a node advertises: resource names and counts from the inventory and the config (the
-numbers of issue 13's acceptance), replica ids, and refusals that say what to fix."""
+"""What a node advertises: resource names and counts from the inventory and the config,
+replica ids, and refusals that say what to fix."""
 
 from __future__ import annotations
 

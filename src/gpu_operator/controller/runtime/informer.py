@@ -1,28 +1,12 @@
 """A lean list-and-watch of the built-in kinds the operator reads, into the shared stores.
 
 One thread per kind lists it, then follows a watch from the list's resourceVersion (with
-bookmarks, so a quiet kind resumes where it was instead of listing again). Each event is parsed
-and trimmed to what decisions read (:func:`watch.index_value`) in that thread, and handed to
-the event loop only when the trimmed value differs from the last one the thread handed over: a
-pod's new IP costs a JSON parse and a comparison in the thread, and never wakes the event loop.
-Kubelets report every node's status every 5 minutes even when nothing changed (1,000 events a
-minute at 5,000 nodes): a report that repeats the node's last event but for its
-resourceVersion and heartbeat times is not even parsed (``watchstream.Repeats``).
-
-Why not kopf for these: its per-event machinery (bodies, loggers, diff bases, handler
-invocation) cost milliseconds per event, which a fleet of thousands of pods turned into most of
-the operator's CPU (``benchmarks/README.md`` has the profiles).
-
-A failed list or watch is tried again with the client's backoff (a 429's Retry-After honoured),
-for as long as it takes: the thread never gives up. An optional kind (GPUCluster, ServiceMonitor:
-its CRD may be absent, or not granted) that answers 404 or 403 has no store at all, which is how
-the loops tell "not served" from "none there". Not served (404), its thread watches its CRD by
-name and lists the kind again when the CRD changes (the Prometheus operator installed later is
-found at once, and nothing is polled meanwhile); not granted (403), or where the CRD may not be
-watched, it is looked for again after 5 s, then less and less often, at most every five
-minutes. The kind coming or going is reported as a change of its key ``KIND_KEY``. A 410 Gone
-lists again. A thread that ends
-anyway (a bug) is what the liveness watchdog calls deaf (:meth:`Informer.threads_alive`).
+bookmarks), parses and trims each event to what decisions read (:func:`watch.index_value`) and
+wakes the event loop only when that trimmed value changed; kopf's per-event machinery cost too
+much CPU at fleet scale for these kinds. The thread never gives up: failures back off, a 410
+lists again, an optional kind that is not served or not granted has no store (its key
+``KIND_KEY`` reports it coming or going); ``docs/reliability.md`` says how, and the liveness
+watchdog calls a thread that ends anyway deaf (:meth:`Informer.threads_alive`).
 """
 
 from __future__ import annotations
