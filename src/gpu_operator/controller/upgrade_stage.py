@@ -6,14 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gpu_operator.controller.nodeops_stage import node_request
 from gpu_operator.controller.notices import node_event
-from gpu_operator.controller.runtime.actions import Action, DeletePod, Evict, Patch, Stage
+from gpu_operator.controller.runtime.actions import Action, Patch, Stage
 from gpu_operator.controller.runtime.config import OperatorConfig
 from gpu_operator.controller.snapshot import Snapshot
-from gpu_operator.upgrade import Cordon, Fail, SetState, Uncordon, UpgradePlan
-from gpu_operator.upgrade import DeletePod as UpgradeDeletePod
-from gpu_operator.upgrade import Event as UpgradeEvent
-from gpu_operator.upgrade import Evict as UpgradeEvict
+from gpu_operator.upgrade import Fail, SetState, UpgradePlan
 
 
 def upgrade_stage(
@@ -26,7 +24,7 @@ def upgrade_stage(
     groups: list[str] = [""] * len(first)
     for step in upgrade.actions:
         requests: list[Action] = []
-        if isinstance(step, (SetState, Cordon, Uncordon, Fail)):
+        if isinstance(step, (SetState, Fail)):
             requests.append(Patch("Node", step.node, step.patch(), "upgrade"))
             if isinstance(step, Fail):
                 requests.append(
@@ -34,14 +32,8 @@ def upgrade_stage(
                         step.node, "Warning", "UpgradeFailed", step.reason, snap.stamp, config
                     )
                 )
-        elif isinstance(step, UpgradeEvict):
-            requests.append(Evict(step.pod, step.namespace))
-        elif isinstance(step, UpgradeDeletePod):
-            requests.append(DeletePod(step.pod, step.namespace, step.force))
-        elif isinstance(step, UpgradeEvent):
-            requests.append(
-                node_event(step.node, step.type, step.reason, step.message, snap.stamp, config)
-            )
+        else:
+            requests.append(node_request(step, snap, config, purpose="upgrade"))
         actions += requests
         groups += [step.node] * len(requests)
     return Stage(tuple(actions), concurrent=False, groups=tuple(groups))

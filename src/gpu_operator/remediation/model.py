@@ -30,8 +30,9 @@ from gpu_operator.labels import (
     UPGRADE_WAS_CORDONED,
     is_true,
 )
+from gpu_operator.nodeops.operations import DeletePod, Event, Evict
+from gpu_operator.nodeops.pods import Pod
 from gpu_operator.selector import Selector
-from gpu_operator.upgrade.model import DeletePod, Event, Evict, Pod
 from gpu_operator.views import GpuHealth, NodeView
 
 TAINT_VALUE = "quarantined"

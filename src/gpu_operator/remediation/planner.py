@@ -8,7 +8,7 @@ Per node, in this order each pass:
 - while the condition is True but not yet for ``recoveryDelay``, nothing else happens to the
   node: a GPU that came back needs no more eviction or remediation.
 - ``draining``: its GPU pods (and, with ``drain.enable``, the pods the drain picks) are
-  evicted through the shared drain (:mod:`gpu_operator.upgrade.drain`); then the first
+  evicted through the shared drain (:mod:`gpu_operator.nodeops.drain`); then the first
   remediation action starts, or the node waits ``quarantined``.
 - ``remediating``: each action (restart the driver pod, ask the agent to reset idle GPUs, hand
   over to an external controller by a label) gets ``timeout`` to bring the condition back;
@@ -27,6 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gpu_operator.labels import HEALTH_RESET_REQUESTED
+from gpu_operator.nodeops.drain import drain_pods, gpu_pods, names, remove
+from gpu_operator.nodeops.operations import DeletePod, Event, EventType
+from gpu_operator.nodeops.pods import Pod
 from gpu_operator.remediation.model import (
     Action,
     HealthNode,
@@ -39,8 +42,7 @@ from gpu_operator.remediation.model import (
     SetPhase,
     Tally,
 )
-from gpu_operator.upgrade.drain import drain_pods, gpu_pods, names, remove
-from gpu_operator.upgrade.model import DeletePod, Event, EventType, Pod, scaled_max_unavailable
+from gpu_operator.upgrade.model import scaled_max_unavailable
 
 EMPTYING_RECHECK_S = 3.0  # workload pods are not watched: look again this soon while draining
 

@@ -10,7 +10,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpu_operator.labels import COMPONENT, VALIDATOR_APP
-from gpu_operator.upgrade.model import Fleet, Node, Pod, is_emptying
+from gpu_operator.nodeops.pods import Pod
+from gpu_operator.upgrade.model import Fleet, Node, is_emptying
 from gpu_operator.views import NodeView, daemonset_owners, derived, newest_revision_hash
 
 POD_VIEW = Pod.from_k8s  # one function object: the key its views are remembered under

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from gpu_operator.api.spec import (
     DrainSpec,
@@ -20,11 +20,7 @@ from gpu_operator.api.spec import (
     WaitForCompletionSpec,
 )
 from gpu_operator.labels import (
-    GPU_RESOURCE,
     HEALTH_STATE,
-    HEALTH_WAS_CORDONED,
-    MIG_RESOURCE_PREFIX,
-    REVISION_HASH,
     UPGRADE_FAILED_TEMPLATE,
     UPGRADE_REQUESTED,
     UPGRADE_SINCE,
@@ -33,10 +29,10 @@ from gpu_operator.labels import (
     UPGRADE_WAS_CORDONED,
     is_true,
 )
+from gpu_operator.nodeops.operations import Cordon, DeletePod, Event, Evict, Uncordon
+from gpu_operator.nodeops.pods import Pod
 from gpu_operator.selector import Selector
-from gpu_operator.views import NodeView, parse_time, pod_ready
-
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+from gpu_operator.views import NodeView
 
 _T = TypeVar("_T")
 
@@ -135,105 +131,6 @@ class Node:
         """Whether the node was cordoned before its upgrade began; None when not recorded."""
         value = (self.annotations.get(UPGRADE_WAS_CORDONED) or "").strip().lower()
         return {"true": True, "false": False}.get(value)
-
-
-@dataclass(frozen=True, slots=True)  # one per driver and validator pod, remembered (views.derived)
-class Pod:
-    name: str
-    namespace: str = "default"
-    node: str = ""
-    labels: Mapping[str, str] = field(default_factory=dict)
-    owner: str = ""  # DaemonSet name for DaemonSet pods, else "Kind/name", "" for bare pods
-    revision_hash: str = ""
-    ready: bool = True
-    phase: str = "Running"
-    restart_count: int = 0
-    uses_gpu: bool = False  # requests nvidia.com/gpu or nvidia.com/mig-*
-    is_daemonset_pod: bool = False
-    deleting: bool = False  # deletionTimestamp set: on its way out, do not ask again
-    created: float = 0.0
-    ready_since: float = 0.0  # when the Ready condition last changed; 0.0 when unknown
-    uses_empty_dir: bool = False  # losing the pod loses this data: evicted only when allowed
-    waiting: str = ""  # why a container waits (ImagePullBackOff, CrashLoopBackOff), if one does
-
-    @property
-    def running(self) -> bool:
-        """Still holds its node (and its GPUs): not yet Succeeded or Failed."""
-        return self.phase not in TERMINAL_PHASES
-
-    @classmethod
-    def from_k8s(cls, pod: Mapping[str, Any]) -> Pod:
-        meta = pod.get("metadata") or {}
-        spec = pod.get("spec") or {}
-        status = pod.get("status") or {}
-        labels: Mapping[str, str] = meta.get("labels") or {}  # shared, never changed
-        owner, is_ds = "", False
-        for ref in meta.get("ownerReferences") or ():
-            if ref.get("controller", True):
-                is_ds = ref.get("kind") == "DaemonSet"
-                owner = ref.get("name", "") if is_ds else f"{ref.get('kind')}/{ref.get('name')}"
-                break
-        statuses = [
-            *(status.get("containerStatuses") or ()),
-            *(status.get("initContainerStatuses") or ()),
-        ]
-        return cls(
-            name=meta.get("name", ""),
-            namespace=meta.get("namespace", "default"),
-            node=spec.get("nodeName") or _affinity_node(spec),
-            labels=labels,
-            owner=owner,
-            revision_hash=labels.get(REVISION_HASH, ""),
-            ready=pod_ready(pod),
-            phase=status.get("phase", "Pending"),
-            restart_count=max((int(s.get("restartCount", 0)) for s in statuses), default=0),
-            uses_gpu=_uses_gpu(spec),
-            is_daemonset_pod=is_ds,
-            deleting=bool(meta.get("deletionTimestamp")),
-            created=parse_time(meta.get("creationTimestamp")),
-            ready_since=max(
-                (
-                    parse_time(c.get("lastTransitionTime"))
-                    for c in status.get("conditions") or ()
-                    if c.get("type") == "Ready"
-                ),
-                default=0.0,
-            ),
-            uses_empty_dir=any("emptyDir" in v for v in spec.get("volumes") or ()),
-            waiting=next(
-                (
-                    str(reason)
-                    for c in statuses
-                    if (reason := ((c.get("state") or {}).get("waiting") or {}).get("reason"))
-                ),
-                "",
-            ),
-        )
-
-
-def _affinity_node(spec: Mapping[str, Any]) -> str:
-    """The node a DaemonSet pod is pinned to before it is scheduled (it has no nodeName yet,
-    which is exactly when an unschedulable new driver pod must still count for its node)."""
-    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ) or {}
-    for term in required.get("nodeSelectorTerms") or ():
-        for expr in term.get("matchFields") or ():
-            values = expr.get("values") or ()
-            if expr.get("key") == "metadata.name" and expr.get("operator") == "In" and values:
-                return str(values[0])
-    return ""
-
-
-def _uses_gpu(spec: Mapping[str, Any]) -> bool:
-    for container in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]:
-        resources = container.get("resources") or {}
-        for section in ("limits", "requests"):
-            for name, quantity in (resources.get(section) or {}).items():
-                gpu = name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX)
-                if gpu and str(quantity).strip() not in ("0", ""):
-                    return True
-    return False
 
 
 @dataclass(frozen=True)
@@ -339,6 +236,8 @@ class Policy:
 # Actions for one node are contiguous and ordered. When a node patch (SetState, Cordon,
 # Uncordon, Fail) fails, the executor skips that node's remaining actions this pass; a failed
 # Evict or DeletePod skips nothing (a PodDisruptionBudget refusal is just a pod still there).
+# SetState and Fail are the upgrade's own; the rest are the shared node and pod operations
+# (:mod:`gpu_operator.nodeops.operations`).
 
 
 @dataclass(frozen=True)
@@ -363,56 +262,6 @@ class SetState:
 
 
 @dataclass(frozen=True)
-class Cordon:
-    """Cordon, recording in the same patch whether the node was cordoned already."""
-
-    node: str
-    was_cordoned: bool
-
-    def patch(self) -> dict[str, Any]:
-        value = "true" if self.was_cordoned else "false"
-        return {
-            "metadata": {"annotations": {UPGRADE_WAS_CORDONED: value}},
-            "spec": {"unschedulable": True},
-        }
-
-
-@dataclass(frozen=True)
-class Uncordon:
-    """Only for nodes the upgrade itself cordoned (NVIDIA issue 2820). A node a GPU health
-    quarantine holds stays cordoned: the quarantine is told instead that it may uncordon
-    when it lets the node go."""
-
-    node: str
-    quarantined: bool = False
-
-    def patch(self) -> dict[str, Any]:
-        if self.quarantined:
-            return {"metadata": {"annotations": {HEALTH_WAS_CORDONED: "false"}}}
-        return {"spec": {"unschedulable": None}}
-
-
-@dataclass(frozen=True)
-class Evict:
-    """Through the Eviction API, so PodDisruptionBudgets apply."""
-
-    pod: str
-    namespace: str
-    node: str
-
-
-@dataclass(frozen=True)
-class DeletePod:
-    """Delete a pod; ``force`` means grace period 0 (podDeletion/drain ``force`` after the
-    timeout)."""
-
-    pod: str
-    namespace: str
-    force: bool
-    node: str
-
-
-@dataclass(frozen=True)
 class Fail:
     """``SetState(upgrade-failed)`` plus a Warning Event carrying ``reason``."""
 
@@ -425,17 +274,6 @@ class Fail:
         patch = SetState(self.node, State.FAILED, self.since, self.reason).patch()
         patch["metadata"]["annotations"][UPGRADE_FAILED_TEMPLATE] = self.template or None
         return patch
-
-
-EventType = Literal["Normal", "Warning"]
-
-
-@dataclass(frozen=True)
-class Event:
-    node: str
-    type: EventType
-    reason: str
-    message: str
 
 
 Action = SetState | Cordon | Uncordon | Evict | DeletePod | Fail | Event

@@ -26,25 +26,21 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpu_operator.labels import VALIDATOR_APP
-from gpu_operator.upgrade.drain import drain_pods, gpu_pods, names, remove
+from gpu_operator.nodeops.drain import drain_pods, gpu_pods, names, remove
+from gpu_operator.nodeops.operations import Cordon, DeletePod, Event, Evict, Uncordon
+from gpu_operator.nodeops.pods import Pod
 from gpu_operator.upgrade.model import (
     EMPTYING,
     EMPTYING_RECHECK_S,
     IN_PROGRESS,
     Action,
-    Cordon,
-    DeletePod,
-    Event,
-    Evict,
     Fail,
     Fleet,
     Node,
-    Pod,
     Policy,
     SetState,
     State,
     Summary,
-    Uncordon,
     UpgradePlan,
     scaled_max_unavailable,
 )

@@ -27,19 +27,15 @@ from gpu_operator.labels import (
     UPGRADE_STATE,
     VALIDATOR_APP,
 )
+from gpu_operator.nodeops.operations import Cordon, DeletePod, Event, Evict, Uncordon
+from gpu_operator.nodeops.pods import Pod
 from gpu_operator.upgrade.model import (
     Action,
-    Cordon,
-    DeletePod,
-    Event,
-    Evict,
     Fail,
     Fleet,
     Node,
-    Pod,
     Policy,
     SetState,
-    Uncordon,
     UpgradePlan,
 )
 from gpu_operator.upgrade.planner import plan

@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpu_operator.labels import GPU_HEALTHY_CONDITION
+from gpu_operator.nodeops.pods import Pod
 from gpu_operator.remediation import HealthNode, Quarantine, Release, SetPhase
-from gpu_operator.upgrade.model import Pod
 from gpu_operator.views import NodeView
 
 

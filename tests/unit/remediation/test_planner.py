@@ -13,6 +13,8 @@ from gpu_operator.labels import (
     UNHEALTHY_TAINT,
     UPGRADE_WAS_CORDONED,
 )
+from gpu_operator.nodeops.operations import DeletePod, Event, Evict
+from gpu_operator.nodeops.pods import Pod
 from gpu_operator.remediation import (
     HealthNode,
     HealthPolicy,
@@ -22,7 +24,6 @@ from gpu_operator.remediation import (
     SetPhase,
     plan_health,
 )
-from gpu_operator.upgrade.model import DeletePod, Event, Evict, Pod
 from gpu_operator.views import NodeView
 from tests.unit.remediation.cluster import apply, health_nodes, node, set_health
 

@@ -10,10 +10,10 @@ from gpu_operator.labels import (
     UPGRADE_WAS_CORDONED,
     VALIDATOR_APP,
 )
+from gpu_operator.nodeops.pods import Pod
 from gpu_operator.upgrade import (
     Fleet,
     Node,
-    Pod,
     Policy,
 )
 

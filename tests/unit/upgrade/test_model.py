@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from gpu_operator.api.spec import UpgradePolicy
-from gpu_operator.upgrade import Fleet, Node, Pod, Policy, Selector, scaled_max_unavailable
+from gpu_operator.nodeops.pods import Pod
+from gpu_operator.upgrade import Fleet, Node, Policy, Selector, scaled_max_unavailable
 
 DRIVER_POD: dict[str, Any] = {
     "metadata": {

@@ -14,21 +14,17 @@ from gpu_operator.labels import (
     UPGRADE_STATE,
     UPGRADE_WAS_CORDONED,
 )
+from gpu_operator.nodeops.operations import Cordon, DeletePod, Event, Evict, Uncordon
+from gpu_operator.nodeops.pods import Pod
 from gpu_operator.upgrade import (
     Action,
-    Cordon,
-    DeletePod,
-    Event,
-    Evict,
     Fail,
     Fleet,
     Node,
-    Pod,
     Policy,
     Selector,
     SetState,
     State,
-    Uncordon,
     plan,
 )
 from gpu_operator.upgrade.fleet import unobserved

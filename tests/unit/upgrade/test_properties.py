@@ -18,15 +18,14 @@ from gpu_operator.labels import (
     UPGRADE_DRAIN_SKIP,
     UPGRADE_STATE,
 )
+from gpu_operator.nodeops.operations import Cordon, Uncordon
 from gpu_operator.upgrade import (
     IN_PROGRESS,
-    Cordon,
     Fleet,
     Policy,
     Selector,
     SetState,
     State,
-    Uncordon,
     UpgradePlan,
     plan,
     scaled_max_unavailable,

@@ -8,8 +8,8 @@ from typing import Any
 
 from gpu_operator.api import ClusterPolicySpec
 from gpu_operator.controller.clusterpolicy.memory import Memory
-from gpu_operator.controller.notices import node_event
-from gpu_operator.controller.runtime.actions import Action, DeletePod, Evict, Patch, Stage
+from gpu_operator.controller.nodeops_stage import node_request
+from gpu_operator.controller.runtime.actions import Action, Patch, Stage
 from gpu_operator.controller.runtime.config import OperatorConfig
 from gpu_operator.controller.snapshot import Snapshot
 from gpu_operator.labels import UPGRADE_STATE
@@ -25,8 +25,6 @@ from gpu_operator.remediation import (
     plan_health,
 )
 from gpu_operator.upgrade import IN_PROGRESS, Fleet, State
-from gpu_operator.upgrade import DeletePod as UpgradeDeletePod
-from gpu_operator.upgrade import Evict as UpgradeEvict
 
 
 def plan_remediation(
@@ -75,16 +73,9 @@ def remediation_stage(
             name = step.node.name
             request = Patch("Node", name, step.patch(), "health", patch_type="json", tally=count)
             written[name] = step.node.resource_version
-        elif isinstance(step, UpgradeEvict):
-            name, request = step.node, Evict(step.pod, step.namespace)
-        elif isinstance(step, UpgradeDeletePod):
-            name, request = step.node, DeletePod(step.pod, step.namespace, step.force)
         else:
             name = step.node
-            request = replace(
-                node_event(step.node, step.type, step.reason, step.message, snap.stamp, config),
-                tally=count,
-            )
+            request = node_request(step, snap, config, purpose="health", tally=count)
         actions.append(request)
         groups.append(name)
     remembered = replace(memory, patched_nodes={**memory.patched_nodes, **written})

@@ -11,8 +11,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gpu_operator.labels import UPGRADE_DRAIN_SKIP, is_true
+from gpu_operator.nodeops.operations import DeletePod, Event, Evict
+from gpu_operator.nodeops.pods import Pod
 from gpu_operator.selector import Selector
-from gpu_operator.upgrade.model import DeletePod, Event, Evict, Pod
 
 NAMES_SHOWN = 5
 
