@@ -22,8 +22,8 @@ import time
 
 from timing import summarize  # benchmarks/ is on sys.path when a benchmark runs
 
+from gpu_operator.testenv.fleetsim import SimConfig, Simulation, World
 from gpu_operator.upgrade import Policy, State, scaled_max_unavailable
-from gpu_operator.upgrade.simulate import SimConfig, Simulation, World
 
 
 def build(nodes: int, config: SimConfig) -> World:

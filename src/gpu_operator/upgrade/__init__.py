@@ -2,7 +2,8 @@
 
 ``fleet_from_objects`` builds the observation from watched objects, ``plan(fleet, policy, now)``
 returns the next actions; the controller executes them and plans again on the next
-observation. ``simulate`` plays a cluster for tests and benchmarks.
+observation. The simulated cluster that tests and benchmarks run it on is
+:mod:`gpu_operator.testenv.fleetsim`.
 """
 
 from gpu_operator.selector import Selector

@@ -9,6 +9,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpu_operator.testenv.fleetsim import NEW_HASH, OLD_HASH, SimConfig, World
 from gpu_operator.upgrade.canary import (
     CanaryPolicy,
     Failure,
@@ -19,7 +20,6 @@ from gpu_operator.upgrade.canary import (
 )
 from gpu_operator.upgrade.model import IN_PROGRESS, Policy, State
 from gpu_operator.upgrade.planner import NodeProgress, plan, progress
-from gpu_operator.upgrade.simulate import NEW_HASH, OLD_HASH, SimConfig, World
 from gpu_operator.views import GpuHealth
 
 OLD = {"version": "580.95.05"}

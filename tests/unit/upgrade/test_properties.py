@@ -19,6 +19,7 @@ from gpu_operator.labels import (
     UPGRADE_STATE,
 )
 from gpu_operator.nodeops.operations import Cordon, Uncordon
+from gpu_operator.testenv.fleetsim import Broken, Pass, SimConfig, Simulation, World
 from gpu_operator.upgrade import (
     IN_PROGRESS,
     Fleet,
@@ -30,7 +31,6 @@ from gpu_operator.upgrade import (
     plan,
     scaled_max_unavailable,
 )
-from gpu_operator.upgrade.simulate import Broken, Pass, SimConfig, Simulation, World
 
 FOREVER = float("inf")
 BROKEN_KINDS: tuple[Broken, ...] = ("pending", "crashloop", "late", "validator")

@@ -1,4 +1,4 @@
-"""A small simulated cluster around the planner, for property tests and the benchmark.
+"""A small simulated cluster around the upgrade planner, for property tests and the benchmark.
 
 The ``World`` plays the API server, the DaemonSet controller and the kubelets: it applies the
 planner's actions (node patches, evictions, deletions), replaces a deleted driver pod with one on
