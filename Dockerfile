@@ -2,7 +2,9 @@
 # Build: docker build -t ghcr.io/gpu-operator/gpu-operator:v0.1.0 .
 
 # Builder: the project and every dependency as wheels, so the final stage needs neither a
-# compiler nor network access for its install.
+# compiler nor network access for its install. The project's is its runtime wheel (setup.py):
+# everything but gpu_operator.testenv (the local control plane, demo and fleet simulator, which
+# never run in a pod).
 # pip's cache is a build cache mount: a rebuild downloads only what changed.
 FROM python:3.11.14-slim-bookworm AS builder
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -10,7 +12,7 @@ WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY src ./src
 COPY templates ./templates
-RUN --mount=type=cache,target=/root/.cache/pip pip wheel --wheel-dir /wheels .
+RUN --mount=type=cache,target=/root/.cache/pip GPU_OPERATOR_WHEEL=runtime pip wheel --wheel-dir /wheels .
 
 FROM python:3.11.14-slim-bookworm
 ARG VERSION=0.1.0

@@ -8,6 +8,7 @@ loop on simulated time: observe, plan, apply, and pass again after a watch event
 
 Everything the planner needs lives in the World, as in a real cluster; the only state outside it
 is the loop's clock, so an operator restart is modelled by applying a pass only in part.
+Part of testenv: it never runs in a pod, and the image's wheel leaves it out (setup.py).
 """
 
 from __future__ import annotations

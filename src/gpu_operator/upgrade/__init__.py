@@ -3,7 +3,7 @@
 ``fleet_from_objects`` builds the observation from watched objects, ``plan(fleet, policy, now)``
 returns the next actions; the controller executes them and plans again on the next
 observation. The simulated cluster that tests and benchmarks run it on is
-:mod:`gpu_operator.testenv.fleetsim`.
+:mod:`gpu_operator.testenv.fleetsim` (not in the image).
 """
 
 from gpu_operator.selector import Selector
