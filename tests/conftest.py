@@ -183,6 +183,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(
             "longest groups (minutes into the run it began + its length, worker): " + spans(groups)
         )
+        everything = [kv for kv in _SPANS.items() if " > " not in kv[0]]
+        last = sorted(everything, key=lambda kv: -kv[1][1])[:6]  # what the run waited on last
+        terminalreporter.write_line("last to end: " + spans(last))
         for group in REAL_NODE_GROUPS:  # the groups of several modules
             inside = [kv for kv in _SPANS.items() if kv[0].startswith(f"{group} > ")]
             if inside:
