@@ -1,7 +1,7 @@
 """Render a GPUCluster into the objects of the DRA stack, as data (no YAML text).
 
 Shaped after what NVIDIA's operator renders (``golden-gpucluster/``, compared field by field in
-``tests/unit/test_render_gpucluster.py``): the DRA kubelet plugin DaemonSet with its identity
+``tests/unit/render/test_gpucluster.py``): the DRA kubelet plugin DaemonSet with its identity
 and least RBAC, the DeviceClasses, a validator and dcgm-exporter whose pods get every GPU of
 their node through admin-access ResourceClaimTemplates instead of the device plugin. Never a
 device plugin. Pods run this project's image (``gpu-operator agent dra-plugin``, ``exporter``,

@@ -30,7 +30,7 @@ DRA_EXAMPLES = [
     "dra-pod.yaml",
     "dra-time-slicing.yaml",
     "gpucluster.yaml",
-]  # tests/unit/test_dra_examples.py
+]  # tests/unit/install/test_dra_examples.py
 NAMES = sorted(p.name for p in EXAMPLES.glob("*.yaml") if p.name not in DRA_EXAMPLES)
 FACTS = Facts(node_oses=(NodeOS("ubuntu", "22.04"), NodeOS("rhel", "9.4")))
 

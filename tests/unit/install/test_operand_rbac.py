@@ -24,7 +24,7 @@ from gpu_operator.render.driver import ExtraConfig, Pool, driver_names, render_d
 from gpu_operator.render.gpucluster import render_gpucluster
 from tests.paths import REPO
 from tests.unit.rbac_grants import Grant, grants
-from tests.unit.render_cases import CASES_DIR, load_policy
+from tests.unit.render.render_cases import CASES_DIR, load_policy
 
 OPENSHIFT_ONLY = {"security.openshift.io", "config.openshift.io"}
 

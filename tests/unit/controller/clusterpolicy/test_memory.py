@@ -82,3 +82,13 @@ def test_errors_name_a_few_objects_per_reason() -> None:
         "namespace missing (SA/sa-0, SA/sa-1 and 2 more); forbidden (DS/x)"
     )
     assert summarize_errors([]) is None
+
+
+def test_errors_are_grouped_by_reason() -> None:
+    errors = [(f"ServiceAccount/sa-{i}", 'namespaces "gpu-operator" not found') for i in range(5)]
+    errors.append(("DaemonSet/x", "forbidden"))
+    assert summarize_errors(errors) == (
+        'namespaces "gpu-operator" not found (ServiceAccount/sa-0, ServiceAccount/sa-1, '
+        "ServiceAccount/sa-2 and 2 more); forbidden (DaemonSet/x)"
+    )
+    assert summarize_errors([]) is None

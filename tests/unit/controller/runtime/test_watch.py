@@ -245,3 +245,41 @@ def test_what_passes_ask_of_a_node_view_is_answered_once_per_view() -> None:
     changed = replace(view, capacity={})
     assert not is_gpu_node(changed)
     assert view == NodeView("n", capacity={"nvidia.com/gpu": "8"})
+
+
+def test_index_values_keep_only_what_decisions_read() -> None:
+    pod = {
+        "metadata": {
+            "name": "p", "namespace": "n", "uid": "u", "labels": {"a": "b"},
+            "annotations": {"big": "x" * 1000}, "ownerReferences": [{"uid": "ds"}],
+            "managedFields": [{"manager": "kcm"}],
+        },
+        "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]},
+        "status": {
+            "phase": "Running",
+            "conditions": [
+                {"type": "Ready", "status": "True", "lastProbeTime": None,
+                 "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                {"type": "PodScheduled", "status": "True",
+                 "lastTransitionTime": "2026-01-01T00:00:00Z"},
+            ],
+            "containerStatuses": [{"restartCount": 2, "ready": True, "image": "i"}],
+        },
+    }  # fmt: skip
+    assert trim("pods", pod) == {
+        "metadata": {"name": "p", "namespace": "n", "uid": "u", "labels": {"a": "b"},
+                     "ownerReferences": [{"uid": "ds"}]},
+        "spec": {"nodeName": "n1"},
+        # Ready's transition time tells whether a validator re-validated a new driver; no
+        # other condition is read.
+        "status": {"phase": "Running",
+                   "conditions": [{"type": "Ready", "status": "True",
+                                   "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+                   "containerStatuses": [{"restartCount": 2, "ready": True}],
+                   "initContainerStatuses": []},
+    }  # fmt: skip
+    revision = {"metadata": {"name": "r"}, "revision": 3, "data": {"spec": {"template": {}}}}
+    assert trim("controllerrevisions", revision) == {"metadata": {"name": "r"}, "revision": 3}
+    a = trim("configmaps", {"metadata": {"name": "c"}, "data": {"k": "1"}})
+    b = trim("configmaps", {"metadata": {"name": "c"}, "data": {"k": "2"}})
+    assert "data" not in a and a["hash"] != b["hash"]

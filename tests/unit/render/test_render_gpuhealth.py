@@ -13,7 +13,7 @@ from gpu_operator.api import parse_spec
 from gpu_operator.render import Facts, render
 from tests.schema import validate_kubernetes
 from tests.unit.rbac_grants import verbs
-from tests.unit.test_render import by_kind, env_of, main_container
+from tests.unit.render.test_render import by_kind, env_of, main_container
 
 OWN_IMAGE = {"repository": "ghcr.io/gpu-operator", "image": "gpu-operator", "version": "v0.1.0"}
 DS = "nvidia-device-plugin-daemonset"

@@ -12,7 +12,7 @@ from gpu_operator.agent.dra.sharing import NvidiaSmi
 from gpu_operator.agent.driver_cdi import find_host_driver
 from gpu_operator.sim import stubdriver as sd
 from tests import prerequisites
-from tests.unit.agent.test_dra_plugin import no_driver
+from tests.unit.agent.dra.test_plugin import no_driver
 from tests.unit.sim.test_stubdriver import GPUS, lay_driver
 
 GPU = GPUS[1]  # the A100, minor 0

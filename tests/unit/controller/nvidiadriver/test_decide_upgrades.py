@@ -10,7 +10,7 @@ from gpu_operator.controller.runtime.actions import DeletePod, Evict, Patch
 from gpu_operator.controller.runtime.config import OperatorConfig
 from gpu_operator.labels import UPGRADE_STATE
 from gpu_operator.views import NodeView
-from tests.unit.nvidiadriver.fleet import (
+from tests.unit.controller.nvidiadriver.fleet import (
     THREE_POOLS,
     applied,
     on_server,

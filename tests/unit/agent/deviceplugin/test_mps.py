@@ -19,8 +19,7 @@ from gpu_operator.agent.deviceplugin.config_file import parse_device_plugin_conf
 from gpu_operator.agent.deviceplugin.kubelet import LocalKubelet
 from gpu_operator.agent.deviceplugin.resources import device_map
 from gpu_operator.agent.nvml import Nvml
-
-from .conftest import Simulate, inventory_with
+from tests.unit.agent.conftest import Simulate, inventory_with
 
 MPS = "version: v1\nsharing:\n  mps:\n    resources:\n    - {name: gpu, replicas: 4%s}\n"
 

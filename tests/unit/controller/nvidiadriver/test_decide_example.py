@@ -10,7 +10,7 @@ from gpu_operator.controller.nvidiadriver.decide import decide_drivers
 from gpu_operator.controller.runtime.config import OperatorConfig
 from gpu_operator.render.driver import POOL_LABEL
 from tests.paths import REPO
-from tests.unit.nvidiadriver.fleet import applied, node, snapshot
+from tests.unit.controller.nvidiadriver.fleet import applied, node, snapshot
 
 EXAMPLE = REPO / "examples" / "nvidiadriver-pools.yaml"
 

@@ -17,7 +17,7 @@ import yaml
 from gpu_operator.api.nvidiadriver import parse_driver_spec
 from gpu_operator.render.driver import DriverNames, ExtraConfig, Pool, render_driver
 from gpu_operator.render.facts import NodeOS
-from tests.unit.nvidiadriver.test_api import GOLDEN, need
+from tests.unit.api.test_nvidiadriver import GOLDEN, need
 from tests.unit.rbac_grants import role_rules, verbs
 
 DIFFERENCES = {

@@ -24,7 +24,7 @@ from gpu_operator.render.components import REGISTRY, component, section
 from gpu_operator.render.engine import environment, templates
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
 from tests import prerequisites
-from tests.unit.render_cases import CASES, case
+from tests.unit.render.render_cases import CASES, case
 
 Obj = dict[str, Any]
 

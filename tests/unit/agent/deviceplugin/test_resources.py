@@ -14,8 +14,7 @@ from gpu_operator.agent.deviceplugin.resources import (
     physical_id,
 )
 from gpu_operator.agent.inventory import Inventory
-
-from .conftest import Simulate, inventory_with
+from tests.unit.agent.conftest import Simulate, inventory_with
 
 TIME_SLICED = "sharing: {timeSlicing: {%s resources: [{name: nvidia.com/gpu, replicas: 4}]}}"
 

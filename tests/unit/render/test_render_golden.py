@@ -1,7 +1,7 @@
 """Golden manifests and schema validation for every render case.
 
-``UPDATE_GOLDEN=1 pytest tests/unit/test_render_golden.py`` rewrites the golden files; review
-the diff like any other code change.
+``UPDATE_GOLDEN=1 pytest tests/unit/render/test_render_golden.py`` rewrites the golden files;
+review the diff like any other code change.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from gpu_operator.cli import dump_yaml
 from gpu_operator.render import render
-from tests.unit.render_cases import CASES, GOLDEN_DIR, case
+from tests.unit.render.render_cases import CASES, GOLDEN_DIR, case
 
 KUBERNETES_VERSION = "1.34"
 # Kinds outside the core API that kubernetes-validate has no schema for.

@@ -9,7 +9,7 @@ from gpu_operator.controller.runtime.config import OperatorConfig
 from gpu_operator.controller.runtime.plan import Observed
 from gpu_operator.render.driver import POOL_LABEL
 from gpu_operator.views import NodeView
-from tests.unit.nvidiadriver.fleet import (
+from tests.unit.controller.nvidiadriver.fleet import (
     THREE_POOLS,
     applied,
     driver,

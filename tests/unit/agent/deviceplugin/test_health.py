@@ -19,8 +19,7 @@ from gpu_operator.agent.deviceplugin.health import (
 from gpu_operator.agent.deviceplugin.resources import Device, MigPart
 from gpu_operator.agent.inventory import XidEvent
 from gpu_operator.agent.nvml import Nvml
-
-from .conftest import Simulate
+from tests.unit.agent.conftest import Simulate
 
 
 @pytest.mark.parametrize(

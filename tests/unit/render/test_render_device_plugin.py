@@ -9,7 +9,7 @@ import pytest
 
 from gpu_operator.api import parse_spec
 from gpu_operator.render import DEFAULT_OPERATOR_IMAGE, Facts, mps_configured, render
-from tests.unit.test_render import by_kind, env_of, main_container, pod
+from tests.unit.render.test_render import by_kind, env_of, main_container, pod
 
 OWN_IMAGE = {"repository": "ghcr.io/gpu-operator", "image": "gpu-operator", "version": "v0.1.0"}
 DS = "nvidia-device-plugin-daemonset"

@@ -19,7 +19,7 @@ from gpu_operator.agent.inventory import Gpu, Placement
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.api.dragates import resolve
 from tests.unit.agent.conftest import Simulate
-from tests.unit.agent.test_dra_plugin import NODE, Api, claim, no_driver
+from tests.unit.agent.dra.test_plugin import NODE, Api, claim, no_driver
 
 DYNAMIC = resolve({"DynamicMIG": True})
 

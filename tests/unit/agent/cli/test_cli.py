@@ -19,8 +19,7 @@ from gpu_operator.cli import main
 from gpu_operator.sim import operands
 from gpu_operator.sim.nvml import uninstall_simulated_nvml
 from tests import prerequisites
-
-from .conftest import mig_configmap
+from tests.unit.agent.conftest import mig_configmap
 
 RUNNER = (
     "import argparse, sys\n"

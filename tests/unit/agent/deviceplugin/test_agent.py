@@ -37,8 +37,7 @@ from gpu_operator.agent.nvml import Nvml
 from gpu_operator.kubelet_api.deviceplugin.v1beta1 import api_pb2 as pb
 from gpu_operator.sim.nvml import SimulatedNvml
 from tests.e2e.support import NotYet, wait_for
-
-from .conftest import Simulate, mig_configmap
+from tests.unit.agent.conftest import Simulate, mig_configmap
 
 STREAM_S = 20.0  # no stream in these tests may go quiet for longer
 TIME_SLICED = (

@@ -24,7 +24,7 @@ from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
 from gpu_operator.render.settings import DaemonSetSettings, daemonset_settings
 from gpu_operator.render.values import VALUES, host_paths, template_context
 from gpu_operator.render.wire import merge_env, merge_maps
-from tests.unit.render_cases import CASES, case
+from tests.unit.render.render_cases import CASES, case
 
 # -- values ---------------------------------------------------------------------------------------
 
