@@ -10,6 +10,9 @@ change. It records every request (:attr:`FakeKube.calls`) and every write answer
 so tests can exercise the failure paths, and runs a test's hooks around requests: before one is
 answered (:attr:`FakeKube.on_request`: a slow or hung link, a fault, an assertion on what was
 asked) and after a write (:attr:`FakeKube.on_write`: a controller of the cluster reacting).
+
+Below the wrapper, :class:`ScriptedRequests` is the wrapper itself over a test's answers, for
+tests of the HTTP requests its verbs make.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any, NamedTuple
 from kubernetes.client.exceptions import ApiException
 
 from gpu_operator.kinds import KINDS, kind_of
-from gpu_operator.kube import Retry
+from gpu_operator.kube import Kube, Retry
 
 Key = tuple[str, str, str]  # (kind, namespace or "", name)
 
@@ -388,3 +391,38 @@ def _field(obj: Mapping[str, Any], path: str) -> Any:
     for part in path.split("."):
         value = (value or {}).get(part)
     return value
+
+
+class Request(NamedTuple):
+    """One request the wrapper sent to :class:`ScriptedRequests`."""
+
+    method: str
+    path: str
+    query: dict[str, str] | None
+    body: Any
+    content_type: str
+
+
+class ScriptedRequests(Kube):
+    """The real wrapper with no connection under it, for tests of the requests themselves (the
+    path, body and content type a verb sends, the pages of a list) where :class:`FakeKube`
+    stands in above them: every request is recorded (:attr:`sent`) and answered by the test's
+    ``answer``."""
+
+    def __init__(self, answer: Callable[[Request], Any]) -> None:  # no client: nothing is sent
+        self.sent: list[Request] = []
+        self.answer = answer
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float | None = 30.0,
+    ) -> Any:
+        sent = Request(method, path, None if query is None else dict(query), body, content_type)
+        self.sent.append(sent)
+        return self.answer(sent)

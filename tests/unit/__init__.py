@@ -14,7 +14,8 @@
   ``install/``.
 - Helpers of one folder's tests live in it (``render/render_cases.py`` with ``cases/`` and
   ``golden/``); of several folders', at the top (``rbac_grants.py``, ``netstubs.py``). Fakes of
-  what the code talks to are in ``tests/fakes/`` (``kube.py``: the API server).
+  what the code talks to are in ``tests/fakes/``: FakeKube (``kube.py``) is the API server for
+  every test that needs one; ScriptedRequests, beside it, the HTTP requests under the wrapper.
 - Every folder of test modules has an ``__init__.py``: pytest names a module by its package
   path, and two folders' ``test_health.py`` would otherwise clash.
 """

@@ -17,6 +17,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpu_operator.kube import INTERACTIVE, Kube, Retry, worth_retrying
+from tests.fakes.kube import Request, ScriptedRequests
 from tests.unit.netstubs import closed_port
 
 NODE = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "resourceVersion": "1"}}
@@ -139,28 +140,22 @@ def test_connection_errors() -> None:
     assert not worth_retrying("GET", "application/json", ValueError())
 
 
-class Pages(Kube):
-    """A list answered in two pages, recording the queries asked."""
-
-    def __init__(self) -> None:
-        self.queries: list[dict[str, str]] = []
-
-    def request(self, method: str, path: str, *, query: Any = None, **_: Any) -> Any:
-        self.queries.append(dict(query))
-        if "continue" not in query:
-            names, meta = ["a", "b"], {"continue": "next", "resourceVersion": "7"}
-        else:
-            names, meta = ["c"], {"resourceVersion": "9"}
-        return {"items": [{"metadata": {"name": n}} for n in names], "metadata": meta}
+def two_pages(sent: Request) -> Any:
+    """A list answered in two pages."""
+    if "continue" not in (sent.query or {}):
+        names, meta = ["a", "b"], {"continue": "next", "resourceVersion": "7"}
+    else:
+        names, meta = ["c"], {"resourceVersion": "9"}
+    return {"items": [{"metadata": {"name": n}} for n in names], "metadata": meta}
 
 
 def test_a_paged_list_keeps_what_keep_makes_of_each_object_and_the_last_version() -> None:
-    kube = Pages()
+    kube = ScriptedRequests(two_pages)
     kept, version = kube.list_with_version(
         "Node", None, {"labelSelector": "x=y"}, keep=lambda o: o["metadata"]["name"]
     )
     assert (kept, version) == (["a", "b", "c"], "9")
-    assert kube.queries == [
+    assert [sent.query for sent in kube.sent] == [
         {"labelSelector": "x=y", "limit": "500"},
         {"labelSelector": "x=y", "limit": "500", "continue": "next"},
     ]

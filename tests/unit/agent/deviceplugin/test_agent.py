@@ -15,7 +15,6 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -37,6 +36,7 @@ from gpu_operator.agent.nvml import Nvml
 from gpu_operator.kubelet_api.deviceplugin.v1beta1 import api_pb2 as pb
 from gpu_operator.sim.nvml import SimulatedNvml
 from tests.e2e.support import NotYet, wait_for
+from tests.fakes.kube import FakeKube
 from tests.unit.agent.conftest import Simulate, mig_configmap
 
 STREAM_S = 20.0  # no stream in these tests may go quiet for longer
@@ -358,46 +358,16 @@ def test_server_changes_leave_unchanged_resources_alone() -> None:
     assert server_changes(current, current) == ([], [])
 
 
-# -- the label watch, on the agent's view of the API --------------------------------------------
-class _Nodes:
-    """The three calls the config watch makes of gpu_operator.kube.Kube, on one in-memory Node
-    whose label a test changes (the real API is exercised by the e2e tests)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.labels: dict[str, str] = {}
-        self.version = 1
-        self.created: list[dict[str, Any]] = []
-        self._cond = threading.Condition()
-
-    def set_label(self, key: str, value: str | None) -> None:
-        with self._cond:
-            if value is None:
-                self.labels.pop(key, None)
-            else:
-                self.labels[key] = value
-            self.version += 1
-            self._cond.notify_all()
-
-    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
-        with self._cond:
-            meta = {"name": name, "labels": dict(self.labels), "resourceVersion": str(self.version)}
-            return {"metadata": meta}
-
-    def wait_for_change(self, kind: str, name: str, resource_version: str, timeout_s: int) -> bool:
-        with self._cond:
-            return self._cond.wait_for(lambda: str(self.version) != resource_version, 0.5)
-
-    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
-        self.created.append(obj)
-        return obj
-
-
+# -- the label watch, on the fake API server -------------------------------------------------
 def test_the_node_label_switches_the_config_without_a_restart(node: Callable[..., Node]) -> None:
     n = node("a100-40gb:8")
     configs = _configs(n.root)
     n.kubelet.wait_for_registration("nvidia.com/gpu")
-    api = _Nodes("gpu-node-0")
+    api = FakeKube().add({"kind": "Node", "metadata": {"name": "gpu-node-0"}})
+
+    def reasons() -> list[str]:  # of the Events the agent wrote
+        return [e["reason"] for e in api.list_objects("Event")]
+
     before = len(n.kubelet.registrations)
     watch = threading.Thread(
         target=n.agent.watch_node,
@@ -406,20 +376,19 @@ def test_the_node_label_switches_the_config_without_a_restart(node: Callable[...
         daemon=True,
     )
     watch.start()
-    api.set_label("nvidia.com/device-plugin.config", "shared")
+    # A person labels the Node: the stored one, replaced, with a new resourceVersion.
+    labels = {"nvidia.com/device-plugin.config": "shared"}
+    api.add({"kind": "Node", "metadata": {"name": "gpu-node-0", "labels": labels}})
     n.kubelet.wait_for_registration("nvidia.com/gpu.shared", after=before)
     assert len(n.devices("nvidia.com/gpu.shared")) == 32
     # The Event follows the registration: wait for it (a loaded machine once got there first).
     wait_for(
         "the DevicePluginConfigApplied Event",
-        lambda: (
-            "DevicePluginConfigApplied" in (reasons := [e["reason"] for e in api.created])
-            or NotYet(reasons)
-        ),
+        lambda: "DevicePluginConfigApplied" in (said := reasons()) or NotYet(said),
         timeout=10,
         every=0.05,
     )
-    assert all(e["involvedObject"]["name"] == "gpu-node-0" for e in api.created)
+    assert all(e["involvedObject"]["name"] == "gpu-node-0" for e in api.list_objects("Event"))
     n.agent.stop()
     watch.join(timeout=10)
     assert not watch.is_alive()

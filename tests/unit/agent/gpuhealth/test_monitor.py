@@ -30,7 +30,6 @@ from gpu_operator.agent.gpuhealth.monitor import HealthMonitor, KubeNode
 from gpu_operator.agent.gpuhealth.settings import HealthSettings, xid_policy
 from gpu_operator.agent.inventory import Inventory
 from gpu_operator.agent.nvml import Nvml
-from gpu_operator.kube import Kube
 from gpu_operator.labels import (
     GPU_HEALTHY_CONDITION,
     HEALTH_RESET_DONE,
@@ -43,6 +42,7 @@ from gpu_operator.sim.nvml import (
     uninstall_simulated_nvml,
 )
 from gpu_operator.views import NodeView
+from tests.fakes.kube import FakeKube, ScriptedRequests
 
 T0 = 1_700_000_000.0
 SETTINGS = HealthSettings(quiet_s=60)
@@ -306,48 +306,20 @@ def test_allocatable_drops_every_device_on_an_unhealthy_gpu(nvml: Nvml) -> None:
 
 
 # -- the write itself ----------------------------------------------------------------------------
-class Requests(Kube):
-    def __init__(self, node: dict[str, Any] | None = None) -> None:
-        self.sent: list[tuple[str, str, Any, str]] = []
-        self.node = node
-
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        self.sent.append((method, path, kwargs.get("body"), kwargs.get("content_type", "")))
-        return self.node if method == "GET" else {}
-
-
 def test_the_condition_is_a_strategic_merge_patch_of_the_status_and_read_back_by_type() -> None:
     entry = {"type": GPU_HEALTHY_CONDITION, "status": "True"}
-    api = Requests(
-        {"metadata": {"name": "n"}, "status": {"conditions": [{"type": "Ready"}, entry]}}
-    )
+    stored = {"metadata": {"name": "n"}, "status": {"conditions": [{"type": "Ready"}, entry]}}
+    api = ScriptedRequests(lambda sent: stored if sent.method == "GET" else {})
     node = KubeNode(api, "n", "nvidia-device-plugin")
     assert node.read_condition() == entry
     node.write_condition(entry)
     node.annotate({HEALTH_RESET_DONE: "1:reset GPU-a"})
-    _, (method, path, body, content_type), (_, meta_path, meta, meta_type) = api.sent
+    _, (method, path, _, body, content_type), (_, meta_path, _, meta, meta_type) = api.sent
     assert (method, path) == ("PATCH", "/api/v1/nodes/n/status")
     assert content_type == "application/strategic-merge-patch+json"
     assert body == {"status": {"conditions": [entry]}}
     assert (meta_path, meta_type) == ("/api/v1/nodes/n", "application/merge-patch+json")
     assert meta == {"metadata": {"annotations": {HEALTH_RESET_DONE: "1:reset GPU-a"}}}
-
-
-class _WatchedNode:
-    """The two reads the Node watch makes of the API, on one in-memory Node."""
-
-    def __init__(self, annotations: dict[str, str], conditions: list[dict[str, Any]]) -> None:
-        self.node = {
-            "metadata": {"name": "gpu-node", "annotations": annotations, "resourceVersion": "1"},
-            "status": {"conditions": conditions},
-        }
-
-    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
-        return self.node
-
-    def wait_for_change(self, kind: str, name: str, version: str, timeout_s: int) -> bool:
-        time.sleep(0.05)
-        return True
 
 
 def test_the_node_watch_feeds_the_monitor_without_a_config_dir(nvml: Nvml) -> None:
@@ -360,8 +332,19 @@ def test_the_node_watch_feeds_the_monitor_without_a_config_dir(nvml: Nvml) -> No
 
     agent = DevicePluginAgent(nvml, monitor=Watching(nvml, RecordingNode(), SETTINGS))
     condition = {"type": GPU_HEALTHY_CONDITION, "status": "True"}
-    api = _WatchedNode({HEALTH_RESET_REQUESTED: "5"}, [{"type": "Ready"}, condition])
-    watch = threading.Thread(target=agent.watch_node, args=(api, "gpu-node", None), daemon=True)
+    api = FakeKube().add(
+        {
+            "kind": "Node",
+            "metadata": {"name": "gpu-node", "annotations": {HEALTH_RESET_REQUESTED: "5"}},
+            "status": {"conditions": [{"type": "Ready"}, condition]},
+        }
+    )
+    watch = threading.Thread(
+        target=agent.watch_node,
+        args=(api, "gpu-node", None),
+        kwargs={"resync_s": 1},  # the Node does not change: its watch ends within a second
+        daemon=True,
+    )
     watch.start()
     watch.join(timeout=10)
     assert not watch.is_alive()
