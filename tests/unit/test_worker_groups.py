@@ -8,6 +8,7 @@ from tests.conftest import (
     REAL_NODES,
     REAL_NODES_DRIVER,
     REAL_NODES_OWN,
+    hand_out_order,
     xdist_group,
 )
 from tests.paths import REPO
@@ -31,3 +32,24 @@ def test_the_modules_grouped_apart_really_start_their_own_clusters() -> None:
     shared = {p.name for p in E2E.glob("test_real_*.py") if "real_cluster" in p.read_text()}
     assert shared and not shared & OWN_REAL_CLUSTERS
     assert shared > DRIVER_REAL_CLUSTER, "the driver group's modules exist and share a cluster"
+
+
+def test_long_groups_go_first_and_unit_modules_last_in_the_seeds_order() -> None:
+    given = [
+        "tests/unit/test_b.py",
+        "tests/e2e/test_z.py",
+        "tests/unit/test_fuzz_policies.py",
+        "tests/unit/test_a.py",
+        "tests/chaos/test_chaos.py",
+        "tests/e2e/test_y.py",
+        REAL_NODES,
+    ]
+    assert hand_out_order(given) == [
+        REAL_NODES,
+        "tests/chaos/test_chaos.py",
+        "tests/unit/test_fuzz_policies.py",
+        "tests/e2e/test_z.py",
+        "tests/e2e/test_y.py",
+        "tests/unit/test_b.py",
+        "tests/unit/test_a.py",
+    ]
