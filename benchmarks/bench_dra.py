@@ -53,6 +53,7 @@ from gpu_operator.api.draconfig import GROUP_VERSION
 from gpu_operator.kube import Kube
 from gpu_operator.render.dra import device_classes
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
+from gpu_operator.sim import dra as sim_dra
 from gpu_operator.sim.nvml import install_simulated_nvml, uninstall_simulated_nvml
 from gpu_operator.sim.operands import install_driver
 
@@ -77,7 +78,7 @@ def publication(kube: Kube, nodes: int, workers: int, dynamic_mig: bool = False)
     started = time.monotonic()
     prefix = "bench-dyn" if dynamic_mig else "bench-node"
     inventories = {
-        f"{prefix}-{i}": dra_agent.simulated_inventory(model, f"{prefix}-{i}") for i in range(nodes)
+        f"{prefix}-{i}": sim_dra.simulated_inventory(model, f"{prefix}-{i}") for i in range(nodes)
     }
     print(f"  inventories read (simulated NVML):  {time.monotonic() - started:6.1f} s")
     shape = dra_slices.dynamic_layout(kube.server_version()) if dynamic_mig else None
@@ -115,7 +116,7 @@ def allocation(cluster: testenv.Cluster, kube: Kube, claims: int) -> None:
     print(f"Scheduler allocation: {claims} single-GPU claims on {nodes} kwok nodes x 8 A100")
     manifests = [testenv.node_manifest(f"alloc-node-{i}", gpu=True) for i in range(nodes)]
     cluster.create_nodes(manifests)
-    dra_agent.publish_simulated(kube, {m["metadata"]["name"]: "a100-40gb:8" for m in manifests})
+    sim_dra.publish_simulated(kube, {m["metadata"]["name"]: "a100-40gb:8" for m in manifests})
     kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
     while not kube.get("ServiceAccount", "default", NS):
         time.sleep(0.2)
@@ -178,7 +179,7 @@ def prepare_latency(runs: int, time_slicing: bool = False, dynamic_mig: bool = F
         refs = partitions.refs_by_name(inventory)
         devices = [n for n, r in refs.items() if r.partition and r.partition.profile == "1g.10gb"]
     else:
-        inventory = dra_agent.simulated_inventory("a100-40gb:8", node)
+        inventory = sim_dra.simulated_inventory("a100-40gb:8", node)
         refs = dra_devices.refs_by_name(inventory)
         devices = [f"gpu-{i}" for i in range(8)]
     claims: dict[tuple[str, str], dict[str, Any]] = {}

@@ -72,6 +72,11 @@ def _cmd_crd(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The whole command line, with the simulation's own commands (:mod:`gpu_operator.sim`,
+    above the agents) under ``agent``. Imported here rather than with this module, which other
+    modules import for less (:func:`dump_yaml`)."""
+    from gpu_operator.sim import commands as sim_commands
+
     parser = Parser(
         prog="gpu-operator",
         description=DESCRIPTION,
@@ -81,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpu-operator {package_version()}")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add_agent_commands(sub)
+    add_agent_commands(sub, more=(sim_commands.register,))
     crd = sub.add_parser(
         "crd",
         help="print one CustomResourceDefinition, or apply all three",

@@ -22,12 +22,12 @@ import pytest
 
 from gpu_operator import testenv
 from gpu_operator.agent import migparted
-from gpu_operator.agent.dra import agent as dra_agent
 from gpu_operator.agent.dra import devices as dra_devices
 from gpu_operator.agent.dra import slices as dra_slices
 from gpu_operator.agent.nvml import Nvml
 from gpu_operator.kube import Kube
 from gpu_operator.render.dra import device_classes
+from gpu_operator.sim import dra as sim_dra
 from gpu_operator.sim.nvml import install_simulated_nvml, uninstall_simulated_nvml
 from gpu_operator.testenv import nodes as testenv_nodes
 from tests.e2e.support import NotYet, private_cluster, wait_for
@@ -221,7 +221,7 @@ def dra_cluster(
             kube.apply(obj)
         apply_mig_layout(state_dir / f"{MIG_NODE}.json", "mixed")
         others = {n: s for n, s in FLEET.items() if n != MIG_NODE}
-        dra_agent.publish_simulated(kube, others)
+        sim_dra.publish_simulated(kube, others)
         # The MIG node runs the plugin's own process, which follows its NVML.
         env = {
             **os.environ,
@@ -263,7 +263,7 @@ def test_every_node_publishes_its_pool_field_by_field(
         assert one["metadata"]["ownerReferences"][0]["name"] == node
 
     # One GPU and one MIG device, field by field against what the node's NVML reports.
-    inventory = dra_agent.simulated_inventory(FLEET["dra-h100-3"], "dra-h100-3")
+    inventory = sim_dra.simulated_inventory(FLEET["dra-h100-3"], "dra-h100-3")
     gpu = inventory.gpus[5]
     assert everything[("dra-h100-3", "gpu-5")] == {
         "name": "gpu-5",
@@ -283,7 +283,7 @@ def test_every_node_publishes_its_pool_field_by_field(
         },
         "capacity": {"memory": {"value": "81559Mi"}},
     }
-    mig_inventory = dra_agent.simulated_inventory(
+    mig_inventory = sim_dra.simulated_inventory(
         FLEET[MIG_NODE], MIG_NODE, state_dir / f"{MIG_NODE}.json"
     )
     parent = mig_inventory.gpus[2]
@@ -410,5 +410,5 @@ def test_an_unchanged_inventory_writes_nothing(
     dra_cluster: tuple[testenv.Cluster, Kube, Path],
 ) -> None:
     _, kube, _ = dra_cluster
-    plans = dra_agent.publish_simulated(kube, {"dra-t4-0": FLEET["dra-t4-0"]})
+    plans = sim_dra.publish_simulated(kube, {"dra-t4-0": FLEET["dra-t4-0"]})
     assert plans["dra-t4-0"].writes == 0

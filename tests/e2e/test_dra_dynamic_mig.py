@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from gpu_operator.agent.dra import agent as dra_agent
 from gpu_operator.agent.dra import devices as dra_devices
 from gpu_operator.agent.dra import slices as dra_slices
 from gpu_operator.kube import Kube
 from gpu_operator.render.dra import device_classes
+from gpu_operator.sim import dra as sim_dra
 from gpu_operator.testenv import nodes as testenv_nodes
 from tests.e2e.support import NotYet, private_cluster, wait_for
 
@@ -89,7 +89,7 @@ def cluster_kube(testenv_bin_dir: Any) -> Iterator[Kube]:
         wait_for("the default ServiceAccount", lambda: kube.get("ServiceAccount", "default", NS))
         for obj in device_classes():
             kube.apply(obj)
-        dra_agent.publish_simulated(kube, NODES, dynamic_mig=True)
+        sim_dra.publish_simulated(kube, NODES, dynamic_mig=True)
         yield kube
 
 
@@ -112,7 +112,7 @@ def test_the_api_server_takes_each_gpu_with_its_counter_set_in_one_slice(
     )
     assert "sharedCounters" not in a100["spec"], "an A100 out of MIG mode is offered whole only"
     assert [d["name"] for d in a100["spec"]["devices"]] == ["gpu-0"]
-    again = dra_agent.publish_simulated(kube, NODES, dynamic_mig=True)
+    again = sim_dra.publish_simulated(kube, NODES, dynamic_mig=True)
     assert sum(p.writes for p in again.values()) == 0, "the stored pools read back equal"
 
 

@@ -28,6 +28,7 @@ from gpu_operator.api.draconfig import GROUP_VERSION
 from gpu_operator.api.dragates import resolve
 from gpu_operator.kube import Kube
 from gpu_operator.render.dra import device_classes
+from gpu_operator.sim import dra as sim_dra
 from gpu_operator.sim.operands import install_driver
 from gpu_operator.sim.stubdriver import read_compute_policy
 
@@ -64,7 +65,7 @@ def test_a_pod_with_a_claim_sees_its_gpu_through_cdi_on_a_real_node(
     node_dir = real_cluster.real_node_dir(node)
     for obj in device_classes():
         api.apply(obj)
-    inventory = dra_agent.simulated_inventory("a100-40gb:1", node)
+    inventory = sim_dra.simulated_inventory("a100-40gb:1", node)
     refs = dra_devices.refs_by_name(inventory)
     with tempfile.TemporaryDirectory(prefix="dra", dir="/tmp") as tmp:
         paths = plugin_paths(node_dir, Path(tmp))

@@ -6,7 +6,10 @@ against a simulated NVML instead, and reads the same environment variables as NV
 so manifests carry over.
 
 One module per group of commands, each with its parsers (``register``) and its command
-functions; :mod:`.common` holds what they share. Modules import at top level only what is light:
+functions; :mod:`.common` holds what they share. The commands that exist only for simulation
+(``simulate-driver``, ``simulate-toolkit``, ``simulate-fault``) are the simulation's own
+(:mod:`gpu_operator.sim.commands`): the command line adds them (``more``), as the simulation
+sits above the agents. Modules import at top level only what is light:
 each command imports what it alone needs (pydantic, prometheus_client) inside its function, so a
 feature-discovery pod does not carry the exporter's or the MIG manager's memory.
 """
@@ -14,18 +17,22 @@ feature-discovery pod does not carry the exporter's or the MIG manager's memory.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
-from gpu_operator.agent.cli import cdi, discover, faults, mig, monitor, plugins, standins
+from gpu_operator.agent.cli import cdi, discover, mig, monitor, plugins
 from gpu_operator.argtree import leaves
 from gpu_operator.logsetup import add_log_format_option
 
-MODULES = (discover, mig, monitor, plugins, standins, cdi, faults)
+MODULES = (discover, mig, monitor, plugins, cdi)
 
 
-def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``agent`` and its sub-commands to the main parser's sub-parsers; each takes
-    ``--log-format`` (env LOG_FORMAT), as ``run`` does."""
+def add_agent_commands(
+    subparsers: Any, more: Iterable[Callable[[Any], None]] = ()
+) -> argparse.ArgumentParser:
+    """Add ``agent`` and its sub-commands to the main parser's sub-parsers, then those that
+    each of ``more`` adds to the ``agent`` sub-parsers it is given; each takes ``--log-format``
+    (env LOG_FORMAT), as ``run`` does."""
     agent = subparsers.add_parser(
         "agent",
         help="node agents (run in the operand pods)",
@@ -33,8 +40,8 @@ def add_agent_commands(subparsers: Any) -> argparse.ArgumentParser:
         "simulated GPUs (--simulate).",
     )
     sub = agent.add_subparsers(dest="agent_command", required=True, metavar="COMMAND")
-    for module in MODULES:
-        module.register(sub)
+    for register in (*(module.register for module in MODULES), *more):
+        register(sub)
     for leaf in leaves(agent):
         add_log_format_option(leaf)
     return cast(argparse.ArgumentParser, agent)

@@ -3,7 +3,8 @@
 Observe (the NVML inventory, this driver's slices of the node), decide (:func:`slices.plan`),
 execute (server-side apply, delete): every ``interval`` seconds, so a MIG reconfiguration by the
 MIG manager is published within seconds, with the pool generation bumped. The same publisher
-serves simulated kwok nodes (:func:`publish_simulated`), which have no kubelet to serve.
+serves simulated kwok nodes (:func:`gpu_operator.sim.dra.publish_simulated`), which have no
+kubelet to serve.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_operator.agent.dra import devices as dra_devices
@@ -95,40 +95,6 @@ def same_pool(published: list[dict[str, Any]], pool: Pool) -> bool:
     """Whether ``published`` slices already carry exactly ``pool``."""
     wanted = slices.desired_slices("", pool.devices, 0, None, pool.counter_sets, pool.shape)
     return slices.published_devices(published) == slices.published_devices(wanted)
-
-
-def simulated_inventory(spec: str, node: str, state_file: str | Path | None = None) -> Inventory:
-    """The inventory a simulated node's NVML reports (its MIG state from ``state_file``)."""
-    from gpu_operator.agent.nvml import Nvml
-    from gpu_operator.sim.nvml import install_simulated_nvml, uninstall_simulated_nvml
-
-    install_simulated_nvml(spec, seed=node, state_file=state_file)
-    try:
-        with Nvml() as nvml:
-            return nvml.inventory()
-    finally:
-        uninstall_simulated_nvml()
-
-
-def publish_simulated(
-    kube: Kube,
-    nodes: Mapping[str, str],
-    state_dir: Path | None = None,
-    dynamic_mig: bool = False,
-) -> dict[str, slices.SlicePlan]:
-    """Publish pools for simulated nodes (name -> ``a100-40gb:8``), as their plugins would
-    (with ``dynamic_mig``, as with the DynamicMIG gate on).
-
-    ``state_dir``: where ``<node>.json`` MIG state files live (shared with MIG managers).
-    """
-    shape = slices.dynamic_layout(kube.server_version()) if dynamic_mig else None
-    plans = {}
-    for node, spec in nodes.items():
-        state = state_dir / f"{node}.json" if state_dir else None
-        inventory = simulated_inventory(spec, node, state)
-        pool = pool_of(inventory, shape)
-        plans[node] = publish(kube, node, inventory, node_owner(kube, node), None, pool)
-    return plans
 
 
 @dataclass

@@ -8,7 +8,6 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -16,9 +15,7 @@ import yaml
 from gpu_operator.agent.cli import MODULES, add_agent_commands, monitor
 from gpu_operator.agent.nvml import NvmlUnavailable, current_driver_root, use_driver_root
 from gpu_operator.cli import main
-from gpu_operator.sim import operands
 from gpu_operator.sim.nvml import uninstall_simulated_nvml
-from tests import prerequisites
 from tests.unit.agent.conftest import mig_configmap
 
 RUNNER = (
@@ -254,11 +251,8 @@ def test_each_module_registers_its_commands_and_imports_only_what_is_light() -> 
         "mps-control-daemon",
         "dra-plugin",
         "mps-claim-daemon",
-        "simulate-driver",
-        "simulate-toolkit",
-        "simulate-fault",
         "cdi",
-    }
+    }  # and the simulation's own, which the command line adds (tests/unit/sim/test_commands.py)
     assert all(callable(module.register) for module in MODULES)
     heavy = (
         "prometheus_client",
@@ -333,81 +327,6 @@ def test_validate_host_driver_root_and_uvm_device(
     (tmp_path / "later" / "dev").mkdir(parents=True)
     (tmp_path / "later" / "dev" / "nvidiactl").touch()
     assert later() == tmp_path / "later" / "dev" / "nvidia-uvm"
-
-
-def test_simulate_driver_actions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[tuple[str, Any]] = []
-
-    def record(name: str) -> Any:
-        return lambda *a, **kw: calls.append((name, (a, kw))) or 0
-
-    monkeypatch.setattr(operands, "run_driver", record("driver"))
-    monkeypatch.setattr(operands, "run_manager", record("manager"))
-    driver = Path("/run/nvidia/driver")
-    # Where it writes is never a default: the stand-in image's command passes it.
-    root = ["--driver-root", str(driver)]
-    assert run(["agent", "simulate-driver", *root, "--host-root", str(tmp_path)]) == 0
-    profile = tmp_path / "run" / "gpu-operator-sim" / "profile"
-    assert calls.pop() == ("driver", ((profile, driver), {"driver_version": None}))
-    argv = ["agent", "simulate-driver", "init", "--driver-root", "/d", "--driver-version", "1.2"]
-    assert run([*argv, "--host-root", str(tmp_path)]) == 0
-    assert calls.pop() == ("driver", ((profile, Path("/d")), {"driver_version": "1.2"}))
-    # k8s-driver-manager's entrypoint passes its own step word after the action
-    assert run(["agent", "simulate-driver", *root, "manager", "uninstall_driver"]) == 0
-    assert calls.pop() == ("manager", ((driver,), {}))
-    for action in ("init", "manager"):
-        assert main(["agent", "simulate-driver", action]) == 2
-    assert not calls
-    with pytest.raises(SystemExit):
-        parse("simulate-driver", "smi")  # the stub driver has a real nvidia-smi
-
-
-def test_simulate_driver_install_and_uninstall(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
-) -> None:
-    prerequisites.gcc()
-    root = tmp_path / "driver"
-    install = ["agent", "simulate-driver", "install", "--root", str(root), "--seed", "node-3"]
-    assert (
-        run([*install, "--spec", "a100-40gb:2", "--style", "rhel", "--driver-version", "1.2"]) == 0
-    )
-    out = capsys.readouterr().out.splitlines()
-    assert len(out) == 1 and out[0].startswith("SIMULATED: driver 1.2 installed in"), out
-    assert (root / "usr/lib64/libnvidia-ml.so.1.2").is_file()
-    assert run(["agent", "simulate-driver", "uninstall", "--root", str(root)]) == 0
-    assert not (root / "usr/lib64").exists()
-    assert capsys.readouterr().out.startswith("SIMULATED:")
-    assert run([*install, "--spec", "no-such-gpu:2"]) == 1
-    assert "no-such-gpu" in capsys.readouterr().err
-    assert main(["agent", "simulate-driver", "install", "--root", str(root)]) == 2
-    assert "needs --spec, --seed" in capsys.readouterr().err
-
-
-def test_simulate_toolkit_options(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("CDI_ENABLED", "DRIVER_ROOT_CTR_PATH"):
-        monkeypatch.delenv(name, raising=False)
-    args = parse("simulate-toolkit")
-    assert (args.cdi_dir, args.driver_root, args.host_driver_root) == (
-        None,
-        "/driver-root",
-        "/run/nvidia/driver",
-    )
-    monkeypatch.setenv("CDI_ENABLED", "true")
-    monkeypatch.setenv("DRIVER_ROOT_CTR_PATH", "/mnt/driver")
-    monkeypatch.setenv("NVIDIA_DRIVER_ROOT", "/home/kubernetes/bin/nvidia")
-    calls: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(operands, "run_toolkit", lambda *a: calls.append(a) or 0)
-    assert run(["agent", "simulate-toolkit", "--containerd-config", "/etc/c/config.toml"]) == 0
-    assert calls == [
-        (
-            Path("/etc/c/config.toml"),
-            "nvidia",
-            Path("/var/run/cdi"),
-            "/mnt/driver",
-            "/home/kubernetes/bin/nvidia",
-        )
-    ]
-    assert current_driver_root() == "/mnt/driver"  # the CDI spec's GPUs come from there
 
 
 def test_dra_plugin_refuses_gates_nvidias_driver_refuses(
