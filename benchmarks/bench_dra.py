@@ -54,6 +54,7 @@ from gpu_operator.kube import Kube
 from gpu_operator.render.dra import device_classes
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
 from gpu_operator.sim import dra as sim_dra
+from gpu_operator.sim import registration
 from gpu_operator.sim.nvml import install_simulated_nvml, uninstall_simulated_nvml
 from gpu_operator.sim.operands import install_driver
 
@@ -282,6 +283,7 @@ def on_a_real_node(cluster: testenv.Cluster, runs: int) -> None:
     node = cluster.real_nodes[0]
     node_dir = cluster.real_node_dir(node)
     print(f"NodePrepareResources from a real kubelet on {node} ({NODE_GPUS}, {runs} pods each)")
+    registration.register()  # the stub driver's NVML, as the plugin's command line has it
     with cluster.api_client() as client:
         kube = Kube(client)
         for obj in device_classes():

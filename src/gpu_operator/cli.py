@@ -72,11 +72,14 @@ def _cmd_crd(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The whole command line, with the simulation's own commands (:mod:`gpu_operator.sim`,
-    above the agents) under ``agent``. Imported here rather than with this module, which other
-    modules import for less (:func:`dump_yaml`)."""
+    """The whole command line. It wires the simulation (:mod:`gpu_operator.sim`, above the
+    agents, which never import it) into the agents it offers: its commands under ``agent``,
+    and its NVML (``--simulate``, a stub driver) registered with their NVML loader. Imported
+    here rather than with this module, which other modules import for less (:func:`dump_yaml`)."""
     from gpu_operator.sim import commands as sim_commands
+    from gpu_operator.sim import registration as sim_registration
 
+    sim_registration.register()
     parser = Parser(
         prog="gpu-operator",
         description=DESCRIPTION,

@@ -37,6 +37,7 @@ from gpu_operator.api.dragates import resolve
 from gpu_operator.kube import Kube
 from gpu_operator.render.dra import device_classes
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
+from gpu_operator.sim import registration
 from gpu_operator.sim.nvml import uninstall_simulated_nvml
 from gpu_operator.sim.operands import install_driver
 from gpu_operator.sim.stubdriver import read_mig_state
@@ -153,6 +154,7 @@ def node(real_cluster: testenv.Cluster, tmp_path_factory: pytest.TempPathFactory
     node_dir = real_cluster.real_node_dir(name)
     root = node_dir / f"dynamic-mig-{uuid.uuid4().hex[:8]}"
     install_driver(GPUS, root, seed=name)
+    registration.register()  # the stub driver's NVML, as the plugin's command line has it
     loaded = load_nvml(root)
     assert loaded.startswith("simulated NVML from the stub driver"), loaded
     driver, missing = find_host_driver(str(root), str(root))  # seen alike from the node

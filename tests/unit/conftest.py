@@ -1,4 +1,5 @@
-"""Fixtures shared by the agents' and the simulation's unit tests: a simulated NVML per test."""
+"""Fixtures shared by the agents' and the simulation's unit tests: the simulation registered
+with the agents' NVML loader, as the command line registers it, and a simulated NVML per test."""
 
 from __future__ import annotations
 
@@ -7,9 +8,20 @@ from typing import Any
 
 import pytest
 
+from gpu_operator.agent.nvml import register_simulation
+from gpu_operator.sim import registration
 from gpu_operator.sim.nvml import SimulatedNvml, install_simulated_nvml, uninstall_simulated_nvml
 
 Simulate = Callable[..., SimulatedNvml]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _simulation_registered() -> Iterator[None]:
+    """Agents run in-process get ``--simulate`` and the stub driver's hand-over, as under
+    ``gpu-operator``; a test of a process without the simulation takes it back itself."""
+    registration.register()
+    yield
+    register_simulation(None)
 
 
 @pytest.fixture

@@ -1,7 +1,6 @@
 """What every agent command shares: logging, where NVML comes from, the node's name, and the
-device-plugin config arguments (one file, or a directory of named configs). The simulated NVML
-(:mod:`gpu_operator.sim.nvml`) is imported where ``--simulate`` is defined and used, never at
-module level."""
+device-plugin config arguments (one file, or a directory of named configs). ``--simulate`` goes
+to the simulation the command line registered with the NVML loader (never imported here)."""
 
 from __future__ import annotations
 
@@ -13,7 +12,13 @@ from typing import TYPE_CHECKING, cast
 
 from gpu_operator import labels, logsetup
 from gpu_operator.agent.driverready import read_ready
-from gpu_operator.agent.nvml import driver_root_from_env, use_driver_root
+from gpu_operator.agent.nvml import (
+    ENV_SIMULATE,
+    ENV_SIMULATE_STATE,
+    driver_root_from_env,
+    install_simulated,
+    use_driver_root,
+)
 
 if TYPE_CHECKING:
     from gpu_operator.agent.deviceplugin.configs import ConfigDir
@@ -38,10 +43,7 @@ def setup(args: argparse.Namespace) -> None:
     logsetup.configure(fmt=getattr(args, "log_format", None))
     spec = getattr(args, "simulate", None)
     if spec:
-        from gpu_operator.sim.nvml import install_simulated_nvml
-
-        state = getattr(args, "simulate_state", None) or None
-        install_simulated_nvml(spec, state_file=state)
+        install_simulated(spec, getattr(args, "simulate_state", None) or None)
         log.info("using simulated NVML: %s", spec)
     elif getattr(args, "driver_ready", None):
         # A pod that could not know where the driver is: its init container found it.
@@ -70,8 +72,6 @@ def add_driver_root(parser: argparse.ArgumentParser) -> None:
 
 def add_common(parser: argparse.ArgumentParser) -> None:
     """The options of every command that reads the GPUs: simulated, or from a driver root."""
-    from gpu_operator.sim.nvml import ENV_SIMULATE, ENV_STATE
-
     parser.add_argument(
         "--simulate",
         metavar="PROFILE:COUNT",
@@ -81,7 +81,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--simulate-state",
         metavar="PATH",
-        default=os.environ.get(ENV_STATE) or None,
+        default=os.environ.get(ENV_SIMULATE_STATE) or None,
         help="file sharing simulated MIG state between agents (env GPU_OPERATOR_SIMULATE_STATE)",
     )
     add_driver_root(parser)

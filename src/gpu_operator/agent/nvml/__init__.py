@@ -1,9 +1,9 @@
 """The one NVML adapter: pynvml in, typed inventory and metrics out.
 
 Nothing above this package calls pynvml. :mod:`.loader` puts the driver's ``libnvidia-ml.so.1``
-under pynvml, found by path in the driver root (never through a runtime hook); :mod:`.session`
-reads the GPUs; :mod:`.errors` turns every failure into an :class:`NvmlError` subclass named for
-what the caller can do about it.
+under pynvml, found by path in the driver root (never through a runtime hook), or the simulation
+the command line registered with it; :mod:`.session` reads the GPUs; :mod:`.errors` turns every
+failure into an :class:`NvmlError` subclass named for what the caller can do about it.
 """
 
 from .errors import (
@@ -21,9 +21,14 @@ from .errors import (
     error_for,
 )
 from .loader import (
+    ENV_SIMULATE,
+    ENV_SIMULATE_STATE,
+    Simulation,
     current_driver_root,
     driver_root_from_env,
+    install_simulated,
     load_nvml,
+    register_simulation,
     simulated,
     use_driver_root,
 )
@@ -31,6 +36,8 @@ from .names import mig_profile_name
 from .session import Nvml, probe
 
 __all__ = [
+    "ENV_SIMULATE",
+    "ENV_SIMULATE_STATE",
     "GpuLost",
     "InUse",
     "InsufficientResources",
@@ -43,12 +50,15 @@ __all__ = [
     "NvmlError",
     "NvmlUnavailable",
     "ResetRequired",
+    "Simulation",
     "current_driver_root",
     "driver_root_from_env",
     "error_for",
+    "install_simulated",
     "load_nvml",
     "mig_profile_name",
     "probe",
+    "register_simulation",
     "simulated",
     "use_driver_root",
 ]

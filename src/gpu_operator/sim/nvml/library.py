@@ -75,6 +75,10 @@ class SimulatedNvml:
     the state file; :func:`~.injection.inject_fault` does the same from outside).
     """
 
+    # How the agents' NVML loader tells a simulated library without importing this module
+    # (gpu_operator.agent.nvml.loader.SIMULATED_MARKER; a test keeps the names equal).
+    gpu_operator_simulated_nvml = True
+
     def __init__(self, node: SimNode) -> None:
         self.node = node
         self.calls: Counter[str] = Counter()

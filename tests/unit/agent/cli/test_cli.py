@@ -21,6 +21,8 @@ from tests.unit.agent.conftest import mig_configmap
 RUNNER = (
     "import argparse, sys\n"
     "from gpu_operator.agent.cli import add_agent_commands\n"
+    "from gpu_operator.sim import registration\n"
+    "registration.register()\n"
     "p = argparse.ArgumentParser(prog='gpu-operator')\n"
     "add_agent_commands(p.add_subparsers(dest='command', required=True))\n"
     "a = p.parse_args(sys.argv[1:])\n"
