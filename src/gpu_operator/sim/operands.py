@@ -176,7 +176,11 @@ def toolkit_drop_in(runtime: str, handler_binary: str) -> str:
 
 def node_cdi_spec(driver_root: str, host_driver_root: str) -> dict[str, object] | None:
     """The node's spec, as NVIDIA's toolkit generates it with CDI on, plus the simulated GPUs'
-    state directory (their hardware); None while no driver is installed."""
+    state directory (their hardware); None while no driver is installed, or while its install
+    is still laying files out (its manifest comes last): a spec read from half a driver would
+    miss devices, as NVIDIA's toolkit waits for the driver container's ready mark."""
+    if not (Path(driver_root) / MANIFEST).is_file():
+        return None
     try:
         driver = discover_host_driver(driver_root, host_driver_root)
     except DriverNotFound:  # no driver yet: the toolkit tries again

@@ -215,3 +215,14 @@ def test_toolkit_writes_the_cdi_spec_once_the_driver_is_there(stub: Path, tmp_pa
     assert mounts["/dev/gpu-operator-sim"] == "/run/nvidia/driver/dev/gpu-operator-sim"
     assert all(line.startswith("SIMULATED") for line in out.splitlines()), out
     assert "CDI spec for the driver written to" in out
+
+
+def test_no_cdi_spec_is_read_from_a_driver_still_being_laid_out(stub: Path, tmp_path: Path) -> None:
+    """The toolkit polls while the driver installs: until the install's manifest (its last
+    file) is there, the files already laid out are not a driver to describe."""
+    root = tmp_path / "driver"
+    sim.install_driver("a100-40gb:2", root, seed="node-2")
+    manifest = root / sim.MANIFEST
+    manifest.unlink()  # as the install looks just before its last step
+    assert (root / "dev" / "nvidia0").exists()
+    assert sim.node_cdi_spec(str(root), "/run/nvidia/driver") is None
