@@ -128,8 +128,8 @@ BAD: list[tuple[dict[str, Any], Gates, str, str]] = [
     ),
     (
         {"apiVersion": GROUP_VERSION, "kind": "VfioDeviceConfig"},
-        ALL,
-        "kind GpuConfig or",
+        ALL,  # PassthroughSupport off: admission knows only the other two kinds
+        "VfioDeviceConfig needs the DRA driver's feature gate PassthroughSupport",
         "kind GpuConfig or MigDeviceConfig expected",
     ),
 ]

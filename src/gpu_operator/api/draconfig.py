@@ -3,7 +3,8 @@ normalized and validated as that driver does, for the kubelet plugin and for adm
 
 A claim (or its DeviceClass) carries ``config: [{requests: [...], opaque: {driver:
 gpu.nvidia.com, parameters: {...}}}]``. The parameters are ``GpuConfig`` or ``MigDeviceConfig``
-with a ``sharing`` section: ``TimeSlicing`` (an interval) or ``MPS`` (thread percentage and
+with a ``sharing`` section, or (PassthroughSupport) ``VfioDeviceConfig`` with an ``iommu``
+section: ``TimeSlicing`` (an interval) or ``MPS`` (thread percentage and
 pinned-memory limits). Decoding is strict: an unknown field, a misspelt strategy or interval,
 a thread percentage outside 0-100, a limit under 1Mi, the other strategy's section beside a
 strategy, or a strategy whose gate is off is an error naming the field. Precedence is NVIDIA's:
@@ -26,7 +27,8 @@ from gpu_operator.api.gpucluster import DRIVER_NAME as DRIVER
 from gpu_operator.api.policy import describe_validation_error
 
 GROUP_VERSION = "resource.nvidia.com/v1beta1"
-GPU_CONFIG, MIG_CONFIG = "GpuConfig", "MigDeviceConfig"
+GPU_CONFIG, MIG_CONFIG, VFIO_CONFIG = "GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"
+PASSTHROUGH = "PassthroughSupport"
 TIME_SLICING: Final = "TimeSlicing"
 MPS: Final = "MPS"
 GATE_OF = {TIME_SLICING: "TimeSlicingSettings", MPS: "MPSSupport"}
@@ -110,12 +112,34 @@ class MigDeviceConfig(ApiModel):
     sharing: MigDeviceSharing | None = None
 
 
-DeviceConfig = GpuConfig | MigDeviceConfig
-KINDS: Mapping[str, type[GpuConfig] | type[MigDeviceConfig]] = {
+BackendPolicy = Literal["LegacyOnly", "PreferIommuFD"]
+LEGACY_ONLY: Final = "LegacyOnly"
+PREFER_IOMMUFD: Final = "PreferIommuFD"
+
+
+class IommuConfig(ApiModel):
+    """How a VFIO device reaches the IOMMU: the legacy group node, or IOMMUFD's per-device
+    node where the host has ``/dev/iommu``; ``enableAPIDevice`` also hands out the backend's
+    API node (``/dev/iommu`` or ``/dev/vfio/vfio``). NVIDIA's field is required in the section."""
+
+    backend_policy: BackendPolicy
+    enable_api_device: StrictBool | None = Field(default=None, alias="enableAPIDevice")
+
+
+class VfioDeviceConfig(ApiModel):
+    api_version: Literal["resource.nvidia.com/v1beta1"]
+    kind: Literal["VfioDeviceConfig"]
+    iommu: IommuConfig | None = None
+
+
+DeviceConfig = GpuConfig | MigDeviceConfig | VfioDeviceConfig
+KINDS: Mapping[str, type[GpuConfig] | type[MigDeviceConfig] | type[VfioDeviceConfig]] = {
     GPU_CONFIG: GpuConfig,
     MIG_CONFIG: MigDeviceConfig,
+    VFIO_CONFIG: VfioDeviceConfig,
 }
-DEVICE_TYPE = {GPU_CONFIG: "gpu", MIG_CONFIG: "mig"}
+DEVICE_TYPE = {GPU_CONFIG: "gpu", MIG_CONFIG: "mig", VFIO_CONFIG: "vfio"}
+DeviceType = Literal["gpu", "mig", "vfio"]
 
 
 def decode(parameters: Mapping[str, Any], gates: Gates, where: str = "parameters") -> DeviceConfig:
@@ -126,8 +150,8 @@ def decode(parameters: Mapping[str, Any], gates: Gates, where: str = "parameters
     if parameters.get("apiVersion") != GROUP_VERSION or kind not in KINDS:
         raise ConfigError(
             [
-                f"{where}: apiVersion {GROUP_VERSION} with kind {GPU_CONFIG} or {MIG_CONFIG} "
-                f"expected (got {parameters.get('apiVersion')!r}, {kind!r})"
+                f"{where}: apiVersion {GROUP_VERSION} with kind {GPU_CONFIG}, {MIG_CONFIG} or "
+                f"{VFIO_CONFIG} expected (got {parameters.get('apiVersion')!r}, {kind!r})"
             ]
         )
     try:
@@ -135,6 +159,8 @@ def decode(parameters: Mapping[str, Any], gates: Gates, where: str = "parameters
     except ValidationError as exc:
         lines = describe_validation_error(exc, kind=str(kind))
         raise ConfigError([f"{where}{line.removeprefix('spec')}" for line in lines]) from None
+    if isinstance(config, VfioDeviceConfig):
+        return _vfio(config, gates, where)
     sharing = config.sharing
     if sharing is None:
         if gates.on(GATE_OF[TIME_SLICING]):
@@ -159,6 +185,25 @@ def decode(parameters: Mapping[str, Any], gates: Gates, where: str = "parameters
         sharing.time_slicing_config.interval = sharing.time_slicing_config.interval or "Default"
     if sharing.strategy == MPS and sharing.mps_config is None:
         sharing.mps_config = MpsConfig()
+    return config
+
+
+def _vfio(config: VfioDeviceConfig, gates: Gates, where: str) -> VfioDeviceConfig:
+    """NVIDIA's normalization: no ``iommu`` means LegacyOnly without the API device; an
+    unset ``enableAPIDevice`` means false. Refused while PassthroughSupport is off."""
+    if not gates.on(PASSTHROUGH):
+        raise ConfigError(
+            [
+                f"{where}.kind: {VFIO_CONFIG} needs the DRA driver's feature gate {PASSTHROUGH} "
+                f"(GPUCluster spec.draDriver.featureGates.{PASSTHROUGH}: true)"
+            ]
+        )
+    if config.iommu is None:
+        config.iommu = IommuConfig.model_validate(
+            {"backendPolicy": LEGACY_ONLY, "enableAPIDevice": False}
+        )
+    elif config.iommu.enable_api_device is None:
+        config.iommu.enable_api_device = False
     return config
 
 
@@ -197,14 +242,15 @@ def claim_configs(
 def defaults(gates: Gates) -> list[ClaimConfig]:
     """The driver's own configs, before any DeviceClass's or claim's."""
     base = {"apiVersion": GROUP_VERSION}
-    return [
-        ClaimConfig((), decode({**base, "kind": kind}, gates), "default")
-        for kind in (GPU_CONFIG, MIG_CONFIG)
-    ]
+    kinds = (GPU_CONFIG, MIG_CONFIG, VFIO_CONFIG) if gates.on(PASSTHROUGH) else KINDS_BUILT
+    return [ClaimConfig((), decode({**base, "kind": kind}, gates), "default") for kind in kinds]
+
+
+KINDS_BUILT = (GPU_CONFIG, MIG_CONFIG)  # the defaults without PassthroughSupport
 
 
 def config_for(
-    configs: Sequence[ClaimConfig], request: str, device_type: Literal["gpu", "mig"]
+    configs: Sequence[ClaimConfig], request: str, device_type: DeviceType
 ) -> DeviceConfig:
     """The config of a device of ``device_type`` allocated for ``request``: the last of
     ``configs`` (defaults, then class, then claim) that applies. A config naming ``request``

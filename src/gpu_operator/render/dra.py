@@ -12,7 +12,7 @@ from typing import Any
 from gpu_operator.api.gpucluster import DRIVER_NAME as DRIVER
 
 # DeviceClass name -> the ``type`` attribute it selects.
-DEVICE_CLASSES = {"gpu.nvidia.com": "gpu", "mig.nvidia.com": "mig"}
+DEVICE_CLASSES = {"gpu.nvidia.com": "gpu", "mig.nvidia.com": "mig", "vfio.gpu.nvidia.com": "vfio"}
 
 
 def device_class(name: str, device_type: str) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The ValidatingAdmissionPolicies that refuse a bad GPU claim config at ``kubectl apply``.
 
-NVIDIA's DRA driver checks its opaque configs (``GpuConfig``, ``MigDeviceConfig``) in a
+NVIDIA's DRA driver checks its opaque configs (``GpuConfig``, ``MigDeviceConfig`` and, with
+PassthroughSupport, ``VfioDeviceConfig``) in a
 webhook; here the API server checks them itself, with CEL, so there is no server to run, no
 certificate to rotate and nothing to fail open. One policy for ResourceClaims, one for
 ResourceClaimTemplates, each with the rules of :mod:`gpu_operator.api.draconfig` that need only
@@ -28,6 +29,7 @@ POLICY_PREFIX = "gpu.nvidia.com-configs"
 MANAGED = {MANAGED_BY: OPERATOR_NAME}
 GPU_SHARING_FIELDS = ("strategy", "timeSlicingConfig", "mpsConfig")
 MIG_SHARING_FIELDS = ("strategy", "mpsConfig")
+IOMMU_FIELDS = ("backendPolicy", "enableAPIDevice")
 MPS_FIELDS = (
     "defaultActiveThreadPercentage",
     "defaultPinnedDeviceMemoryLimit",
@@ -83,14 +85,24 @@ def _rules(gates: Gates) -> list[Rule]:
     def when(guard: str, rule: Rule) -> Rule:
         return Rule(f"!({guard}) || ({rule.condition})", rule.message, rule.unknown)
 
+    passthrough = gates.on(draconfig.PASSTHROUGH)
+    kinds: tuple[str, ...] = (draconfig.GPU_CONFIG, draconfig.MIG_CONFIG)
+    kinds_said = f"{draconfig.GPU_CONFIG} or {draconfig.MIG_CONFIG}"
+    top_known = _list(("apiVersion", "kind", "sharing"))
+    if passthrough:
+        kinds += (draconfig.VFIO_CONFIG,)
+        kinds_said = f"{draconfig.GPU_CONFIG}, {draconfig.MIG_CONFIG} or {draconfig.VFIO_CONFIG}"
+        top_known = (
+            f"(has(p.kind) && p.kind == '{draconfig.VFIO_CONFIG}' ? "
+            f"{_list(('apiVersion', 'kind', 'iommu'))} : {top_known})"
+        )
     rules = [
         Rule(
             f"has(p.apiVersion) && p.apiVersion == '{draconfig.GROUP_VERSION}' && has(p.kind) "
-            f"&& p.kind in {_list((draconfig.GPU_CONFIG, draconfig.MIG_CONFIG))}",
-            f": apiVersion {draconfig.GROUP_VERSION} with kind {draconfig.GPU_CONFIG} or "
-            f"{draconfig.MIG_CONFIG} expected",
+            f"&& p.kind in {_list(kinds)}",
+            f": apiVersion {draconfig.GROUP_VERSION} with kind {kinds_said} expected",
         ),
-        _keys("", "p", _list(("apiVersion", "kind", "sharing"))),
+        _keys("", "p", top_known),
         when(has_s, _keys(".sharing", s, sharing_known)),
         when(
             has_s,
@@ -155,6 +167,8 @@ def _rules(gates: Gates) -> list[Rule]:
             ),
         ),
     ]
+    if passthrough:
+        rules += _iommu_rules()
     # The gates first: a strategy that cannot be used at all is what to say first.
     gated = [
         Rule(
@@ -166,6 +180,29 @@ def _rules(gates: Gates) -> list[Rule]:
         if not gates.on(gate)
     ]
     return gated + rules
+
+
+def _iommu_rules() -> list[Rule]:
+    """``VfioDeviceConfig.iommu`` (PassthroughSupport): its fields, the policy required and one
+    of NVIDIA's, the API device a boolean."""
+    i = "p.iommu"
+    policies = (draconfig.LEGACY_ONLY, draconfig.PREFER_IOMMUFD)
+    guard = f"!has({i})"
+    return [
+        Rule(
+            f"{guard} || {i}.all(k, k in {_list(IOMMU_FIELDS)})",
+            ".iommu: unknown field",
+            (".iommu", i, _list(IOMMU_FIELDS)),
+        ),
+        Rule(
+            f"{guard} || (has({i}.backendPolicy) && {i}.backendPolicy in {_list(policies)})",
+            ".iommu.backendPolicy: must be " + " or ".join(policies),
+        ),
+        Rule(
+            f"{guard} || !has({i}.enableAPIDevice) || type({i}.enableAPIDevice) == bool",
+            ".iommu.enableAPIDevice: must be true or false",
+        ),
+    ]
 
 
 def _policy(target: Target, gates: Gates) -> dict[str, Any]:

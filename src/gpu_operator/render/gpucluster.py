@@ -87,6 +87,15 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
+# With PassthroughSupport, as NVIDIA's kubelet plugin has them: name, host (= container) path,
+# how it is mounted.
+PASSTHROUGH_MOUNTS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("lib-modules", "/lib/modules/", {"mountPropagation": "HostToContainer", "readOnly": True}),
+    ("sysfs", "/sys/", {"mountPropagation": "Bidirectional"}),
+    ("procfs", "/proc/", {"mountPropagation": "Bidirectional"}),
+)
+
+
 def _host_volume(name: str, path: str, kind: str | None = None) -> dict[str, Any]:
     host: dict[str, Any] = {"path": path}
     if kind:
@@ -262,6 +271,11 @@ def plugin_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:
     resources = _resources(gpus.resources if gpus else None)
     if resources:
         container["resources"] = resources
+    passthrough = bool(gates.get("PassthroughSupport"))
+    if passthrough:  # NVIDIA's mounts: vfio-pci's module, the PCI bus in sysfs, host processes
+        container["volumeMounts"] += [
+            {"mountPath": path, "name": name, **extra} for name, path, extra in PASSTHROUGH_MOUNTS
+        ]
     pod: dict[str, Any] = {
         "serviceAccountName": PLUGIN_ACCOUNT,
         "initContainers": [_driver_validation(spec, facts, install_dir)],
@@ -273,6 +287,10 @@ def plugin_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:
             _host_volume("validations", VALIDATIONS, "DirectoryOrCreate"),
             _host_volume("host-root", spec.host_paths.root_fs or "/"),
             _host_volume("driver-install-dir", install_dir, "DirectoryOrCreate"),
+            *(
+                _host_volume(name, path, "Directory")
+                for name, path, _ in (PASSTHROUGH_MOUNTS if passthrough else ())
+            ),
         ],
     }
     secrets = spec.dra_driver.image_pull_secrets

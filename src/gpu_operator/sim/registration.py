@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pynvml
 
+from gpu_operator.agent.dra.vfio import PciBus, register_pci_bus
 from gpu_operator.agent.nvml import NvmlUnavailable, Simulation, register_simulation
 
 
@@ -49,6 +50,15 @@ def stub_driver_nvml(library: Path, dev_root: Path) -> str:
 SIMULATION = Simulation(install_simulated=install_simulated, stub_driver_nvml=stub_driver_nvml)
 
 
+def simulated_pci_bus(root: Path) -> PciBus:
+    """The simulated node's PCI bus under ``root``: sysfs whose writes the simulation applies."""
+    from gpu_operator.sim.pci import SimulatedPciBus
+
+    return SimulatedPciBus(root)
+
+
 def register() -> None:
-    """Register the simulation with the agents' NVML loader (again: no change)."""
+    """Register the simulation with the agents' NVML loader and the DRA plugin's PCI bus
+    (again: no change)."""
     register_simulation(SIMULATION)
+    register_pci_bus(simulated_pci_bus)

@@ -8,17 +8,19 @@ from typing import Any
 import pytest
 
 from gpu_operator.api.draconfig import (
+    GROUP_VERSION,
     ClaimConfig,
     ConfigError,
     GpuConfig,
     MigDeviceConfig,
+    VfioDeviceConfig,
     claim_configs,
     config_for,
     decode,
     defaults,
     pinned_limits,
 )
-from gpu_operator.api.dragates import Gates
+from gpu_operator.api.dragates import Gates, resolve
 from tests.dra_configs import ALL, BAD, GOOD, NONE, gpu, mig
 
 
@@ -140,3 +142,82 @@ def test_pinned_limits_per_device_by_uuid_or_index() -> None:
     }
     with pytest.raises(ConfigError, match="not a GPU UUID of the claim nor an index below 1"):
         pinned_limits(mps, ["GPU-z"])
+
+
+# -- VfioDeviceConfig (PassthroughSupport) --------------------------------------------------------
+PASSTHROUGH = resolve({"PassthroughSupport": True})
+
+
+def vfio(**fields: Any) -> dict[str, Any]:
+    return {"apiVersion": GROUP_VERSION, "kind": "VfioDeviceConfig", **fields}
+
+
+@pytest.mark.parametrize(
+    ("parameters", "policy", "api_device"),
+    [
+        (vfio(), "LegacyOnly", False),  # NVIDIA's defaults
+        (vfio(iommu={"backendPolicy": "LegacyOnly"}), "LegacyOnly", False),
+        (vfio(iommu={"backendPolicy": "PreferIommuFD"}), "PreferIommuFD", False),
+        (
+            vfio(iommu={"backendPolicy": "PreferIommuFD", "enableAPIDevice": True}),
+            "PreferIommuFD",
+            True,
+        ),
+        (
+            vfio(iommu={"backendPolicy": "LegacyOnly", "enableAPIDevice": False}),
+            "LegacyOnly",
+            False,
+        ),
+    ],
+)
+def test_vfio_configs_decode_with_nvidias_defaults(
+    parameters: dict[str, Any], policy: str, api_device: bool
+) -> None:
+    config = decode(parameters, PASSTHROUGH)
+    assert isinstance(config, VfioDeviceConfig) and config.iommu is not None
+    assert (config.iommu.backend_policy, config.iommu.enable_api_device) == (policy, api_device)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "gates", "says"),
+    [
+        (vfio(), Gates.defaults(), "VfioDeviceConfig needs the DRA driver's feature gate"),
+        (vfio(iommu={}), PASSTHROUGH, "parameters.iommu.backendPolicy"),
+        (vfio(iommu={"backendPolicy": "IommuFDOnly"}), PASSTHROUGH, "iommu.backendPolicy"),
+        (vfio(iommu={"backendPolicy": "legacyonly"}), PASSTHROUGH, "iommu.backendPolicy"),
+        (
+            vfio(iommu={"backendPolicy": "LegacyOnly", "enableAPIDevice": "yes"}),
+            PASSTHROUGH,
+            "iommu.enableAPIDevice",
+        ),
+        (
+            vfio(iommu={"backendPolicy": "LegacyOnly", "enableApiDevice": True}),
+            PASSTHROUGH,
+            "iommu.enableApiDevice: unknown field",
+        ),
+        (vfio(sharing={"strategy": "MPS"}), PASSTHROUGH, "parameters.sharing: unknown field"),
+        (vfio(iommus={}), PASSTHROUGH, "parameters.iommus: unknown field"),
+        (
+            {"apiVersion": GROUP_VERSION, "kind": "VFIODeviceConfig"},
+            PASSTHROUGH,
+            "VfioDeviceConfig expected",
+        ),
+    ],
+)
+def test_bad_vfio_configs_name_the_field(
+    parameters: dict[str, Any], gates: Gates, says: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        decode(parameters, gates)
+    assert says in str(err.value)
+
+
+def test_vfio_defaults_only_with_the_gate_and_only_for_vfio_devices() -> None:
+    assert [c.config.kind for c in defaults(Gates.defaults())] == ["GpuConfig", "MigDeviceConfig"]
+    configs = defaults(PASSTHROUGH)
+    assert [c.config.kind for c in configs] == ["GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"]
+    assert config_for(configs, "vm", "vfio").kind == "VfioDeviceConfig"
+    assert config_for(configs, "vm", "gpu").kind == "GpuConfig"
+    claim = claim_configs([_entry(vfio(), "vm")], PASSTHROUGH, "spec.devices.config")
+    with pytest.raises(ConfigError, match="a VfioDeviceConfig cannot configure request 'vm'"):
+        config_for([*configs, *claim], "vm", "gpu")

@@ -1,5 +1,5 @@
-"""examples/gpucluster.yaml, dra-pod.yaml, dra-time-slicing.yaml and dra-mps.yaml: valid, and
-they do what they say."""
+"""examples/gpucluster.yaml, dra-pod.yaml, dra-time-slicing.yaml, dra-mps.yaml and
+dra-vfio.yaml: valid, and they do what they say."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from tests.schema import prune_nulls, strict, validate_kubernetes
 EXAMPLES = REPO / "examples"
 TIME_SLICING_ON = resolve({"TimeSlicingSettings": True})
 MPS_ON = resolve({"MPSSupport": True})
+PASSTHROUGH_ON = resolve({"PassthroughSupport": True})
 
 
 def documents(name: str) -> list[dict[str, Any]]:
@@ -91,3 +92,20 @@ def test_the_mps_example_shares_one_claim_between_two_pods_with_its_limits() -> 
         assert pod["spec"]["resourceClaims"] == [
             {"name": "gpu", "resourceClaimName": claim["metadata"]["name"]}
         ]
+
+
+def test_the_vfio_example_asks_for_a_vfio_device_with_nvidias_config() -> None:
+    docs = documents("dra-vfio.yaml")
+    for doc in docs:
+        assert validate_kubernetes(doc), doc["kind"]
+    template, pod = docs
+    devices = template["spec"]["spec"]["devices"]
+    assert [r["exactly"]["deviceClassName"] for r in devices["requests"]] == ["vfio.gpu.nvidia.com"]
+    entries = draconfig.claim_configs(devices["config"], PASSTHROUGH_ON, "spec.devices.config")
+    config = draconfig.config_for(entries, "gpu", "vfio")
+    assert isinstance(config, draconfig.VfioDeviceConfig) and config.iommu is not None
+    assert config.iommu.backend_policy == "LegacyOnly"
+    with pytest.raises(draconfig.ConfigError, match="PassthroughSupport"):  # the gate it needs
+        draconfig.claim_configs(devices["config"], Gates.defaults(), "spec.devices.config")
+    (claim,) = pod["spec"]["resourceClaims"]
+    assert claim["resourceClaimTemplateName"] == template["metadata"]["name"]

@@ -29,6 +29,7 @@ DRA_EXAMPLES = [
     "dra-mps.yaml",
     "dra-pod.yaml",
     "dra-time-slicing.yaml",
+    "dra-vfio.yaml",
     "gpucluster.yaml",
 ]  # tests/unit/install/test_dra_examples.py
 NAMES = sorted(p.name for p in EXAMPLES.glob("*.yaml") if p.name not in DRA_EXAMPLES)

@@ -10,7 +10,7 @@ Deliberate differences (also in the README):
   reads, nodes only ``get``; ResourceSlices ``patch`` instead of ``update`` (server-side apply);
 - the MPS Role (NVIDIA's name) grants only what the plugin does with its daemons' Deployments
   (no update, patch or watch) and lists their pods; no driver-validation Role, no
-  ``vfio.gpu.nvidia.com`` DeviceClass (no passthrough), no gRPC health probes; not NVIDIA's
+  gRPC health probes; not NVIDIA's
   ResourceSlice node-restriction ValidatingAdmissionPolicy (a follow-up), but two of this
   project's that check GPU claim configs at admission, which NVIDIA's driver does in a webhook;
 - the plugin's rolling update also says ``maxSurge: 0`` (two plugin pods on one node would fight
@@ -81,7 +81,7 @@ def test_every_object_is_valid_kubernetes_and_none_is_a_device_plugin(
 
 def test_device_classes_are_nvidias(ours: dict[tuple[str, str], dict[str, Any]]) -> None:
     theirs = golden("gpucluster-dra-driver-gpus-only.yaml")
-    for name in ("gpu.nvidia.com", "mig.nvidia.com"):
+    for name in ("gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com"):
         assert ours[("DeviceClass", name)]["spec"] == theirs[("DeviceClass", name)]["spec"]
 
 
@@ -185,6 +185,37 @@ def test_feature_gates_and_env_reach_the_plugin() -> None:
     (c,) = pod(ds)["containers"]
     assert env(c)["FEATURE_GATES"] == "DeviceMetadata=false,MPSSupport=true"
     assert env(c)["X"] == "1"
+
+
+def test_passthrough_mounts_what_nvidias_plugin_mounts() -> None:
+    """PassthroughSupport: the host's /lib/modules, /sys and /proc, as NVIDIA's operator mounts
+    them (its golden with the gate on); without it, none of them."""
+
+    def plugin_pod(gates: dict[str, bool]) -> dict[str, Any]:
+        doc = example_document()
+        doc["spec"]["draDriver"]["featureGates"] = gates
+        objs = render_gpucluster(parse_gpucluster(doc), FACTS)
+        ds = next(o for o in objs if o["metadata"]["name"] == "nvidia-dra-driver-kubelet-plugin")
+        return pod(ds)
+
+    theirs = pod(
+        golden("gpucluster-dra-driver-passthrough-support.yaml")[
+            ("DaemonSet", "nvidia-dra-driver-kubelet-plugin")
+        ]
+    )
+    names = {"lib-modules", "sysfs", "procfs"}
+
+    def mounts(p: dict[str, Any]) -> list[dict[str, Any]]:
+        (c,) = [c for c in p["containers"] if c["name"] == "gpus"]
+        return [m for m in c["volumeMounts"] if m["name"] in names]
+
+    def volumes(p: dict[str, Any]) -> list[dict[str, Any]]:
+        return [v for v in p["volumes"] if v["name"] in names]
+
+    mine = plugin_pod({"PassthroughSupport": True})
+    assert mounts(mine) == mounts(theirs) and len(mounts(mine)) == 3
+    assert volumes(mine) == volumes(theirs)
+    assert not mounts(plugin_pod({})) and not volumes(plugin_pod({}))
 
 
 def test_claim_holders_are_recreated_when_the_driver_root_moves() -> None:

@@ -297,6 +297,7 @@ def cmd_dra_plugin(args: argparse.Namespace) -> int:
                 namespace=args.namespace,
                 image=args.image,
                 pull_policy=args.image_pull_policy,
+                pci_root=args.pci_root,
             ),
             stop,
             health,
@@ -379,6 +380,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--publish-only", action="store_true", help="publish slices, serve no kubelet (kwok)"
+    )
+    p.add_argument(
+        "--pci-root",
+        default=os.environ.get("PCI_ROOT") or "/",
+        help="with gate PassthroughSupport: where the host's /sys and /dev are (env PCI_ROOT; "
+        "default /; a simulated node's root)",
     )
     p.add_argument(
         "--health-poll-ms",

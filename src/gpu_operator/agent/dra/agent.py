@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_operator.agent.dra import devices as dra_devices
@@ -25,9 +26,10 @@ from gpu_operator.agent.dra.mps_control import MpsControl
 from gpu_operator.agent.dra.prepare import PrepareError
 from gpu_operator.agent.dra.server import DraPlugin, PluginPaths
 from gpu_operator.agent.dra.sharing import NvidiaSmi
+from gpu_operator.agent.dra.vfio import PassthroughError, VfioControl, pci_bus
 from gpu_operator.agent.driver_cdi import HostDriver, find_host_driver
 from gpu_operator.agent.gpuhealth.state import GpuHealth
-from gpu_operator.agent.inventory import Inventory
+from gpu_operator.agent.inventory import Gpu, Inventory
 from gpu_operator.agent.nvml import current_driver_root
 from gpu_operator.api.dragates import Gates
 
@@ -63,9 +65,31 @@ class Pool:
     shape: str = slices.CHUNKS
 
 
-def pool_of(inventory: Inventory, dynamic_shape: str | None = None) -> Pool:
-    """The node's pool: its devices as they are, or (with the DynamicMIG slice shape) every
-    partition they could be cut into."""
+@dataclass
+class Passthrough:
+    """What PassthroughSupport publishes from: the PCI bus, the GPUs NVML has shown (one on
+    ``vfio-pci`` is no longer in NVML's inventory but still published as its VFIO device), and
+    the GPUs claims hold on ``vfio-pci``."""
+
+    control: VfioControl
+    held: Callable[[], list[str]]
+    seen: dict[str, Gpu] = field(default_factory=dict)
+
+    def gpus(self, inventory: Inventory) -> list[dra_devices.VfioGpu]:
+        self.seen.update({dra_devices.bus_id(g.pci_bus_id): g for g in inventory.gpus})
+        return dra_devices.vfio_gpus(self.seen.values(), self.control.bus.nvidia_functions())
+
+
+def pool_of(
+    inventory: Inventory, dynamic_shape: str | None = None, passthrough: Passthrough | None = None
+) -> Pool:
+    """The node's pool: its devices as they are (with PassthroughSupport, each GPU's VFIO device
+    too), or (with the DynamicMIG slice shape) every partition they could be cut into."""
+    if passthrough is not None:
+        vfio = passthrough.gpus(inventory)
+        held = passthrough.held()
+        iommufd = passthrough.control.bus.iommufd()
+        return Pool(dra_devices.devices(inventory, vfio, held, iommufd))
     if dynamic_shape is None:
         return Pool(dra_devices.devices(inventory))
     devices, counter_sets = partitions.pool(inventory)
@@ -108,6 +132,7 @@ class PluginOptions:
     namespace: str = ""  # where claims' MPS control daemons run (the plugin's own)
     image: str = ""  # what they run (the plugin's own image)
     pull_policy: str = "IfNotPresent"
+    pci_root: str = "/"  # where the host's /sys and /dev are (PassthroughSupport)
 
 
 def find_driver(paths: PluginPaths) -> HostDriver:
@@ -155,10 +180,21 @@ def run(
             raise ValueError("DynamicMIG needs the NVML session that creates MIG devices")
         mig = MigControl(nvml)
     shape = slices.dynamic_layout(kube.server_version()) if dynamic_mig else None
-    by_name = partitions.refs_by_name if dynamic_mig else dra_devices.refs_by_name
+    vfio = None
+    if options.gates.on("PassthroughSupport"):
+        root = Path(options.pci_root)
+        vfio = VfioControl(pci_bus(root), root / "dev")
+    passthrough: Passthrough | None = None
 
     def refs() -> Mapping[str, dra_devices.DeviceRef]:
-        return by_name(latest["inventory"])
+        if dynamic_mig:
+            return partitions.refs_by_name(latest["inventory"])
+        if passthrough is not None:
+            inventory = latest["inventory"]
+            return dra_devices.refs_by_name(
+                inventory, passthrough.gpus(inventory), passthrough.held()
+            )
+        return dra_devices.refs_by_name(latest["inventory"])
 
     def read_claim(namespace: str, name: str) -> Mapping[str, Any] | None:
         return kube.get("ResourceClaim", name, namespace)
@@ -175,13 +211,17 @@ def run(
         options.gates,
         mps=_mps_control(kube, options, driver) if options.gates.on("MPSSupport") else None,
         mig=mig,
+        vfio=vfio,
     )
+    if vfio is not None:
+        passthrough = Passthrough(vfio, plugin.held_vfio)
     if options.serve_kubelet:
         try:  # before the kubelet can send a claim
             plugin.restore_time_slices()
             plugin.restore_mps()
             plugin.restore_migs()
-        except PrepareError as exc:  # the driver's tool failed: claims will say so too
+            plugin.restore_vfio()
+        except (PrepareError, PassthroughError) as exc:  # claims will say so too
             log.error("putting GPU settings back on free GPUs: %s", exc)
         latest["inventory"] = read_inventory()  # what putting back changed
         plugin.start()
@@ -191,7 +231,7 @@ def run(
     registered = 0  # the kubelet's successful registrations of this plugin seen so far
     try:
         while True:
-            pool = pool_of(latest["inventory"], shape)
+            pool = pool_of(latest["inventory"], shape, passthrough)
             if health is not None:
                 pool = replace(pool, devices=taint_devices(pool.devices, health()))
             now = time.monotonic()

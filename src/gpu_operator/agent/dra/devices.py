@@ -4,17 +4,21 @@ Pure: an :class:`~gpu_operator.agent.inventory.Inventory` in, ``resource.k8s.io/
 dicts out. Names are those of kubernetes-sigs/dra-driver-nvidia-gpu: ``gpu-<minor>`` for a full
 GPU, ``gpu-<parent minor>-mig-<profile without dots>-<GI profile id>-<placement start>`` for a MIG
 device (``gpu-0-mig-1g5gb-19-0``). A GPU in MIG mode publishes its MIG devices only: the whole GPU
-cannot be handed out while it is partitioned. Quantities are written in the API server's
-canonical form, so a slice read back compares equal to the one computed.
+cannot be handed out while it is partitioned. With PassthroughSupport every GPU also publishes
+``gpu-vfio-<index>`` (``type=vfio``, the index its PCI function's by address among the node's
+GPUs), and a GPU a claim holds on ``vfio-pci`` publishes nothing else until it is back on
+``nvidia``. Quantities are written in the API server's canonical form, so a slice read back
+compares equal to the one computed.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_operator.agent.dra.vfio import NVIDIA_VENDOR, vfio_uuid
 from gpu_operator.agent.inventory import Engines, Gpu, Inventory, MigDevice, Placement
 from gpu_operator.api.gpucluster import DRIVER_NAME
 
@@ -166,15 +170,73 @@ def mig_device(gpu: Gpu, mig: MigDevice, inventory: Inventory) -> dict[str, Any]
     }
 
 
-def devices(inventory: Inventory) -> list[dict[str, Any]]:
-    """Every allocatable device of the node, in NVIDIA's order: by GPU minor, then MIG name."""
+@dataclass(frozen=True)
+class VfioGpu:
+    """A GPU as passthrough publishes it: ``gpu-vfio-<index>``, at ``address`` (sysfs form)."""
+
+    index: int
+    address: str
+    gpu: Gpu  # as NVML last saw it on ``nvidia``
+
+    @property
+    def name(self) -> str:
+        return vfio_name(self.index)
+
+
+def vfio_name(index: int) -> str:
+    return f"gpu-vfio-{index}"
+
+
+def vfio_gpus(gpus: Iterable[Gpu], addresses: Sequence[str] | None = None) -> list[VfioGpu]:
+    """The node's GPUs as passthrough numbers them: by position among ``addresses`` (the NVIDIA
+    GPU functions on the PCI bus; default: those of ``gpus``), so a GPU NVML no longer sees (on
+    ``vfio-pci``) keeps the others' indexes. Only addresses one of ``gpus`` describes (NVML's
+    now, or as it last saw them) are listed."""
+    by_address = {bus_id(g.pci_bus_id): g for g in gpus}
+    order = sorted(by_address) if addresses is None else sorted(addresses)
+    return [VfioGpu(i, a, by_address[a]) for i, a in enumerate(order) if a in by_address]
+
+
+def vfio_device(entry: VfioGpu, iommufd: bool) -> dict[str, Any]:
+    """NVIDIA's VFIO device: ``uuid`` v5 of the PCI address, ``deviceID`` and ``vendorID`` as
+    ``0x%04x``, ``iommuFDEnabled`` (the host has ``/dev/iommu``), its product and PCI place."""
+    gpu = entry.gpu
+    vendor = gpu.pci_device_id & 0xFFFF or NVIDIA_VENDOR
+    return {
+        "name": entry.name,
+        "attributes": {
+            "type": _s("vfio"),
+            "uuid": _s(vfio_uuid(entry.address)),
+            "deviceID": _s(f"0x{gpu.pci_device_id >> 16:04x}"),
+            "vendorID": _s(f"0x{vendor:04x}"),
+            "productName": _s(gpu.name),
+            "iommuFDEnabled": {"bool": iommufd},
+            PCI_BUS_ID: _s(entry.address),
+            PCIE_ROOT: _s(pcie_root(gpu.pci_bus_id)),
+        },
+    }
+
+
+def devices(
+    inventory: Inventory,
+    vfio: Sequence[VfioGpu] = (),
+    held: Collection[str] = (),
+    iommufd: bool = False,
+) -> list[dict[str, Any]]:
+    """Every allocatable device of the node, in NVIDIA's order: by GPU minor, then MIG name;
+    ``vfio``'s devices after them. A GPU whose address is ``held`` (on ``vfio-pci`` for a
+    claim) publishes only its VFIO device."""
     out: list[dict[str, Any]] = []
+    taken = set(held)
     for gpu in sorted(inventory.gpus, key=lambda g: g.minor_number):
+        if bus_id(gpu.pci_bus_id) in taken:
+            continue
         if gpu.mig_current:
             migs = [mig_device(gpu, m, inventory) for m in gpu.mig_devices]
             out.extend(sorted(migs, key=lambda d: str(d["name"])))
         else:
             out.append(gpu_device(gpu, inventory))
+    out.extend(vfio_device(entry, iommufd) for entry in vfio)
     return out
 
 
@@ -218,6 +280,7 @@ class DeviceRef:
     mig: tuple[int, int] | None = None  # a MIG device's GPU and compute instance ids
     parent: str = ""  # a MIG device's GPU's UUID
     partition: Partition | None = None
+    vfio: str = ""  # a VFIO device's PCI address (sysfs form)
 
     @property
     def gpu_uuid(self) -> str:
@@ -229,10 +292,23 @@ class DeviceRef:
         """A MIG device, existing or to be created: its config is a MigDeviceConfig's."""
         return self.mig is not None or self.partition is not None
 
+    @property
+    def kind(self) -> str:
+        """The device ``type``, which says which config kind applies: gpu, mig or vfio."""
+        return "vfio" if self.vfio else "mig" if self.is_mig else "gpu"
 
-def refs_by_name(inventory: Inventory) -> dict[str, DeviceRef]:
-    names: dict[str, DeviceRef] = {}
+
+def refs_by_name(
+    inventory: Inventory, vfio: Sequence[VfioGpu] = (), held: Collection[str] = ()
+) -> dict[str, DeviceRef]:
+    """The devices :func:`devices` publishes, by name (those of ``held`` GPUs: the VFIO one)."""
+    names: dict[str, DeviceRef] = {
+        e.name: DeviceRef(vfio_uuid(e.address), e.gpu.minor_number, vfio=e.address) for e in vfio
+    }
+    taken = set(held)
     for gpu in inventory.gpus:
+        if bus_id(gpu.pci_bus_id) in taken:
+            continue
         if gpu.mig_current:
             names.update(
                 {

@@ -21,7 +21,7 @@ from typing import Any
 
 from gpu_operator.agent.dra.devices import DeviceRef
 from gpu_operator.api import draconfig
-from gpu_operator.api.draconfig import DeviceConfig, MpsConfig
+from gpu_operator.api.draconfig import DeviceConfig, MpsConfig, VfioDeviceConfig
 
 NAME_PREFIX = "mps-control-daemon-"
 COMPONENT = "mps-control-daemon"
@@ -107,6 +107,8 @@ def daemon_id(claim_uid: str, uuids: Sequence[str]) -> str:
 
 def mps_config(config: DeviceConfig) -> MpsConfig | None:
     """The MPS settings of a device's config, or None when it does not share with MPS."""
+    if isinstance(config, VfioDeviceConfig):  # a GPU on vfio-pci shares nothing
+        return None
     sharing = config.sharing
     if sharing is None or sharing.strategy != draconfig.MPS:
         return None

@@ -8,7 +8,10 @@ allocated device. Each device injects its device nodes (a MIG device: its GPU's 
 capability nodes, where they exist on the host) and ``NVIDIA_DRA_<DEVICE>=<uuid>``, so a container
 can tell what it was given; the spec-wide edits carry the driver (libraries, binaries, firmware,
 control nodes: :mod:`gpu_operator.agent.driver_cdi`) and ``NVIDIA_VISIBLE_DEVICES=void``, which
-keeps NVIDIA's legacy hook from injecting GPUs again.
+keeps NVIDIA's legacy hook from injecting GPUs again. A VFIO device (PassthroughSupport) gives
+its IOMMU group's ``/dev/vfio/<group>`` (or, with PreferIommuFD on an IOMMUFD host and the API
+device asked for, ``/dev/iommu`` too) and the spec ``/dev/vfio/vfio``, as NVIDIA's driver
+writes it; a claim of VFIO devices only carries no driver files (the GPU is not on ``nvidia``).
 """
 
 from __future__ import annotations
@@ -17,21 +20,23 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from gpu_operator.agent.dra import mps
 from gpu_operator.agent.dra.devices import DRIVER, DeviceRef, Partition
 from gpu_operator.agent.dra.mps import MpsDaemon
+from gpu_operator.agent.dra.vfio import IOMMU_DEV, VFIO_CONTAINER, VFIO_DEV, VfioBinding
 from gpu_operator.agent.driver_cdi import (
     CDI_VERSION,
     HostDriver,
     common_edits,
+    device_node,
     gpu_nodes,
     mig_caps,
     mig_minors,
 )
 from gpu_operator.api import draconfig
-from gpu_operator.api.draconfig import DeviceConfig, GpuSharing
+from gpu_operator.api.draconfig import DeviceConfig, GpuSharing, VfioDeviceConfig
 from gpu_operator.api.dragates import Gates
 
 CDI_VENDOR = f"k8s.{DRIVER}"
@@ -102,6 +107,7 @@ class PreparedDevice:
     time_slice: TimeSlice | None = None  # set at Prepare, put back to Default at Unprepare
     mps: MpsDaemon | None = None  # started at Prepare, stopped at Unprepare
     mig: CreatedMig | None = None  # created at Prepare, destroyed at Unprepare (DynamicMIG)
+    vfio: VfioBinding | None = None  # on vfio-pci from Prepare to Unprepare (passthrough)
 
     def ref(self, refs: Mapping[str, DeviceRef]) -> DeviceRef:
         """The device to hand out: the MIG device Prepare created, else the published one."""
@@ -120,6 +126,8 @@ class PreparedDevice:
             out["mps"] = self.mps.to_json()
         if self.mig is not None:
             out["mig"] = self.mig.to_json()
+        if self.vfio is not None:
+            out["vfio"] = self.vfio.to_json()
         return out
 
     @classmethod
@@ -133,6 +141,7 @@ class PreparedDevice:
             time_slice=TimeSlice(str(slice_["uuid"]), str(slice_["interval"])) if slice_ else None,
             mps=MpsDaemon.from_json(data["mps"]) if data.get("mps") else None,
             mig=CreatedMig.from_json(data["mig"]) if data.get("mig") else None,
+            vfio=VfioBinding.from_json(data["vfio"]) if data.get("vfio") else None,
         )
 
 
@@ -173,8 +182,12 @@ def device_configs(
         ]
         found: dict[str, DeviceConfig] = {}
         for r in results:
-            kind: Literal["gpu", "mig"] = "mig" if refs[r["device"]].is_mig else "gpu"
-            found[r["device"]] = draconfig.config_for(configs, str(r["request"]), kind)
+            kind = refs[r["device"]].kind
+            found[r["device"]] = draconfig.config_for(
+                configs,
+                str(r["request"]),
+                "vfio" if kind == "vfio" else "mig" if kind == "mig" else "gpu",
+            )
     except draconfig.ConfigError as err:
         raise PrepareError("; ".join(err.problems)) from None
     return found
@@ -183,6 +196,8 @@ def device_configs(
 def time_slice(config: DeviceConfig, ref: DeviceRef) -> TimeSlice | None:
     """The interval a full GPU's TimeSlicing config sets on it; a MIG device has none of its
     own (it is scheduled as its GPU is), and a config without sharing sets nothing."""
+    if isinstance(config, VfioDeviceConfig):
+        return None
     sharing = config.sharing
     if (
         ref.is_mig
@@ -199,6 +214,21 @@ def to_create(ref: DeviceRef) -> CreatedMig | None:
     if ref.partition is None:
         return None
     return CreatedMig(ref.parent, ref.minor, ref.partition)
+
+
+def to_bind(config: DeviceConfig, ref: DeviceRef) -> VfioBinding | None:
+    """The GPU to bind to ``vfio-pci`` for a VFIO device, with its config's IOMMU choices (its
+    group is known once bound); None for any other device."""
+    if not ref.vfio:
+        return None
+    iommu = config.iommu if isinstance(config, VfioDeviceConfig) else None
+    return VfioBinding(
+        ref.vfio,
+        "",
+        ref.minor,
+        prefer_iommufd=iommu is not None and iommu.backend_policy == draconfig.PREFER_IOMMUFD,
+        api_device=bool(iommu and iommu.enable_api_device),
+    )
 
 
 def prepare_claim(
@@ -235,6 +265,7 @@ def prepare_claim(
             time_slice=time_slice(configs[device], refs[device]),
             mps=daemons.get(device),
             mig=to_create(refs[device]),
+            vfio=to_bind(configs[device], refs[device]),
         )
         for device, requests in by_device.items()
     )
@@ -250,6 +281,7 @@ def cdi_spec(
     refs: Mapping[str, DeviceRef],
     driver: HostDriver,
     plugin_dir: Path | None = None,
+    iommufd: bool = False,
 ) -> dict[str, Any]:
     """The claim's CDI spec on this driver (only device nodes present on the host: a missing
     one would make the runtime refuse the container); a device shared with MPS also gives its
@@ -257,6 +289,14 @@ def cdi_spec(
     what it created."""
     entries = []
     for p in prepared:
+        if p.vfio is not None:
+            entries.append(
+                {
+                    "name": cdi_device_name(uid, p.device),
+                    "containerEdits": {"deviceNodes": vfio_nodes(driver, p.vfio, iommufd)},
+                }
+            )
+            continue
         ref = p.ref(refs)
         caps = mig_caps(mig_minors(), ref.minor, *ref.mig) if ref.mig else ()
         edits: dict[str, Any] = {"env": [f"{env_name(p.device)}={ref.uuid}"]}
@@ -268,7 +308,17 @@ def cdi_spec(
             edits["env"] += shared["env"]
             edits["mounts"] = shared["mounts"]
         entries.append({"name": cdi_device_name(uid, p.device), "containerEdits": edits})
+    if all(p.vfio is not None for p in prepared):
+        return {
+            "cdiVersion": CDI_VERSION,
+            "kind": CDI_KIND,
+            "devices": entries,
+            "containerEdits": vfio_common_edits(driver, prepared, iommufd),
+        }
     common = common_edits(driver)
+    if any(p.vfio is not None for p in prepared):
+        extra = vfio_common_edits(driver, prepared, iommufd)["deviceNodes"]
+        common = {**common, "deviceNodes": [*(common.get("deviceNodes") or []), *extra]}
     if any(p.mps is not None for p in prepared) and plugin_dir is not None:
         # The claim's own daemon's pipe and shm, not a node-wide daemon's the driver root has.
         taken = {mps.PIPE_DIR, mps.SHM_DIR}
@@ -284,3 +334,25 @@ def cdi_spec(
         "devices": entries,
         "containerEdits": common,
     }
+
+
+def vfio_nodes(driver: HostDriver, binding: VfioBinding, iommufd: bool) -> list[dict[str, str]]:
+    """A VFIO device's own node: its IOMMU group's (the legacy backend), or its IOMMUFD
+    character device where that is preferred and the host has it."""
+    if binding.prefer_iommufd and iommufd and binding.cdev:
+        return [device_node(driver, f"{VFIO_DEV}/devices/{binding.cdev}")]
+    return [device_node(driver, f"{VFIO_DEV}/{binding.group}")]
+
+
+def vfio_common_edits(
+    driver: HostDriver, prepared: tuple[PreparedDevice, ...], iommufd: bool
+) -> dict[str, Any]:
+    """NVIDIA's spec-wide edits of VFIO devices: ``NVIDIA_VISIBLE_DEVICES=void`` and
+    ``/dev/vfio/vfio`` always (libvirt looks for it); with the API device asked for,
+    ``/dev/iommu`` where IOMMUFD is preferred and present (else ``/dev/vfio/vfio`` again, as
+    NVIDIA lists it; here once)."""
+    nodes = [device_node(driver, VFIO_CONTAINER)]
+    bindings = [p.vfio for p in prepared if p.vfio is not None]
+    if any(b.api_device and b.prefer_iommufd and iommufd for b in bindings):
+        nodes.append(device_node(driver, IOMMU_DEV))
+    return {"env": ["NVIDIA_VISIBLE_DEVICES=void"], "deviceNodes": nodes}

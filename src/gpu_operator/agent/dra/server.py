@@ -43,6 +43,7 @@ from gpu_operator.agent.dra.sharing import (
     reset_time_slices,
     set_time_slices,
 )
+from gpu_operator.agent.dra.vfio import PassthroughError, VfioControl
 from gpu_operator.agent.driver_cdi import HostDriver
 from gpu_operator.api.dragates import Gates
 from gpu_operator.kubelet_api.dra.v1 import api_pb2 as v1
@@ -115,8 +116,10 @@ class DraPlugin:
         settings: Callable[[], GpuSettings] | None = None,
         mps: MpsControl | None = None,
         mig: MigControl | None = None,
+        vfio: VfioControl | None = None,
     ) -> None:
         self.node = node
+        self.vfio = vfio  # PassthroughSupport: None publishes no VFIO devices
         self.mps = mps  # None: claims asking for MPS are refused at Prepare
         self.mig = mig  # DynamicMIG: None publishes no partitions, so none reaches Prepare
         self.gates = gates or Gates.defaults()
@@ -143,8 +146,14 @@ class DraPlugin:
                 raise PrepareError(f"ResourceClaim {namespace}/{name} not found")
             prepared = prepare_claim(claim, uid, self.node, self.devices(), self.gates)
             # The GPUs first: a setting that fails leaves no spec and no checkpointed claim,
-            # and the kubelet's retry sets it again; MIG devices made for it are destroyed.
-            prepared = self._create_migs(prepared)
+            # and the kubelet's retry sets it again; MIG devices made for it are destroyed,
+            # GPUs moved to vfio-pci for it go back to nvidia.
+            prepared = self._bind_vfio(prepared)
+            try:
+                prepared = self._create_migs(prepared)
+            except Exception:
+                self._release_vfio(prepared)
+                raise
             try:
                 apply_time_slices(self.settings, prepared)
                 self._start_mps(prepared)
@@ -152,6 +161,7 @@ class DraPlugin:
                 self.checkpoint.put(uid, namespace, name, prepared)
             except Exception:
                 self._destroy_migs(prepared)
+                self._release_vfio(prepared)
                 raise
             return prepared
 
@@ -165,6 +175,8 @@ class DraPlugin:
                 for p in done:
                     if p.mig is not None:
                         self._mig_control().destroy(p.mig)
+                    if p.vfio is not None:
+                        self._vfio_control().to_nvidia(p.vfio.address)
             (self.paths.cdi_dir / spec_file_name(uid)).unlink(missing_ok=True)
             self.checkpoint.remove(uid)
 
@@ -200,6 +212,65 @@ class DraPlugin:
             return []
         with self._lock:
             return self.mig.destroy_unheld(p.mig for p in self._checkpointed() if p.mig)
+
+    def restore_vfio(self) -> list[str]:
+        """Bind back to ``nvidia`` every GPU on ``vfio-pci`` that no checkpointed claim holds (a
+        plugin killed between binding it and checkpointing its claim, or down while a claim
+        went). With PassthroughSupport only; returns their PCI addresses."""
+        if self.vfio is None:
+            return []
+        with self._lock:
+            return self.vfio.release_unheld(self.held_vfio())
+
+    def held_vfio(self) -> list[str]:
+        """The PCI addresses of the GPUs checkpointed claims hold on ``vfio-pci``: their other
+        devices are not published until they are back."""
+        return sorted({p.vfio.address for p in self._checkpointed() if p.vfio is not None})
+
+    def _vfio_control(self) -> VfioControl:
+        if self.vfio is None:
+            raise PrepareError("VFIO devices need the PassthroughSupport feature gate")
+        return self.vfio
+
+    def _bind_vfio(self, prepared: tuple[PreparedDevice, ...]) -> tuple[PreparedDevice, ...]:
+        """``prepared`` with its VFIO devices' GPUs on ``vfio-pci``, or none of them moved. A
+        GPU another prepared claim uses (its whole GPU or a MIG device of it) is refused."""
+        if not any(p.vfio is not None for p in prepared):
+            return prepared
+        control = self._vfio_control()
+        refs = self.devices()
+        in_use = {
+            refs[p.device].minor
+            for p in self._checkpointed()
+            if p.vfio is None and p.device in refs
+        }
+        done: list[PreparedDevice] = []
+        try:
+            for p in prepared:
+                if p.vfio is None:
+                    done.append(p)
+                    continue
+                if p.vfio.minor in in_use:
+                    raise PrepareError(
+                        f"GPU {p.vfio.address} is in use by another prepared claim: it is "
+                        "handed to vfio-pci once that claim is unprepared"
+                    )
+                try:
+                    done.append(dataclasses.replace(p, vfio=control.to_vfio(p.vfio)))
+                except PassthroughError as err:
+                    raise PrepareError(str(err)) from None
+        except Exception:
+            self._release_vfio(tuple(done))
+            raise
+        return tuple(done)
+
+    def _release_vfio(self, prepared: tuple[PreparedDevice, ...]) -> None:
+        for p in prepared:
+            if p.vfio is not None and p.vfio.group and self.vfio is not None:
+                try:
+                    self.vfio.to_nvidia(p.vfio.address)
+                except Exception:  # the failure that matters is the one being raised
+                    log.exception("binding GPU %s back after a failed Prepare", p.vfio.address)
 
     def _checkpointed(self) -> tuple[PreparedDevice, ...]:
         """Every device of every claim the checkpoint holds: what must stay as it is."""
@@ -261,11 +332,14 @@ class DraPlugin:
 
     def _write_spec(self, uid: str, prepared: tuple[PreparedDevice, ...]) -> None:
         refs = self.devices()
-        missing = sorted(p.device for p in prepared if p.mig is None and p.device not in refs)
+        missing = sorted(
+            p.device for p in prepared if p.mig is None and p.vfio is None and p.device not in refs
+        )
         if missing:
             raise PrepareError(f"prepared devices {missing} are not on this node any more")
         known = {p.device: refs[p.device] for p in prepared if p.device in refs}
-        spec = cdi_spec(uid, prepared, known, self.driver(), self.paths.plugin_dir)
+        iommufd = self.vfio is not None and self.vfio.bus.iommufd()
+        spec = cdi_spec(uid, prepared, known, self.driver(), self.paths.plugin_dir, iommufd)
         directory = self.paths.cdi_dir
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / spec_file_name(uid)

@@ -127,11 +127,14 @@ def lay_out(
     device_nodes: bool = True,
     simulate: str = "",
     seed: str | None = None,
+    pci: bool = False,
 ) -> list[str]:
     """Write a stub driver root at ``root``; return what it wrote, root-relative, in order:
     every file, link and device node it wrote or kept, each directory it made listed before
     what is in it. Device nodes need root; without it (or ``device_nodes=False``), none.
-    ``simulate`` and ``seed`` go into the GPU table as they are (see :class:`StubTable`)."""
+    ``simulate`` and ``seed`` go into the GPU table as they are (see :class:`StubTable`).
+    ``pci``: also the GPUs' PCI functions in sysfs and ``/dev/vfio`` (:mod:`gpu_operator.sim.pci`),
+    for passthrough."""
     table = StubTable(version, cuda_version, tuple(gpus), simulate, seed)
     table.validate()
     nodes = device_nodes and os.geteuid() == 0
@@ -160,6 +163,10 @@ def lay_out(
             continue
         created.append(entry.path)
     _remove_other_versions(root, style, version)
+    if pci:
+        from gpu_operator.sim.pci import PciGpu, lay_out_pci
+
+        created.extend(lay_out_pci(root, [PciGpu(g.pci_bus_id, g.name) for g in gpus]))
     return created
 
 
