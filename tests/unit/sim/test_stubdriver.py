@@ -541,3 +541,22 @@ def test_nvidia_smi_lists_the_mig_devices_the_simulated_nvml_made_that_this_proc
             assert len(smi(root, "-L").stdout.splitlines()) == 1
     finally:
         uninstall_simulated_nvml()
+
+
+def test_the_pci_bus_is_laid_out_beside_the_driver_when_asked(
+    tmp_path: Path, artefacts: Path
+) -> None:
+    from gpu_operator.agent.dra.vfio import NVIDIA_DRIVER, pci_bus
+
+    root = tmp_path / "driver"
+    created = lay_out(
+        root, version=VERSION, cuda_version=CUDA, gpus=GPUS, artefacts=artefacts, pci=True
+    )
+    assert "sys/bus/pci/devices/0000:0a:00.0/device" in created
+    bus = pci_bus(root)
+    assert bus.nvidia_functions() == ["0000:07:00.0", "0000:08:00.0", "0000:0a:00.0"]
+    ids = [
+        (root / "sys/bus/pci/devices" / a / "device").read_text() for a in bus.nvidia_functions()
+    ]
+    assert ids == ["0x20b0\n", "0x2330\n", "0x1eb8\n"]  # A100-SXM4-40GB, H100, T4
+    assert {bus.driver_of(a) for a in bus.nvidia_functions()} == {NVIDIA_DRIVER}
