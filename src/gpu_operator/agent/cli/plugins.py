@@ -258,6 +258,7 @@ def cmd_dra_plugin(args: argparse.Namespace) -> int:
     from gpu_operator.agent.dra import agent as dra
     from gpu_operator.agent.dra.devices import DRIVER
     from gpu_operator.agent.dra.server import PluginPaths
+    from gpu_operator.agent.dra.vfio import PassthroughError
     from gpu_operator.api import dragates
 
     setup(args)
@@ -303,6 +304,8 @@ def cmd_dra_plugin(args: argparse.Namespace) -> int:
             health,
             nvml,
         )
+    except PassthroughError as exc:  # refused before anything is published or served
+        raise UsageProblem(str(exc), "turn the IOMMU on, or PassthroughSupport off") from exc
     finally:
         nvml.close()
 

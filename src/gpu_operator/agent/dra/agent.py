@@ -183,7 +183,13 @@ def run(
     vfio = None
     if options.gates.on("PassthroughSupport"):
         root = Path(options.pci_root)
-        vfio = VfioControl(pci_bus(root), root / "dev")
+        bus = pci_bus(root)
+        if not bus.iommu_enabled():  # as NVIDIA's plugin, which will not start without it
+            raise PassthroughError(
+                f"PassthroughSupport needs the IOMMU on: {root / 'sys/kernel/iommu_groups'} "
+                "has no groups (boot with intel_iommu=on or amd_iommu=on)"
+            )
+        vfio = VfioControl(bus, root / "dev")
     passthrough: Passthrough | None = None
 
     def refs() -> Mapping[str, dra_devices.DeviceRef]:

@@ -64,6 +64,9 @@ class PciBus(Protocol):
     def iommufd(self) -> bool:
         """Whether the host has IOMMUFD (``/dev/iommu``)."""
 
+    def iommu_enabled(self) -> bool:
+        """Whether the kernel has the IOMMU on (any group in ``sys/kernel/iommu_groups``)."""
+
     def vfio_cdev(self, address: str) -> str:
         """The IOMMUFD character device of ``address`` on vfio-pci (``vfio3``), "" if none."""
 
@@ -121,6 +124,10 @@ class SysfsPciBus:
 
     def iommufd(self) -> bool:
         return (self.root / IOMMU_DEV.lstrip("/")).exists()
+
+    def iommu_enabled(self) -> bool:
+        groups = self.root / IOMMU_GROUPS
+        return groups.is_dir() and any(groups.iterdir())
 
     def vfio_cdev(self, address: str) -> str:
         folder = self._device(address) / "vfio-dev"

@@ -99,6 +99,11 @@ def test_the_stand_in_kernel_refuses_what_the_kernel_refuses(root: Path) -> None
     assert bus.driver_of(address) == VFIO_DRIVER
 
 
+def test_the_iommu_is_on_where_the_kernel_has_groups(root: Path, tmp_path: Path) -> None:
+    assert pci_bus(root).iommu_enabled()
+    assert not SysfsPciBus(tmp_path / "no-iommu").iommu_enabled()
+
+
 def test_a_simulated_root_needs_the_simulation_registered(root: Path) -> None:
     register_pci_bus(None)
     try:
