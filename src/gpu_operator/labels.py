@@ -25,6 +25,7 @@ DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
 DEPLOY_OPERANDS = DEPLOY_PREFIX + "operands"
 MIG_CAPABLE = "nvidia.com/mig.capable"
 MIG_CONFIG = "nvidia.com/mig.config"
+WORKLOAD_CONFIG = "nvidia.com/gpu.workload.config"  # container|vm-passthrough|vm-vgpu
 MIG_CONFIG_STATE = "nvidia.com/mig.config.state"
 DEVICE_PLUGIN_CONFIG = "nvidia.com/device-plugin.config"
 OWNED_ANNOTATION = "nvidia.com/gpu-operator.owned"  # what the operator added to the node

@@ -28,6 +28,7 @@ from gpu_operator.labels import (
     NFD_GPU_LABELS,
     OWNED_ANNOTATION,
     STACK_ANNOTATIONS,
+    WORKLOAD_CONFIG,
     is_true,
 )
 from gpu_operator.views import NodeView, derived
@@ -93,6 +94,54 @@ class Owned:
         )
 
 
+# What each GPU workload config deploys, by deploy-label suffix (NVIDIA's operator's table).
+# ``container`` is the stack a node runs without sandbox workloads; mig-manager joins it only on
+# MIG-capable nodes (``NodePolicy.mig_only``).
+CONTAINER = "container"
+VM_PASSTHROUGH = "vm-passthrough"
+VM_VGPU = "vm-vgpu"
+WORKLOAD_STACKS: Mapping[str, frozenset[str]] = {
+    CONTAINER: frozenset(
+        {
+            "driver",
+            "gpu-feature-discovery",
+            "container-toolkit",
+            "device-plugin",
+            "dcgm",
+            "dcgm-exporter",
+            "node-status-exporter",
+            "operator-validator",
+            "mig-manager",
+        }
+    ),
+    VM_PASSTHROUGH: frozenset(
+        {"sandbox-device-plugin", "sandbox-validator", "vfio-manager", "kata-manager", "cc-manager"}
+    ),
+    VM_VGPU: frozenset(
+        {
+            "sandbox-device-plugin",
+            "vgpu-manager",
+            "vgpu-device-manager",
+            "sandbox-validator",
+            "cc-manager",
+        }
+    ),
+}
+
+
+@dataclass(frozen=True)
+class SandboxPolicy:
+    """``sandboxWorkloads`` when enabled: each GPU node runs the stack its
+    ``nvidia.com/gpu.workload.config`` label names, ``default_workload`` where it has none."""
+
+    default_workload: str = CONTAINER
+    # fabricManager.mode shared-nvswitch: passthrough nodes keep the driver (the fabric manager
+    # runs on the host and partitions the NVSwitches for the VMs)
+    shared_nvswitch: bool = False
+    # sandboxWorkloads.mode kata: passthrough GPUs go to Kata's device plugin, not KubeVirt's
+    kata: bool = False
+
+
 @dataclass(frozen=True)
 class NodePolicy:
     """What the active ClusterPolicy asks of every GPU node."""
@@ -101,6 +150,48 @@ class NodePolicy:
     mig_only: frozenset[str] = frozenset({"mig-manager"})
     taint: Taint | None = None
     default_mig_config: str | None = "all-disabled"
+    sandbox: SandboxPolicy | None = None  # None: every GPU node runs the container stack
+
+
+def workload_config(node: NodeView, policy: NodePolicy) -> str | None:
+    """The workload config ``node`` runs under ``policy``; None when its label names none of
+    NVIDIA's three (the node then keeps the deploy labels it has, see :func:`plan_node`)."""
+    if policy.sandbox is None:
+        return CONTAINER
+    value = node.labels.get(WORKLOAD_CONFIG)
+    if value is None or value == "":
+        return policy.sandbox.default_workload
+    return value if value in WORKLOAD_STACKS else None
+
+
+def workload_problem(node: NodeView, policy: NodePolicy | None) -> str | None:
+    """Why ``node``'s workload config label cannot be used, for its Event and the policy's
+    status; None when it can (or when sandbox workloads are off, or it is not a GPU node)."""
+    if policy is None or policy.sandbox is None or not is_gpu_node(node):
+        return None
+    if workload_config(node, policy) is not None:
+        return None
+    value = node.labels.get(WORKLOAD_CONFIG)
+    return (
+        f"{WORKLOAD_CONFIG}={value!r} is none of {', '.join(WORKLOAD_STACKS)}; "
+        "the node keeps the deploy labels it has"
+    )
+
+
+def stack(node: NodeView, policy: NodePolicy) -> frozenset[str] | None:
+    """The deploy-label suffixes of the workload config ``node`` runs (before the policy's
+    enabled components and the node's MIG capability filter them)."""
+    config = workload_config(node, policy)
+    if config is None:
+        return None
+    names = WORKLOAD_STACKS[config]
+    sandbox = policy.sandbox
+    if config == VM_PASSTHROUGH and sandbox is not None:
+        if sandbox.shared_nvswitch:
+            names = names | {"driver"}
+        if sandbox.kata:
+            names = (names - {"sandbox-device-plugin"}) | {"kata-sandbox-device-plugin"}
+    return names
 
 
 @dataclass(frozen=True)
@@ -159,16 +250,20 @@ def _has_gpus(node: NodeView) -> bool:
 
 
 def desired_labels(node: NodeView, policy: NodePolicy) -> dict[str, str]:
-    """Labels the operator wants on a GPU node (keys it may then own)."""
+    """Labels the operator wants on a GPU node (keys it may then own): the deploy labels of the
+    enabled components in the node's workload stack. A node whose workload config is invalid
+    gets only ``gpu.present`` here; :func:`plan_node` keeps what it had."""
     labels = node.labels
     want = {GPU_PRESENT: "true"}
-    if labels.get(DEPLOY_OPERANDS, "").lower() != "false":
+    names = stack(node, policy)
+    if names is not None and labels.get(DEPLOY_OPERANDS, "").lower() != "false":
         mig_capable = is_true(labels.get(MIG_CAPABLE))
-        for name in policy.deploy:
+        deploy = [name for name in policy.deploy if name in names]
+        for name in deploy:
             if name in policy.mig_only and not mig_capable:
                 continue
             want[DEPLOY_PREFIX + name] = "true"
-        if mig_capable and "mig-manager" in policy.deploy and policy.default_mig_config:
+        if mig_capable and "mig-manager" in deploy and policy.default_mig_config:
             want[MIG_CONFIG] = policy.default_mig_config
     return want
 
@@ -185,7 +280,15 @@ def plan_node(
     owned = _disown_user_choices(node, Owned.parse(node.annotations))
     labels: dict[str, str | None] = {}
     new_owned_labels = set(owned.labels)
-    want = desired_labels(node, policy) if policy and is_gpu_node(node) else {}
+    gpu_node = policy is not None and is_gpu_node(node)
+    want = desired_labels(node, policy) if policy and gpu_node else {}
+    # An invalid workload config changes nothing the operator set: the node's operands stay
+    # until someone fixes the label (the problem is reported, see ``workload_problem``).
+    held = (
+        {k for k in owned.labels if k.startswith(DEPLOY_PREFIX) or k == MIG_CONFIG}
+        if policy and gpu_node and workload_config(node, policy) is None
+        else set()
+    )
 
     for key, value in want.items():
         current = node.labels.get(key)
@@ -200,7 +303,7 @@ def plan_node(
             labels[key] = value
 
     for key in owned.labels:
-        if key not in want:
+        if key not in want and key not in held:
             if key in node.labels:
                 labels[key] = None
             new_owned_labels.discard(key)

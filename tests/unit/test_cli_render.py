@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from gpu_operator.cli import main
+from gpu_operator.render.components import REGISTRY
 from gpu_operator.render.driver import POOL_LABEL
 from tests import prerequisites
 from tests.paths import REPO
@@ -148,7 +149,9 @@ def test_summary_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert rows["dcgm"][1] == "yes"
     assert rows["driver"][3] == "nvcr.io/nvidia/driver:580.95.05-rhel9"
     assert int(rows["mig-manager"][2]) > 0
-    assert len(lines) == 9
+    sandbox = [line.split() for line in lines[9:]]
+    assert [row[0] for row in sandbox] == [c.name for c in REGISTRY if c.sandbox]
+    assert {row[1] for row in sandbox} == {"no"}  # sandboxWorkloads is off in the sample
 
 
 def test_summary_names_sections_not_implemented(

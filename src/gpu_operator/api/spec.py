@@ -1,8 +1,9 @@
 """ClusterPolicy ``spec``: every section of NVIDIA's nvidia.com/v1 schema.
 
-Sections the operator acts on are typed strictly. Sections it does not implement yet (sandbox,
-vGPU, VFIO, Kata, confidential computing, GDS, GDRCopy, PSP) are ``OpenSection``s: accepted,
-preserved, and reported in status as not implemented when enabled.
+Sections the operator acts on are typed strictly. Sections it does not implement yet (Kata,
+GDS, GDRCopy, PSP) are ``OpenSection``s: accepted, preserved, and reported in status as not
+implemented when enabled. The sandbox operands' sections (VFIO, vGPU, sandbox device plugin,
+confidential computing) are typed like the others, after NVIDIA's schema.
 """
 
 from __future__ import annotations
@@ -360,6 +361,57 @@ class HostPathsSpec(ApiModel):
     )
 
 
+class SandboxOperandSpec(Component):
+    """A sandbox-workload operand's section: off unless enabled (NVIDIA's operator's default
+    too); deployed only with sandboxWorkloads enabled."""
+
+    enabled: bool = False
+
+
+class VfioManagerSpec(SandboxOperandSpec):
+    driver_manager: DriverManager | None = Field(
+        default=None,
+        description="The k8s-driver-manager image whose init container unloads a host driver "
+        "before the GPUs are bound to vfio-pci.",
+    )
+
+
+class VgpuManagerSpec(SandboxOperandSpec):
+    driver_manager: DriverManager | None = None
+    kernel_module_config: ConfigRef | None = None
+
+
+class VgpuDevicesConfig(ApiModel):
+    name: str | None = Field(
+        default=None,
+        description="ConfigMap of named vGPU device layouts (key config.yaml); empty: the "
+        "vGPU device manager's own default-vgpu-devices-config.",
+    )
+    default: str | None = Field(
+        default=None,
+        description="The layout applied where a node has no nvidia.com/vgpu.config label.",
+        json_schema_extra=crd_default("default"),
+    )
+
+
+class VgpuDeviceManagerSpec(SandboxOperandSpec):
+    config: VgpuDevicesConfig | None = None
+
+
+class CcManagerSpec(SandboxOperandSpec):
+    default_mode: Literal["on", "off", "devtools"] | None = Field(
+        default=None, description="Confidential-computing mode set on capable GPUs."
+    )
+
+
+class FabricManagerSpec(ApiModel):
+    mode: Literal["full-passthrough", "shared-nvswitch"] | None = Field(
+        default=None,
+        description="shared-nvswitch: vm-passthrough nodes keep the driver (the fabric "
+        "manager runs on the host and partitions NVSwitches for the VMs).",
+    )
+
+
 class SandboxWorkloadsSpec(ApiModel):
     enabled: bool | None = None
     default_workload: Literal["container", "vm-passthrough", "vm-vgpu"] | None = Field(
@@ -495,13 +547,15 @@ class ClusterPolicySpec(ApiModel):
     psp: OpenSection = Field(default_factory=OpenSection)
     gds: OpenSection = Field(default_factory=OpenSection)
     gdrcopy: OpenSection = Field(default_factory=OpenSection)
-    sandbox_device_plugin: OpenSection = Field(default_factory=OpenSection)
     kata_sandbox_device_plugin: OpenSection = Field(default_factory=OpenSection)
-    vfio_manager: OpenSection = Field(default_factory=OpenSection)
-    vgpu_manager: OpenSection = Field(default_factory=OpenSection)
-    vgpu_device_manager: OpenSection = Field(default_factory=OpenSection)
     kata_manager: OpenSection = Field(default_factory=OpenSection)
-    cc_manager: OpenSection = Field(default_factory=OpenSection)
+    # The sandbox-workload operands (rendered only with sandboxWorkloads enabled).
+    sandbox_device_plugin: SandboxOperandSpec = Field(default_factory=SandboxOperandSpec)
+    vfio_manager: VfioManagerSpec = Field(default_factory=VfioManagerSpec)
+    vgpu_manager: VgpuManagerSpec = Field(default_factory=VgpuManagerSpec)
+    vgpu_device_manager: VgpuDeviceManagerSpec = Field(default_factory=VgpuDeviceManagerSpec)
+    cc_manager: CcManagerSpec = Field(default_factory=CcManagerSpec)
+    fabric_manager: FabricManagerSpec = Field(default_factory=FabricManagerSpec)
 
     def unimplemented_enabled(self) -> list[str]:
         """Enabled sections this operator accepts but does not act on, by wire name.
@@ -509,15 +563,7 @@ class ClusterPolicySpec(ApiModel):
         The sandbox-family operands only run when sandboxWorkloads is enabled, as in NVIDIA's
         operator, so their default ``enabled: true`` in NVIDIA's Helm values is not reported.
         """
-        sandbox_only = {
-            "sandboxDevicePlugin",
-            "kataSandboxDevicePlugin",
-            "vfioManager",
-            "vgpuManager",
-            "vgpuDeviceManager",
-            "kataManager",
-            "ccManager",
-        }
+        sandbox_only = {"kataSandboxDevicePlugin", "kataManager"}
         names = []
         for field_name, info in type(self).model_fields.items():
             section = getattr(self, field_name)
@@ -527,8 +573,8 @@ class ClusterPolicySpec(ApiModel):
             if wire in sandbox_only and not self.sandbox_workloads.enabled:
                 continue
             names.append(wire)
-        if self.sandbox_workloads.enabled:
-            names.insert(0, "sandboxWorkloads")
+        if self.sandbox_workloads.enabled and self.sandbox_workloads.mode == "kata":
+            names.insert(0, "sandboxWorkloads.mode=kata")
         if self.node_status_exporter.enabled:
             names.insert(0, "nodeStatusExporter")
         return names

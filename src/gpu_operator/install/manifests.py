@@ -41,10 +41,13 @@ def image_env(image: str = DEFAULT_OPERATOR_IMAGE) -> dict[str, str]:
     """Every ``*_IMAGE`` fallback the operator reads, in registry order, resolved to defaults.
 
     Components that run the project's own image (the agents) fall back to ``image`` itself, so
-    the operator and its agents are always the same build.
+    the operator and its agents are always the same build. The sandbox operands' images have
+    no fallback here: nothing pulls them unless a policy enables sandbox workloads.
     """
     env = {"OPERATOR_IMAGE": image}
     for comp in REGISTRY:
+        if comp.sandbox:
+            continue  # NVIDIA's images, named by the ClusterPolicy or the built-in defaults
         env[comp.image_env] = default_image(comp, image).reference
     env["DRIVER_MANAGER_IMAGE"] = DRIVER_MANAGER_IMAGE
     return env

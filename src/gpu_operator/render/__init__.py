@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_operator.api.spec import ClusterPolicySpec
-from gpu_operator.render.components import REGISTRY, ComponentDef, section
+from gpu_operator.render.components import REGISTRY, ComponentDef, is_enabled
 from gpu_operator.render.engine import SHARED_FOLDER, render_template, templates
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE, Facts, NodeOS, mps_configured
 from gpu_operator.render.values import component_images, template_context
@@ -85,7 +85,7 @@ def is_rendered(policy: ClusterPolicySpec, facts: Facts, comp: ComponentDef) -> 
     except on nodes that have not been handed over to one yet."""
     if comp.name == "driver" and policy.driver.use_nvidia_driver_crd:
         return policy.driver.enabled and facts.driver_handover
-    return section(policy, comp).enabled
+    return is_enabled(policy, comp)
 
 
 def component_templates(comp: ComponentDef) -> list[str]:

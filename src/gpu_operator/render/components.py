@@ -37,6 +37,7 @@ class ComponentDef:
     # NVIDIA images (repository/name) that cannot do this component's job in our pod layout;
     # a spec naming one gets the project's image instead of a pod that never works.
     replaced_images: tuple[str, ...] = ()
+    sandbox: bool = False  # deployed only with sandboxWorkloads enabled (GPUs for VMs)
 
     @property
     def deploy_label(self) -> str:
@@ -127,6 +128,70 @@ REGISTRY: tuple[ComponentDef, ...] = (
         agent="mig-manager",
         mig_capable_only=True,
     ),
+    # The sandbox-workload operands, NVIDIA's images: GPUs handed to virtual machines.
+    ComponentDef(
+        name="vfio-manager",
+        spec_field="vfioManager",
+        app="nvidia-vfio-manager",
+        service_account="nvidia-vfio-manager",
+        image_env="VFIO_MANAGER_IMAGE",
+        default_image=ImageDefault("nvcr.io/nvidia/cloud-native", "k8s-driver-manager", "v0.12.0"),
+        gpu_runtime=False,
+        sandbox=True,
+    ),
+    ComponentDef(
+        name="vgpu-manager",
+        spec_field="vgpuManager",
+        app="nvidia-vgpu-manager-daemonset",
+        service_account="nvidia-vgpu-manager",
+        image_env="VGPU_MANAGER_IMAGE",
+        # NVIDIA publishes no vGPU manager image: users build theirs and name its repository
+        default_image=ImageDefault("nvcr.io/nvidia", "vgpu-manager", "580.95.05"),
+        gpu_runtime=False,
+        sandbox=True,
+    ),
+    ComponentDef(
+        name="vgpu-device-manager",
+        spec_field="vgpuDeviceManager",
+        app="nvidia-vgpu-device-manager",
+        service_account="nvidia-vgpu-device-manager",
+        image_env="VGPU_DEVICE_MANAGER_IMAGE",
+        default_image=ImageDefault("nvcr.io/nvidia/cloud-native", "vgpu-device-manager", "v0.5.0"),
+        gpu_runtime=False,
+        sandbox=True,
+    ),
+    ComponentDef(
+        name="sandbox-validator",
+        spec_field="validator",
+        app="nvidia-sandbox-validator",
+        service_account="nvidia-sandbox-validator",
+        # not VALIDATOR_IMAGE: the operator's Deployment points that at the project's image
+        image_env="SANDBOX_VALIDATOR_IMAGE",
+        # NVIDIA's validator (its operator image): the project's own has no sandbox checks
+        default_image=ImageDefault("nvcr.io/nvidia", "gpu-operator", "v25.10.0"),
+        gpu_runtime=False,
+        sandbox=True,
+    ),
+    ComponentDef(
+        name="sandbox-device-plugin",
+        spec_field="sandboxDevicePlugin",
+        app="nvidia-sandbox-device-plugin-daemonset",
+        service_account="nvidia-sandbox-device-plugin",
+        image_env="SANDBOX_DEVICE_PLUGIN_IMAGE",
+        default_image=ImageDefault("nvcr.io/nvidia", "kubevirt-gpu-device-plugin", "v1.6.0"),
+        gpu_runtime=False,
+        sandbox=True,
+    ),
+    ComponentDef(
+        name="cc-manager",
+        spec_field="ccManager",
+        app="nvidia-cc-manager",
+        service_account="nvidia-cc-manager",
+        image_env="CC_MANAGER_IMAGE",
+        default_image=ImageDefault("nvcr.io/nvidia/cloud-native", "k8s-cc-manager", "v0.4.3"),
+        gpu_runtime=False,
+        sandbox=True,
+    ),
 )
 
 _ATTRIBUTE_BY_WIRE = {
@@ -140,6 +205,14 @@ def component(name: str) -> ComponentDef:
         if entry.name == name:
             return entry
     raise KeyError(f"unknown component {name!r}; known: {[c.name for c in REGISTRY]}")
+
+
+def is_enabled(policy: ClusterPolicySpec, comp: ComponentDef) -> bool:
+    """Whether the policy deploys ``comp`` at all: its section enabled, and for a sandbox
+    operand sandboxWorkloads enabled too (as NVIDIA's operator decides)."""
+    if comp.sandbox and not policy.sandbox_workloads.enabled:
+        return False
+    return section(policy, comp).enabled
 
 
 def section(policy: ClusterPolicySpec, comp: ComponentDef) -> Component:

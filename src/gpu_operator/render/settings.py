@@ -28,6 +28,13 @@ from gpu_operator.render.wire import merge_env, merge_maps
 
 DEFAULT_PRIORITY_CLASS = "system-node-critical"
 DEFAULT_PULL_POLICY = "IfNotPresent"
+# NVIDIA's requests and limits for operands whose section sets none
+_SMALL = {"limits": {"memory": "200Mi"}, "requests": {"cpu": "100m", "memory": "200Mi"}}
+DEFAULT_RESOURCES: Mapping[str, Mapping[str, Any]] = {"vfio-manager": _SMALL, "cc-manager": _SMALL}
+# Node labels an operand needs beyond its deploy label (NFD's rule marks CC-capable GPUs)
+EXTRA_NODE_SELECTOR: Mapping[str, Mapping[str, str]] = {
+    "cc-manager": {"nvidia.com/cc.capable": "true"}
+}
 
 
 @dataclass(frozen=True)
@@ -86,12 +93,16 @@ def daemonset_settings(
     # The project's agents load the driver themselves: no NVIDIA runtime (nor its toolkit having
     # configured it) needed to start them.
     project_image = runs_agent(comp, image, facts.operator_image)
-    resources = spec.resources.to_wire() if spec.resources is not None else {}
+    resources = (
+        spec.resources.to_wire()
+        if spec.resources is not None
+        else dict(DEFAULT_RESOURCES.get(comp.name, {}))
+    )
     return DaemonSetSettings(
         user_labels=dict(common.labels or {}),
         user_annotations=dict(common.annotations or {}),
         update_strategy=_update_strategy(policy, comp),
-        node_selector={comp.deploy_label: "true"},
+        node_selector={comp.deploy_label: "true", **EXTRA_NODE_SELECTOR.get(comp.name, {})},
         tolerations=_tolerations(policy),
         priority_class_name=common.priority_class_name or DEFAULT_PRIORITY_CLASS,
         runtime_class_name=(None if project_image else _runtime_class_name(policy, facts, comp)),

@@ -29,6 +29,7 @@ from gpu_operator.render.components import ComponentDef, component_image, runs_a
 from gpu_operator.render.facts import Facts, NodeOS, Runtime
 from gpu_operator.render.images import with_os_tag
 from gpu_operator.render.metadata import owned_labels
+from gpu_operator.render.sandbox import sandbox_values
 from gpu_operator.render.settings import DaemonSetSettings, daemonset_settings, runtime_class
 
 DEFAULT_DRIVER_INSTALL_DIR = "/run/nvidia/driver"
@@ -471,4 +472,10 @@ VALUES: Mapping[str, ValuesBuilder] = {
     "dcgm-exporter": exporter_values,
     "gpu-feature-discovery": gfd_values,
     "mig-manager": mig_manager_values,
+    "vfio-manager": sandbox_values,
+    "vgpu-manager": sandbox_values,
+    "vgpu-device-manager": sandbox_values,
+    "sandbox-validator": sandbox_values,
+    "sandbox-device-plugin": sandbox_values,
+    "cc-manager": sandbox_values,
 }

@@ -42,14 +42,16 @@ def test_helm_default_values_are_read() -> None:
     assert policy.max_parallel_upgrades == 1
     assert spec.mig.strategy == "single"
     assert spec.daemonsets.tolerations and spec.daemonsets.tolerations[0].key == "nvidia.com/gpu"
-    assert spec.vgpu_device_manager.enabled is True  # open section, preserved
-    assert spec.vgpu_device_manager.model_extra == {
+    assert spec.vgpu_device_manager.enabled is True
+    assert spec.vgpu_device_manager.to_wire() == {
+        "enabled": True,
         "repository": "nvcr.io/nvidia/cloud-native",
         "image": "vgpu-device-manager",
         "version": "v0.5.0",
         "imagePullPolicy": "IfNotPresent",
         "config": {"default": "default", "name": ""},
     }
+    assert spec.kata_manager.model_extra == {"imagePullPolicy": "IfNotPresent"}  # kept as given
 
 
 def test_null_section_means_absent() -> None:
@@ -72,11 +74,21 @@ def test_unimplemented_sections_are_reported_when_enabled() -> None:
     spec = parse_spec(
         {
             "gds": {"enabled": True},
-            "sandboxWorkloads": {"enabled": True},
+            "sandboxWorkloads": {"enabled": True, "mode": "kata"},
+            "kataManager": {"enabled": True},
+            "vfioManager": {"enabled": True},
             "nodeStatusExporter": {"enabled": True},
         }
     )
-    assert spec.unimplemented_enabled() == ["nodeStatusExporter", "sandboxWorkloads", "gds"]
+    assert spec.unimplemented_enabled() == [
+        "nodeStatusExporter",
+        "sandboxWorkloads.mode=kata",
+        "gds",
+        "kataManager",
+    ]
+    # KubeVirt's mode (the default) and the sandbox operands are implemented
+    kubevirt = parse_spec({"sandboxWorkloads": {"enabled": True}, "vfioManager": {"enabled": True}})
+    assert kubevirt.unimplemented_enabled() == []
     # NVIDIA's Helm default enables sandbox operands, which only act with sandboxWorkloads on.
     helm = parse_document(nvidia_doc("clusterpolicy-helm-default.yaml"))
     assert helm.unimplemented_enabled() == []

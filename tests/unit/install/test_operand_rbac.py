@@ -52,8 +52,12 @@ def _roles(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def clusterpolicy_roles() -> list[dict[str, Any]]:
-    spec = load_policy(CASES_DIR / "everything-on.yaml")
-    return _roles(render(spec, Facts()))
+    objects = [
+        obj
+        for case in ("everything-on.yaml", "sandbox-workloads.yaml")
+        for obj in render(load_policy(CASES_DIR / case), Facts())
+    ]
+    return _roles(objects)
 
 
 def nvidiadriver_objects(openshift: bool = False) -> list[dict[str, Any]]:

@@ -66,7 +66,14 @@ def test_registry_order_names_and_labels() -> None:
         "dcgm-exporter",
         "gpu-feature-discovery",
         "mig-manager",
+        "vfio-manager",
+        "vgpu-manager",
+        "vgpu-device-manager",
+        "sandbox-validator",
+        "sandbox-device-plugin",
+        "cc-manager",
     ]
+    assert [c.name for c in REGISTRY if c.sandbox] == [c.name for c in REGISTRY][8:]
     assert component("device-plugin").deploy_label == "nvidia.com/gpu.deploy.device-plugin"
     assert [c.name for c in REGISTRY if c.mig_capable_only] == ["mig-manager"]
     with pytest.raises(KeyError, match="known"):
@@ -100,6 +107,8 @@ def test_default_images_when_no_image_fields_at_all() -> None:
         "dcgm-exporter": (project,),
         "gpu-feature-discovery": (project,),
         "mig-manager": (project,),
+        # the sandbox operands: only with sandboxWorkloads enabled
+        **{c.name: () for c in REGISTRY if c.sandbox},
     }
     for name, ds in daemonsets().items():
         for container in pod(ds).get("initContainers", []) + pod(ds)["containers"]:
@@ -192,7 +201,7 @@ def test_object_order_follows_registry_then_template_number() -> None:
 # -- enabling and disabling -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("comp", REGISTRY, ids=lambda c: c.name)
+@pytest.mark.parametrize("comp", [c for c in REGISTRY if not c.sandbox], ids=lambda c: c.name)
 def test_a_disabled_component_renders_nothing(comp: Any) -> None:
     policy = parse_spec({comp.spec_field: {"enabled": False}})
     parts = {p.component.name: p for p in render_components(policy, Facts())}
@@ -204,7 +213,7 @@ def test_a_disabled_component_renders_nothing(comp: Any) -> None:
     assert comp.name not in labels
     # the others are unaffected
     assert {p.component.name for p in parts.values() if p.enabled} == {
-        c.name for c in REGISTRY if c.name not in {comp.name, "dcgm"}
+        c.name for c in REGISTRY if c.name not in {comp.name, "dcgm"} and not c.sandbox
     }
 
 

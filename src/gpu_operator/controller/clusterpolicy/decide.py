@@ -22,7 +22,12 @@ from gpu_operator.controller.clusterpolicy.remediation_stage import (
     remediation_stage,
     remediation_status,
 )
-from gpu_operator.controller.clusterpolicy.status import Observation, compute_status
+from gpu_operator.controller.clusterpolicy.status import (
+    WORKLOAD_CONFIG_INVALID,
+    Observation,
+    compute_status,
+    workload_problems_message,
+)
 from gpu_operator.controller.notices import object_event
 from gpu_operator.controller.pools import handback_pending, handover_pending
 from gpu_operator.controller.readiness import (
@@ -55,7 +60,7 @@ from gpu_operator.controller.upgrade_stage import upgrade_stage
 from gpu_operator.events import iso_time
 from gpu_operator.jsonpatch import finalizer_body, merge_patch_to
 from gpu_operator.labels import NODE_CLEANUP_FINALIZER
-from gpu_operator.node_labels import NodePolicy, is_gpu_node, plan_node
+from gpu_operator.node_labels import NodePolicy, is_gpu_node, plan_node, workload_problem
 from gpu_operator.remediation import HealthPlan, HealthSummary
 from gpu_operator.render import RenderedComponent, render_components
 from gpu_operator.render.facts import Facts
@@ -229,9 +234,11 @@ def _decide_active(
             memory, _nonempty(stages), gauges=Gauges(gpu_nodes=gpu_nodes, policy_ready=False)
         )
 
+    nodes = node_policy(spec)
+    base = replace(base, workload_problems=_workload_problems(snap.nodes, nodes))
     active = _active(snap, memory, config, policy, spec, base)
     rendered, rollout = _render_and_roll_out(active)
-    labels, memory, relabelled = _node_stage(snap, memory, node_policy(spec), uninstall=False)
+    labels, memory, relabelled = _node_stage(snap, memory, nodes, uninstall=False)
     upgrade, driver_upgrade = _upgrade_step(active, rollout)
     health, health_stage, memory = _health_step(active, memory)
     components = _components(active, rendered, relabelled)
@@ -498,6 +505,15 @@ def _node_stage(
     return Stage(tuple(patches)), remembered, relabelled
 
 
+def _workload_problems(
+    nodes: Sequence[NodeView], policy: NodePolicy
+) -> tuple[tuple[str, str], ...]:
+    """GPU nodes whose workload config label cannot be used, and why."""
+    return tuple(
+        (node.name, why) for node in nodes if (why := workload_problem(node, policy)) is not None
+    )
+
+
 def _labelled_after(
     nodes: Sequence[NodeView], relabelled: Mapping[str, Mapping[str, str | None]]
 ) -> tuple[NodeView, ...]:
@@ -557,4 +573,29 @@ def _status_actions(
         about = {"apiVersion": API_VERSION, "kind": KIND, **policy}
         message = ready["message"] or new["state"]
         actions.append(Create(object_event(about, etype, ready["reason"], message, now, config)))
+    actions += _workload_events(current, observation, now, config)
     return actions, new
+
+
+def _workload_events(
+    current: Mapping[str, Any], observation: Observation, now: str, config: OperatorConfig
+) -> list[Action]:
+    """A Warning on each node whose invalid workload config the status did not report yet
+    (once per problem, not once per pass: the status remembers what was told)."""
+    told = next(
+        (
+            c.get("message") or ""
+            for c in current.get("conditions") or []
+            if c.get("type") == WORKLOAD_CONFIG_INVALID
+        ),
+        "",
+    )
+    actions: list[Action] = []
+    for node, why in observation.workload_problems:
+        if workload_problems_message([(node, why)]) in told:
+            continue
+        about = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}
+        actions.append(
+            Create(object_event(about, "Warning", "InvalidWorkloadConfig", why, now, config))
+        )
+    return actions

@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping
 
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.labels import NFD_PREFIX, OS_ID, OS_VERSION
-from gpu_operator.node_labels import NodePolicy, Taint, is_gpu_node
-from gpu_operator.render.components import REGISTRY, section
+from gpu_operator.node_labels import NodePolicy, SandboxPolicy, Taint, is_gpu_node
+from gpu_operator.render.components import REGISTRY, is_enabled
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE, Facts, NodeOS, Runtime
 from gpu_operator.render.user_configs import referenced_configmaps
 from gpu_operator.views import NodeView
@@ -70,11 +70,28 @@ def node_policy(spec: ClusterPolicySpec) -> NodePolicy:
     """What every GPU node should carry under ``spec``."""
     taint = spec.gpu_node_taint
     mig_default = spec.mig_manager.config.default if spec.mig_manager.config else None
+    deploy = [c.name for c in REGISTRY if is_enabled(spec, c)]
+    sandbox = spec.sandbox_workloads
+    if sandbox.enabled:
+        # labelled as NVIDIA's operator does, though this operator renders neither yet
+        if spec.kata_manager.enabled:
+            deploy.append("kata-manager")
+        if spec.kata_sandbox_device_plugin.enabled:
+            deploy.append("kata-sandbox-device-plugin")
     return NodePolicy(
-        deploy=tuple(c.name for c in REGISTRY if section(spec, c).enabled),
+        deploy=tuple(deploy),
         mig_only=frozenset(c.name for c in REGISTRY if c.mig_capable_only),
         taint=Taint(taint.key, taint.value, taint.effect) if taint.enabled else None,
         default_mig_config="all-disabled" if mig_default is None else (mig_default or None),
+        sandbox=(
+            SandboxPolicy(
+                default_workload=sandbox.default_workload or "container",
+                shared_nvswitch=spec.fabric_manager.mode == "shared-nvswitch",
+                kata=sandbox.mode == "kata",
+            )
+            if sandbox.enabled
+            else None
+        ),
     )
 
 

@@ -33,6 +33,8 @@ class Observation:
     dra_conflicts: Sequence[str] = ()  # nodes a GPUCluster's DRA stack also targets
     # Desired objects of an optional kind the cluster does not serve (no Prometheus operator).
     not_served: Sequence[str] = ()
+    # GPU nodes whose nvidia.com/gpu.workload.config names no workload config: (node, why)
+    workload_problems: Sequence[tuple[str, str]] = ()
 
 
 def compute_status(obs: Observation, previous: Mapping[str, Any], now: str) -> dict[str, Any]:
@@ -135,6 +137,15 @@ def compute_status(obs: Observation, previous: Mapping[str, Any], now: str) -> d
                 "dcgmExporter.serviceMonitor.enabled to false; the rest of the stack is applied",
             )
         )
+    if obs.workload_problems:
+        conditions.append(
+            cond(
+                WORKLOAD_CONFIG_INVALID,
+                "True",
+                "InvalidWorkloadConfig",
+                workload_problems_message(obs.workload_problems),
+            )
+        )
     failed = upgrade_failed(obs.upgrade)
     if failed is not None:
         conditions.append(cond(UPGRADE_FAILED, "True", "CanaryFailed", failed))
@@ -153,3 +164,9 @@ def compute_status(obs: Observation, previous: Mapping[str, Any], now: str) -> d
 
 
 NOT_SERVED = "ServiceMonitorNotServed"
+WORKLOAD_CONFIG_INVALID = "WorkloadConfigInvalid"
+
+
+def workload_problems_message(problems: Sequence[tuple[str, str]]) -> str:
+    """One line per node, in node order, as the WorkloadConfigInvalid condition says it."""
+    return "; ".join(f"node {node}: {why}" for node, why in sorted(problems))

@@ -38,6 +38,7 @@ from gpu_operator.labels import (
     OWNED_ANNOTATION,
     UPGRADE_SINCE,
     UPGRADE_STATE,
+    WORKLOAD_CONFIG,
 )
 from gpu_operator.render import render_components
 from gpu_operator.render.components import REGISTRY
@@ -547,3 +548,39 @@ def test_health_remediation_makes_every_operand_tolerate_the_quarantine_taint() 
     for ds in daemonsets:
         keys = {t.get("key") for t in ds["spec"]["template"]["spec"].get("tolerations") or ()}
         assert "nvidia.com/gpu.unhealthy" in keys, ds["metadata"]["name"]
+
+
+# -- sandbox workloads -----------------------------------------------------------------------------
+
+
+SANDBOX = {"sandboxWorkloads": {"enabled": True}, "vfioManager": {"enabled": True}}
+
+
+def test_a_bad_workload_config_is_told_on_the_node_once_and_in_the_status() -> None:
+    bad = gpu_node("gpu-2", labels={WORKLOAD_CONFIG: "vm"})
+    snap, memory = converge(policy(spec=SANDBOX), [gpu_node(), bad])
+    conditions = {c["type"]: c for c in snap.policies[0]["status"]["conditions"]}
+    message = conditions["WorkloadConfigInvalid"]["message"]
+    assert message.startswith("node gpu-2: nvidia.com/gpu.workload.config='vm' is none of")
+    assert "gpu-1" not in message
+    # the first pass told the node; a converged world tells nothing again
+    first = decide(snapshot([policy(spec=SANDBOX)], [gpu_node(), bad]), Memory(), CONFIG)
+    told = [
+        (a.obj["involvedObject"]["kind"], a.obj["involvedObject"]["name"])
+        for a in first.actions
+        if isinstance(a, Create) and a.obj["reason"] == "InvalidWorkloadConfig"
+    ]
+    assert told == [("Node", "gpu-2")]
+    assert decide(snap, memory, CONFIG).stages == ()
+    # the bad node got no deploy label; the good one the container stack
+    by_name = {n.name: n for n in snap.nodes}
+    assert not any(k.startswith(DEPLOY_PREFIX) for k in by_name["gpu-2"].labels)
+    assert by_name["gpu-1"].labels[DEPLOY_PREFIX + "driver"] == "true"
+
+
+def test_sandbox_operands_count_in_readiness() -> None:
+    vm = gpu_node(labels={WORKLOAD_CONFIG: "vm-passthrough"})
+    snap, _ = converge(policy(spec=SANDBOX), [vm])
+    names = {c["name"] for c in snap.policies[0]["status"]["components"]}
+    assert {"vfio-manager", "sandbox-validator"} <= names
+    assert snap.policies[0]["status"]["state"] == "ready"

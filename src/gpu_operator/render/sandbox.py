@@ -1,0 +1,88 @@
+"""What the sandbox-workload operands' templates read (``v``): GPUs handed to virtual machines.
+
+These operands run NVIDIA's images (the VFIO manager, the vGPU manager and device manager, the
+KubeVirt device plugin, the sandbox validator, the confidential-computing manager). Their init
+containers that wait for a validation file run the validator's image, as NVIDIA's do; those
+that unload a host driver run the section's ``driverManager`` image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_operator.api.base import EnvVar
+from gpu_operator.api.spec import ClusterPolicySpec, DriverManager
+from gpu_operator.render.components import ComponentDef, component, component_image, section
+from gpu_operator.render.facts import Facts
+from gpu_operator.render.images import ImageDefault, resolve_image
+from gpu_operator.render.settings import DEFAULT_PULL_POLICY
+
+# NVIDIA's Helm default for vfioManager.driverManager and vgpuManager.driverManager
+SANDBOX_DRIVER_MANAGER = ImageDefault(
+    "nvcr.io/nvidia/cloud-native", "k8s-driver-manager", "v0.12.0"
+)
+DEFAULT_VGPU_DEVICES_CONFIG = "default-vgpu-devices-config"
+
+
+@dataclass(frozen=True)
+class DriverManagerValues:
+    """The init container that unloads a host NVIDIA driver before the GPUs change hands."""
+
+    image: str
+    pull_policy: str
+    env: tuple[Mapping[str, Any], ...]  # the section's, over the container's own
+
+
+@dataclass(frozen=True)
+class SandboxValues:
+    validator_image: str  # the wait-for-validation init containers'
+    validator_pull_policy: str
+    driver_manager: DriverManagerValues | None  # vfio-manager and vgpu-manager only
+    vgpu_devices_config: str  # the ConfigMap of vGPU layouts the device manager mounts
+    vgpu_default_config: str
+    cc_default_mode: str
+    # validator.vfioPCI/vgpuManager/vgpuDevices env, for the sandbox validator's checks
+    vfio_pci_env: tuple[Mapping[str, Any], ...] = ()
+    vgpu_manager_env: tuple[Mapping[str, Any], ...] = ()
+    vgpu_devices_env: tuple[Mapping[str, Any], ...] = ()
+
+
+def _env(items: list[EnvVar] | None) -> tuple[Mapping[str, Any], ...]:
+    return tuple(e.to_wire() for e in items or [])
+
+
+def _driver_manager(manager: DriverManager | None, facts: Facts) -> DriverManagerValues:
+    fallback = facts.image_env.get("DRIVER_MANAGER_IMAGE")
+    return DriverManagerValues(
+        image=resolve_image(manager, SANDBOX_DRIVER_MANAGER, fallback),
+        pull_policy=(manager.image_pull_policy if manager else None) or DEFAULT_PULL_POLICY,
+        env=_env(manager.env if manager else None),
+    )
+
+
+def sandbox_values(policy: ClusterPolicySpec, facts: Facts, comp: ComponentDef) -> SandboxValues:
+    validator = component("sandbox-validator")
+    manager: DriverManager | None = None
+    if comp.name == "vfio-manager":
+        manager = policy.vfio_manager.driver_manager
+    elif comp.name == "vgpu-manager":
+        manager = policy.vgpu_manager.driver_manager
+    config = policy.vgpu_device_manager.config
+    checks = policy.validator
+    return SandboxValues(
+        validator_image=component_image(validator, section(policy, validator), facts),
+        validator_pull_policy=policy.validator.image_pull_policy or DEFAULT_PULL_POLICY,
+        driver_manager=(
+            _driver_manager(manager, facts)
+            if comp.name in ("vfio-manager", "vgpu-manager")
+            else None
+        ),
+        vgpu_devices_config=(config.name if config else None) or DEFAULT_VGPU_DEVICES_CONFIG,
+        vgpu_default_config=(config.default if config else None) or "default",
+        cc_default_mode=policy.cc_manager.default_mode or "on",
+        vfio_pci_env=_env(checks.vfio_pci.env if checks.vfio_pci else None),
+        vgpu_manager_env=_env(checks.vgpu_manager.env if checks.vgpu_manager else None),
+        vgpu_devices_env=_env(checks.vgpu_devices.env if checks.vgpu_devices else None),
+    )

@@ -1,0 +1,410 @@
+"""The sandbox-workload operands against NVIDIA's DaemonSets (gpu-operator ``assets/state-*``),
+field by field for what decides whether the pod works: names, images, commands and args, env
+names, volume mounts, node selectors and security contexts.
+
+The tables below are read off NVIDIA's assets (state-vfio-manager, state-vgpu-manager,
+state-vgpu-device-manager, state-sandbox-validation, state-sandbox-device-plugin,
+state-cc-manager). Deliberate differences:
+
+- Every DaemonSet selects its pods by ``app`` (NVIDIA's vfio-manager and cc-manager select by
+  ``name``); the pods carry the operator's owned labels too, as every operand here does.
+- The tolerations are this operator's (its GPU taint with ``operator: Exists``, and the
+  user's ``daemonsets.tolerations``), not NVIDIA's fixed ``nvidia.com/gpu:NoSchedule``.
+- The vGPU manager has no OpenShift driver-toolkit sidecar (NVIDIA keeps it only on OpenShift
+  with the driver toolkit on); its ``/etc/os-release`` mount is read-only.
+- The vGPU device manager gets ``DEFAULT_VGPU_CONFIG`` from ``vgpuDeviceManager.config.default``
+  and the cc manager ``DEFAULT_CC_MODE`` from ``ccManager.defaultMode`` in the template (NVIDIA
+  sets both in code); NVIDIA's default vGPU layouts ConfigMap is not rendered: without
+  ``vgpuDeviceManager.config.name`` the pod mounts ``default-vgpu-devices-config``, which the
+  user must create.
+- The wait-for-validation init containers carry the validator's pull policy.
+- No OpenShift SCC annotation on the DaemonSets (this operator binds the privileged SCC to
+  each ServiceAccount instead, as for its other operands).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpu_operator.api import PolicyError, parse_document, parse_spec
+from gpu_operator.api.legacy import migrate
+from gpu_operator.render import Facts, render
+from gpu_operator.render.components import REGISTRY
+from tests import prerequisites
+
+SANDBOX = {
+    "sandboxWorkloads": {"enabled": True},
+    "sandboxDevicePlugin": {"enabled": True},
+    "vfioManager": {"enabled": True},
+    "vgpuManager": {"enabled": True},
+    "vgpuDeviceManager": {"enabled": True},
+    "ccManager": {"enabled": True},
+}
+PRIVILEGED = {"privileged": True}
+PRIVILEGED_S0 = {"privileged": True, "seLinuxOptions": {"level": "s0"}}
+VALIDATOR_IMAGE = "nvcr.io/nvidia/gpu-operator:v25.10.0"
+DRIVER_MANAGER_IMAGE = "nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.12.0"
+DRIVER_MANAGER = {
+    "name": "k8s-driver-manager",
+    "image": DRIVER_MANAGER_IMAGE,
+    "command": ["driver-manager"],
+    "args": ["uninstall_driver"],
+    "env": [
+        "NODE_NAME",
+        "NVIDIA_VISIBLE_DEVICES",
+        "ENABLE_GPU_POD_EVICTION",
+        "ENABLE_AUTO_DRAIN",
+        "OPERATOR_NAMESPACE",
+    ],
+    "mounts": {"run-nvidia": "/run/nvidia", "host-root": "/host", "host-sys": "/sys"},
+    "securityContext": PRIVILEGED,
+}
+
+
+def waiter(name: str, mounts: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": VALIDATOR_IMAGE,
+        "command": ["sh", "-c"],
+        "env": ["NVIDIA_VISIBLE_DEVICES"],
+        "mounts": mounts or {"run-nvidia-validations": "/run/nvidia/validations"},
+        "securityContext": PRIVILEGED,
+    }
+
+
+def check(name: str, component: str, mounts: dict[str, str]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": VALIDATOR_IMAGE,
+        "command": ["sh", "-c"],
+        "args": ["nvidia-validator"],
+        "env": ["WITH_WAIT", "COMPONENT", "NODE_NAME"],
+        "env_values": {"COMPONENT": component, "WITH_WAIT": "true"},
+        "mounts": mounts,
+        "securityContext": PRIVILEGED_S0,
+    }
+
+
+VALIDATIONS = {"run-nvidia-validations": "/run/nvidia/validations"}
+# NVIDIA's DaemonSets, by name: the deploy label they select, then each container.
+NVIDIA: dict[str, dict[str, Any]] = {
+    "nvidia-vfio-manager": {
+        "selector": {"nvidia.com/gpu.deploy.vfio-manager": "true"},
+        "serviceAccount": "nvidia-vfio-manager",
+        "init": [DRIVER_MANAGER],
+        "containers": [
+            {
+                "name": "nvidia-vfio-manager",
+                "image": DRIVER_MANAGER_IMAGE,
+                "command": ["/bin/sh", "-c"],
+                "args": ["vfio-manage bind --all && while true; do sleep 86400; done"],
+                "env": ["HOST_ROOT"],
+                "mounts": {
+                    "host-sys": "/sys",
+                    "host-lib-modules": "/lib/modules",
+                    "host-root": "/host",
+                },
+                "securityContext": PRIVILEGED_S0,
+                "preStop": ["/bin/sh", "-c", "vfio-manage unbind --all"],
+            }
+        ],
+        "volumes": {
+            "host-sys": "/sys",
+            "host-lib-modules": "/lib/modules",
+            "run-nvidia": "/run/nvidia",
+            "host-root": "/",
+        },
+    },
+    "nvidia-vgpu-manager-daemonset": {
+        "selector": {"nvidia.com/gpu.deploy.vgpu-manager": "true"},
+        "serviceAccount": "nvidia-vgpu-manager",
+        "hostPID": True,
+        "init": [DRIVER_MANAGER],
+        "containers": [
+            {
+                "name": "nvidia-vgpu-manager-ctr",
+                "image": "nvcr.io/nvidia/vgpu-manager:580.95.05",
+                "command": ["nvidia-driver"],
+                "args": ["init"],
+                "env": [],
+                "mounts": {
+                    "run-nvidia": "/run/nvidia",
+                    "host-os-release": "/host-etc/os-release",
+                    "vfio": "/dev/vfio",
+                    "cgroup": "/sys/fs/cgroup",
+                    "var-log": "/var/log",
+                    "dev-log": "/dev/log",
+                },
+                "securityContext": PRIVILEGED_S0,
+            }
+        ],
+        "volumes": {
+            "run-nvidia": "/run/nvidia",
+            "host-os-release": "/etc/os-release",
+            "cgroup": "/sys/fs/cgroup",
+            "vfio": "/dev/vfio",
+            "host-root": "/",
+            "host-sys": "/sys",
+            "var-log": "/var/log",
+            "dev-log": "/dev/log",
+        },
+    },
+    "nvidia-vgpu-device-manager": {
+        "selector": {"nvidia.com/gpu.deploy.vgpu-device-manager": "true"},
+        "serviceAccount": "nvidia-vgpu-device-manager",
+        "init": [waiter("vgpu-manager-validation")],
+        "containers": [
+            {
+                "name": "nvidia-vgpu-device-manager",
+                "image": "nvcr.io/nvidia/cloud-native/vgpu-device-manager:v0.5.0",
+                "env": ["NAMESPACE", "NODE_NAME", "CONFIG_FILE", "DEFAULT_VGPU_CONFIG"],
+                "env_values": {"CONFIG_FILE": "/vgpu-config/config.yaml"},
+                "mounts": {
+                    "vgpu-config": "/vgpu-config",
+                    "host-sys": "/sys",
+                    "host-root": "/host",
+                    "driver-install-dir": "/driver-root",
+                },
+                "securityContext": PRIVILEGED,
+            }
+        ],
+        "volumes": {
+            "host-sys": "/sys",
+            "host-root": "/",
+            "driver-install-dir": "/run/nvidia/driver",
+            "run-nvidia-validations": "/run/nvidia/validations",
+        },
+    },
+    "nvidia-sandbox-validator": {
+        "selector": {"nvidia.com/gpu.deploy.sandbox-validator": "true"},
+        "serviceAccount": "nvidia-sandbox-validator",
+        "init": [
+            check("vfio-pci-validation", "vfio-pci", {"host-root": "/host", **VALIDATIONS}),
+            check(
+                "vgpu-manager-validation",
+                "vgpu-manager",
+                {"host-root": "/host", "driver-install-path": "/run/nvidia/driver", **VALIDATIONS},
+            ),
+            {**check("vgpu-devices-validation", "vgpu-devices", VALIDATIONS)},
+        ],
+        "containers": [
+            {
+                "name": "nvidia-sandbox-validator",
+                "image": VALIDATOR_IMAGE,
+                "command": ["sh", "-c"],
+                "args": ["echo all validations are successful; sleep infinity"],
+                "env": [],
+                "mounts": VALIDATIONS,
+                "securityContext": PRIVILEGED,
+                "preStop": ["/bin/sh", "-c", "rm -f /run/nvidia/validations/*"],
+            }
+        ],
+        "volumes": {
+            **VALIDATIONS,
+            "driver-install-path": "/run/nvidia/driver",
+            "host-root": "/",
+        },
+    },
+    "nvidia-sandbox-device-plugin-daemonset": {
+        "selector": {"nvidia.com/gpu.deploy.sandbox-device-plugin": "true"},
+        "serviceAccount": "nvidia-sandbox-device-plugin",
+        "init": [waiter("vfio-pci-validation"), waiter("vgpu-devices-validation")],
+        "containers": [
+            {
+                "name": "nvidia-sandbox-device-plugin-ctr",
+                "image": "nvcr.io/nvidia/kubevirt-gpu-device-plugin:v1.6.0",
+                "env": [],
+                "mounts": {
+                    "device-plugin": "/var/lib/kubelet/device-plugins",
+                    "vfio": "/dev/vfio",
+                    "cdi-root": "/var/run/cdi",
+                },
+                "securityContext": PRIVILEGED,
+            }
+        ],
+        "volumes": {
+            "device-plugin": "/var/lib/kubelet/device-plugins",
+            **VALIDATIONS,
+            "vfio": "/dev/vfio",
+            "cdi-root": "/var/run/cdi",
+        },
+    },
+    "nvidia-cc-manager": {
+        "selector": {"nvidia.com/gpu.deploy.cc-manager": "true", "nvidia.com/cc.capable": "true"},
+        "serviceAccount": "nvidia-cc-manager",
+        "init": [],
+        "containers": [
+            {
+                "name": "nvidia-cc-manager",
+                "image": "nvcr.io/nvidia/cloud-native/k8s-cc-manager:v0.4.3",
+                "env": ["NODE_NAME", "NVIDIA_VISIBLE_DEVICES", "DEFAULT_CC_MODE"],
+                "mounts": {"host-sys": "/sys", "run-nvidia": "/run/nvidia"},
+                "securityContext": PRIVILEGED_S0,
+                "preStop": ["/bin/rm", "-f", "/run/nvidia/validations/.cc-manager-ctr-ready"],
+            }
+        ],
+        "volumes": {"host-sys": "/sys", "run-nvidia": "/run/nvidia"},
+    },
+}
+
+
+def daemonsets(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        o["metadata"]["name"]: o
+        for o in render(parse_spec(spec), Facts())
+        if o["kind"] == "DaemonSet"
+    }
+
+
+def compare(ours: dict[str, Any], theirs: dict[str, Any]) -> None:
+    assert ours["name"] == theirs["name"]
+    where = theirs["name"]
+    assert ours["image"] == theirs["image"], where
+    for key in ("command", "args"):
+        if key in theirs:
+            assert ours.get(key) == theirs[key], (where, key)
+    env = ours.get("env") or []
+    assert [e["name"] for e in env] == theirs["env"], where
+    values = {e["name"]: e.get("value") for e in env}
+    for name, value in theirs.get("env_values", {}).items():
+        assert values[name] == value, (where, name)
+    mounts = {m["name"]: m["mountPath"] for m in ours.get("volumeMounts") or []}
+    assert mounts == theirs["mounts"], where
+    assert ours["securityContext"] == theirs["securityContext"], where
+    if "preStop" in theirs:
+        assert ours["lifecycle"]["preStop"]["exec"]["command"] == theirs["preStop"], where
+
+
+@pytest.mark.parametrize("name", sorted(NVIDIA))
+def test_each_sandbox_daemonset_matches_nvidias(name: str) -> None:
+    ds = daemonsets(SANDBOX)[name]
+    theirs = NVIDIA[name]
+    pod = ds["spec"]["template"]
+    spec = pod["spec"]
+    assert ds["metadata"]["labels"]["app"] == name
+    assert ds["spec"]["selector"]["matchLabels"] == {"app": name}
+    assert pod["metadata"]["labels"]["app"] == name
+    assert spec["nodeSelector"] == theirs["selector"]
+    assert spec["serviceAccountName"] == theirs["serviceAccount"]
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists"} in spec["tolerations"]
+    assert "runtimeClassName" not in spec  # NVIDIA's runtime plays no part in VMs' GPUs
+    assert spec.get("hostPID", False) == theirs.get("hostPID", False)
+    init = spec.get("initContainers") or []
+    assert [c["name"] for c in init] == [c["name"] for c in theirs["init"]]
+    for ours, nvidia in zip(init, theirs["init"], strict=True):
+        compare(ours, nvidia)
+    assert [c["name"] for c in spec["containers"]] == [c["name"] for c in theirs["containers"]]
+    for ours, nvidia in zip(spec["containers"], theirs["containers"], strict=True):
+        compare(ours, nvidia)
+    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert volumes == theirs["volumes"]
+
+
+def test_sandbox_operands_need_sandbox_workloads_and_their_own_section() -> None:
+    off = {k: v for k, v in SANDBOX.items() if k != "sandboxWorkloads"}
+    assert not set(daemonsets(off)) & set(NVIDIA)
+    # NVIDIA's default for each section is off, the validator's on (it is the validator's)
+    assert set(daemonsets({"sandboxWorkloads": {"enabled": True}})) & set(NVIDIA) == {
+        "nvidia-sandbox-validator"
+    }
+    without_vfio = daemonsets({**SANDBOX, "vfioManager": {"enabled": False}})
+    assert set(without_vfio) & set(NVIDIA) == set(NVIDIA) - {"nvidia-vfio-manager"}
+    # the container stack stays: nodes labelled container still run it
+    assert "nvidia-device-plugin-daemonset" in without_vfio
+
+
+def test_images_come_from_their_sections_as_elsewhere() -> None:
+    spec = {
+        **SANDBOX,
+        "vgpuManager": {
+            "enabled": True,
+            "repository": "registry.example.com/nvidia",
+            "image": "vgpu-manager",
+            "version": "580.95.05-ubuntu24.04",
+            "driverManager": {"version": "v0.13.0", "env": [{"name": "X", "value": "1"}]},
+        },
+        "sandboxDevicePlugin": {"enabled": True, "version": "v1.7.0"},
+        "validator": {"repository": "mirror.example.com/nvidia", "version": "v25.10.1"},
+        "vgpuDeviceManager": {"enabled": True, "config": {"name": "layouts", "default": "A"}},
+        "ccManager": {"enabled": True, "defaultMode": "devtools"},
+    }
+    ds = daemonsets(spec)
+    vgpu = ds["nvidia-vgpu-manager-daemonset"]["spec"]["template"]["spec"]
+    assert (
+        vgpu["containers"][0]["image"]
+        == "registry.example.com/nvidia/vgpu-manager:580.95.05-ubuntu24.04"
+    )
+    manager = vgpu["initContainers"][0]
+    assert manager["image"] == "nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.13.0"
+    assert manager["env"][-1] == {"name": "X", "value": "1"}
+    plugin = ds["nvidia-sandbox-device-plugin-daemonset"]["spec"]["template"]["spec"]
+    assert plugin["containers"][0]["image"] == "nvcr.io/nvidia/kubevirt-gpu-device-plugin:v1.7.0"
+    assert {c["image"] for c in plugin["initContainers"]} == {
+        "mirror.example.com/nvidia/gpu-operator:v25.10.1"
+    }
+    devices = ds["nvidia-vgpu-device-manager"]["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in devices["containers"][0]["env"]}
+    assert env["DEFAULT_VGPU_CONFIG"] == "A"
+    assert devices["volumes"][0] == {"name": "vgpu-config", "configMap": {"name": "layouts"}}
+    cc = ds["nvidia-cc-manager"]["spec"]["template"]["spec"]["containers"][0]
+    assert {e["name"]: e.get("value") for e in cc["env"]}["DEFAULT_CC_MODE"] == "devtools"
+
+
+def test_the_project_validator_image_is_not_used_for_sandbox_checks() -> None:
+    """The operator's Deployment points VALIDATOR_IMAGE at the project's image, which has no
+    sandbox checks: the sandbox validator falls back to NVIDIA's."""
+    facts = Facts(image_env={"VALIDATOR_IMAGE": "ghcr.io/example/gpu-operator:v1"})
+    objects = render(parse_spec(SANDBOX), facts)
+    ds = next(
+        o
+        for o in objects
+        if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "nvidia-sandbox-validator"
+    )
+    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == VALIDATOR_IMAGE
+
+
+def test_the_registry_names_nvidias_daemonsets() -> None:
+    assert {c.app for c in REGISTRY if c.sandbox} == set(NVIDIA)
+
+
+SECTIONS = {
+    "sandboxDevicePlugin": "nvidia-sandbox-device-plugin-daemonset",
+    "vfioManager": "nvidia-vfio-manager",
+    "vgpuManager": "nvidia-vgpu-manager-daemonset",
+    "vgpuDeviceManager": "nvidia-vgpu-device-manager",
+    "ccManager": "nvidia-cc-manager",
+}
+
+
+def wild_with_sandbox_sections() -> list[Path]:
+    paths = sorted(prerequisites.reference("wild-clusterpolicies").glob("[0-9][0-9]-*.yaml"))
+    return [
+        p
+        for p in paths
+        if set(yaml.safe_load(p.read_text()).get("spec") or {}) & {*SECTIONS, "sandboxWorkloads"}
+    ]
+
+
+def test_wild_documents_with_sandbox_sections_exist() -> None:
+    assert len(wild_with_sandbox_sections()) >= 10
+
+
+@pytest.mark.parametrize("path", wild_with_sandbox_sections(), ids=lambda p: p.name[:2])
+def test_wild_documents_with_sandbox_sections_are_accepted_and_render(path: Path) -> None:
+    doc = yaml.safe_load(path.read_text())
+    try:
+        spec = parse_document(doc)
+    except PolicyError:  # fields NVIDIA moved: `migrate` carries them (tests/unit/api)
+        spec = parse_document(migrate(doc).document)
+    names = {o["metadata"]["name"] for o in render(spec, Facts()) if o["kind"] == "DaemonSet"}
+    raw = doc.get("spec") or {}
+    sandbox_on = (raw.get("sandboxWorkloads") or {}).get("enabled") is True
+    for section_name, daemonset in SECTIONS.items():
+        wanted = sandbox_on and (raw.get(section_name) or {}).get("enabled") is True
+        assert (daemonset in names) == wanted, (section_name, names)
+    assert ("nvidia-sandbox-validator" in names) == sandbox_on

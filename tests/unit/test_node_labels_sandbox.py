@@ -1,0 +1,192 @@
+"""Deploy labels per GPU workload config (sandbox workloads), as NVIDIA's operator sets them."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_operator.api import parse_spec
+from gpu_operator.controller.clusterpolicy.facts import node_policy
+from gpu_operator.labels import DEPLOY_PREFIX, MIG_CAPABLE, MIG_CONFIG, WORKLOAD_CONFIG
+from gpu_operator.node_labels import NodePolicy, plan_node, workload_problem
+from gpu_operator.views import NodeView
+
+NFD = {"feature.node.kubernetes.io/pci-10de.present": "true"}
+ALL = {
+    "sandboxWorkloads": {"enabled": True},
+    "sandboxDevicePlugin": {"enabled": True},
+    "vfioManager": {"enabled": True},
+    "vgpuManager": {"enabled": True},
+    "vgpuDeviceManager": {"enabled": True},
+    "kataManager": {"enabled": True},
+    "ccManager": {"enabled": True},
+    "nodeStatusExporter": {"enabled": True},
+    "dcgm": {"enabled": True},
+}
+# NVIDIA's operator's table (controllers/state_manager.go, gpuStateLabels)
+CONTAINER = {
+    "driver",
+    "gpu-feature-discovery",
+    "container-toolkit",
+    "device-plugin",
+    "dcgm",
+    "dcgm-exporter",
+    "operator-validator",
+}
+PASSTHROUGH = {
+    "sandbox-device-plugin",
+    "sandbox-validator",
+    "vfio-manager",
+    "kata-manager",
+    "cc-manager",
+}
+VGPU = {
+    "sandbox-device-plugin",
+    "vgpu-manager",
+    "vgpu-device-manager",
+    "sandbox-validator",
+    "cc-manager",
+}
+
+
+def view(labels: dict[str, str], annotations: dict[str, str] | None = None) -> NodeView:
+    return NodeView("n1", labels={**NFD, **labels}, annotations=annotations or {})
+
+
+def after(node: NodeView, policy: NodePolicy | None) -> NodeView:
+    patch = plan_node(node, policy)
+    if patch is None:
+        return node
+    labels = {**node.labels, **patch.labels}
+    annotations = {**node.annotations, **patch.annotations}
+    return NodeView(
+        node.name,
+        labels={k: v for k, v in labels.items() if v is not None},
+        annotations={k: v for k, v in annotations.items() if v is not None},
+        taints=node.taints if patch.taints is None else tuple(patch.taints),
+    )
+
+
+def deployed(node: NodeView) -> set[str]:
+    return {
+        k.removeprefix(DEPLOY_PREFIX)
+        for k, v in node.labels.items()
+        if k.startswith(DEPLOY_PREFIX) and v == "true"
+    }
+
+
+@pytest.mark.parametrize(
+    ("config", "stack"),
+    [("container", CONTAINER), ("vm-passthrough", PASSTHROUGH), ("vm-vgpu", VGPU)],
+)
+def test_each_workload_config_gets_nvidias_stack(config: str, stack: set[str]) -> None:
+    policy = node_policy(parse_spec(ALL))
+    assert deployed(after(view({WORKLOAD_CONFIG: config}), policy)) == stack
+
+
+def test_mig_manager_joins_only_the_container_stack_on_mig_capable_nodes() -> None:
+    policy = node_policy(parse_spec(ALL))
+    container = after(view({WORKLOAD_CONFIG: "container", MIG_CAPABLE: "true"}), policy)
+    assert deployed(container) == CONTAINER | {"mig-manager"}
+    assert container.labels[MIG_CONFIG] == "all-disabled"
+    vm = after(view({WORKLOAD_CONFIG: "vm-passthrough", MIG_CAPABLE: "true"}), policy)
+    assert deployed(vm) == PASSTHROUGH and MIG_CONFIG not in vm.labels
+
+
+def test_no_label_means_the_default_workload() -> None:
+    assert deployed(after(view({}), node_policy(parse_spec(ALL)))) == CONTAINER
+    vgpu = parse_spec({**ALL, "sandboxWorkloads": {"enabled": True, "defaultWorkload": "vm-vgpu"}})
+    assert deployed(after(view({}), node_policy(vgpu))) == VGPU
+
+
+def test_shared_nvswitch_keeps_the_driver_on_passthrough_nodes() -> None:
+    policy = node_policy(parse_spec({**ALL, "fabricManager": {"mode": "shared-nvswitch"}}))
+    assert deployed(after(view({WORKLOAD_CONFIG: "vm-passthrough"}), policy)) == PASSTHROUGH | {
+        "driver"
+    }
+    assert deployed(after(view({WORKLOAD_CONFIG: "vm-vgpu"}), policy)) == VGPU
+    full = node_policy(parse_spec({**ALL, "fabricManager": {"mode": "full-passthrough"}}))
+    assert deployed(after(view({WORKLOAD_CONFIG: "vm-passthrough"}), full)) == PASSTHROUGH
+
+
+def test_kata_mode_swaps_the_passthrough_device_plugin() -> None:
+    spec = {
+        **ALL,
+        "sandboxWorkloads": {"enabled": True, "mode": "kata"},
+        "kataSandboxDevicePlugin": {"enabled": True},
+    }
+    policy = node_policy(parse_spec(spec))
+    passthrough = deployed(after(view({WORKLOAD_CONFIG: "vm-passthrough"}), policy))
+    assert passthrough == PASSTHROUGH - {"sandbox-device-plugin"} | {"kata-sandbox-device-plugin"}
+    assert deployed(after(view({WORKLOAD_CONFIG: "vm-vgpu"}), policy)) == VGPU
+
+
+def test_disabled_sections_get_no_label() -> None:
+    policy = node_policy(parse_spec({**ALL, "ccManager": {"enabled": False}}))
+    assert deployed(after(view({WORKLOAD_CONFIG: "vm-vgpu"}), policy)) == VGPU - {"cc-manager"}
+
+
+def test_without_sandbox_workloads_the_label_changes_nothing() -> None:
+    spec = {k: v for k, v in ALL.items() if k != "sandboxWorkloads"}
+    policy = node_policy(parse_spec(spec))
+    assert policy.sandbox is None
+    node = view({WORKLOAD_CONFIG: "vm-passthrough"})
+    assert deployed(after(node, policy)) == CONTAINER
+    assert workload_problem(view({WORKLOAD_CONFIG: "bogus"}), policy) is None
+
+
+def test_a_new_workload_config_moves_the_labels_the_operator_set() -> None:
+    policy = node_policy(parse_spec(ALL))
+    container = after(view({WORKLOAD_CONFIG: "container"}), policy)
+    relabelled = NodeView(
+        "n1",
+        labels={**container.labels, WORKLOAD_CONFIG: "vm-passthrough"},
+        annotations=container.annotations,
+    )
+    moved = after(relabelled, policy)
+    assert deployed(moved) == PASSTHROUGH
+    assert not any(DEPLOY_PREFIX + name in moved.labels for name in CONTAINER)
+    back = after(
+        NodeView(
+            "n1",
+            labels={**moved.labels, WORKLOAD_CONFIG: "container"},
+            annotations=moved.annotations,
+        ),
+        policy,
+    )
+    assert deployed(back) == CONTAINER
+
+
+def test_a_persons_false_and_a_paused_value_survive_the_move() -> None:
+    policy = node_policy(parse_spec(ALL))
+    container = after(view({WORKLOAD_CONFIG: "container"}), policy)
+    labels = {
+        **container.labels,
+        DEPLOY_PREFIX + "dcgm": "false",
+        DEPLOY_PREFIX + "device-plugin": "paused-for-mig-change",
+        DEPLOY_PREFIX + "vfio-manager": "false",  # a person keeps VFIO off this node
+        WORKLOAD_CONFIG: "vm-passthrough",
+    }
+    moved = after(NodeView("n1", labels=labels, annotations=container.annotations), policy)
+    assert moved.labels[DEPLOY_PREFIX + "dcgm"] == "false"
+    assert moved.labels[DEPLOY_PREFIX + "vfio-manager"] == "false"
+    assert deployed(moved) == PASSTHROUGH - {"vfio-manager"}
+
+
+def test_an_invalid_workload_config_keeps_the_labels_and_is_reported() -> None:
+    policy = node_policy(parse_spec(ALL))
+    container = after(view({WORKLOAD_CONFIG: "container"}), policy)
+    bad = NodeView(
+        "n1",
+        labels={**container.labels, WORKLOAD_CONFIG: "vm-passthru"},
+        annotations=container.annotations,
+        taints=container.taints,
+    )
+    assert plan_node(bad, policy) is None  # nothing the operator set goes, nothing comes
+    why = workload_problem(bad, policy)
+    assert why is not None and "'vm-passthru'" in why and "vm-passthrough" in why
+    # a fresh node with a bad label gets only gpu.present
+    fresh = after(view({WORKLOAD_CONFIG: "vgpu"}), policy)
+    assert deployed(fresh) == set()
+    assert fresh.labels["nvidia.com/gpu.present"] == "true"
+    assert workload_problem(view({WORKLOAD_CONFIG: "container"}), policy) is None
+    assert workload_problem(NodeView("cpu", labels={WORKLOAD_CONFIG: "x"}), policy) is None
