@@ -29,6 +29,8 @@ WORKLOAD_CONFIG = "nvidia.com/gpu.workload.config"  # container|vm-passthrough|v
 MIG_CONFIG_STATE = "nvidia.com/mig.config.state"
 DEVICE_PLUGIN_CONFIG = "nvidia.com/device-plugin.config"
 OWNED_ANNOTATION = "nvidia.com/gpu-operator.owned"  # what the operator added to the node
+# A node moving between workload stacks: where the move is (JSON, see node_labels.Move).
+WORKLOAD_MOVE = "nvidia.com/gpu-operator.workload-move"
 # The operator's finalizers: on a ClusterPolicy until the nodes are clean, on the GPUCluster
 # until its DRA stack is torn down in order.
 NODE_CLEANUP_FINALIZER = "nvidia.com/gpu-operator-node-cleanup"
@@ -103,6 +105,7 @@ STACK_ANNOTATIONS = frozenset(
         MIG_STATE_REASON,
         HEALTH_RESET_DONE,
         UPGRADE_FAILED_TEMPLATE,
+        WORKLOAD_MOVE,
     }
 )
 

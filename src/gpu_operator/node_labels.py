@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Any
 
 from gpu_operator.jsonpatch import map_ops, taint_ops
@@ -29,6 +30,7 @@ from gpu_operator.labels import (
     OWNED_ANNOTATION,
     STACK_ANNOTATIONS,
     WORKLOAD_CONFIG,
+    WORKLOAD_MOVE,
     is_true,
 )
 from gpu_operator.views import NodeView, derived
@@ -70,10 +72,12 @@ class Taint:
 
 @dataclass(frozen=True)
 class Owned:
-    """What the operator added to a node."""
+    """What the operator added to a node, and the workload config whose stack it deployed
+    there (so that a changed ``nvidia.com/gpu.workload.config`` is seen as a move)."""
 
     labels: frozenset[str] = frozenset()
     taints: frozenset[str] = frozenset()
+    workload: str | None = None
 
     @classmethod
     def parse(cls, annotations: Mapping[str, str]) -> Owned:
@@ -82,16 +86,22 @@ class Owned:
             return cls()
         try:
             data = json.loads(raw)
-            return cls(frozenset(data.get("labels", ())), frozenset(data.get("taints", ())))
+            workload = data.get("workload")
+            return cls(
+                frozenset(data.get("labels", ())),
+                frozenset(data.get("taints", ())),
+                workload if isinstance(workload, str) else None,
+            )
         except (ValueError, AttributeError, TypeError):
             return cls()  # a mangled annotation: own nothing rather than guess
 
     def dump(self) -> str | None:
         if not self.labels and not self.taints:
             return None
-        return json.dumps(
-            {"labels": sorted(self.labels), "taints": sorted(self.taints)}, separators=(",", ":")
-        )
+        data: dict[str, Any] = {"labels": sorted(self.labels), "taints": sorted(self.taints)}
+        if self.workload is not None:
+            data["workload"] = self.workload
+        return json.dumps(data, separators=(",", ":"))
 
 
 # What each GPU workload config deploys, by deploy-label suffix (NVIDIA's operator's table).
@@ -178,12 +188,116 @@ def workload_problem(node: NodeView, policy: NodePolicy | None) -> str | None:
     )
 
 
+class MovePhase(StrEnum):
+    DRAINING = "draining"  # the old stack deployed, the node cordoned, its GPU pods leaving
+    SWITCHING = "switching"  # no stack deployed, until the old stack's pods are gone
+    VALIDATING = "validating"  # the new stack deployed, cordoned until its validator is Ready
+
+
+@dataclass(frozen=True)
+class Move:
+    """A GPU node moving from one workload stack to another, recorded on the node (annotation
+    ``WORKLOAD_MOVE``) so that a restarted operator carries on where it was. The old stack's
+    pods are gone before the new stack's land: a VFIO manager must not take GPUs a driver
+    container or a CUDA pod still holds, nor a driver load under a running VM."""
+
+    source: str
+    target: str
+    phase: MovePhase
+    since: float  # when the phase began, unix seconds
+    was_cordoned: bool  # before the move: it leaves the node as it found it
+    blocked: str = ""  # why the phase is past its time, once told
+
+    @classmethod
+    def parse(cls, annotations: Mapping[str, str]) -> Move | None:
+        raw = annotations.get(WORKLOAD_MOVE)
+        if not raw:
+            return None
+        try:
+            data = json.loads(raw)
+            move = cls(
+                str(data["from"]),
+                str(data["to"]),
+                MovePhase(data["phase"]),
+                float(data["since"]),
+                bool(data.get("wasCordoned", False)),
+                str(data.get("blocked", "")),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None  # a mangled record: the move starts again from what the node runs
+        valid = move.source in WORKLOAD_STACKS and move.target in WORKLOAD_STACKS
+        return move if valid else None
+
+    def dump(self) -> str:
+        data: dict[str, Any] = {
+            "from": self.source,
+            "to": self.target,
+            "phase": self.phase.value,
+            "since": self.since,
+            "wasCordoned": self.was_cordoned,
+        }
+        if self.blocked:
+            data["blocked"] = self.blocked
+        return json.dumps(data, separators=(",", ":"))
+
+    @property
+    def deployed(self) -> str | None:
+        """The workload config whose stack the node runs in this phase; None while switching."""
+        if self.phase is MovePhase.DRAINING:
+            return self.source
+        if self.phase is MovePhase.VALIDATING:
+            return self.target
+        return None
+
+
+# Deploy-label suffixes that only one workload config's stack has: how a node labelled before
+# the operator recorded its workload config tells which stack it runs.
+_ONLY_IN = {
+    VM_VGPU: frozenset({"vgpu-manager", "vgpu-device-manager"}),
+    VM_PASSTHROUGH: frozenset({"vfio-manager", "kata-manager", "kata-sandbox-device-plugin"}),
+    CONTAINER: WORKLOAD_STACKS[CONTAINER] - {"driver"},
+}
+
+
+def running_config(node: NodeView) -> str | None:
+    """The workload config whose stack the operator last deployed on ``node`` (None: none
+    yet, or no telling): recorded with what it owns, else told by its deploy labels."""
+    owned = Owned.parse(node.annotations)
+    if owned.workload in WORKLOAD_STACKS:
+        return owned.workload
+    deployed = {k.removeprefix(DEPLOY_PREFIX) for k in owned.labels if k.startswith(DEPLOY_PREFIX)}
+    return next((config for config, only in _ONLY_IN.items() if deployed & only), None)
+
+
+def deployed_config(node: NodeView, policy: NodePolicy) -> str | None:
+    """The workload config whose stack ``node``'s deploy labels follow now: a move's phase
+    decides while one is under way, and the running stack stays until one starts; None while
+    a move switches (no stack) or when the label names no workload config."""
+    move = Move.parse(node.annotations)
+    if move is not None:
+        return move.deployed
+    wanted = workload_config(node, policy)
+    running = running_config(node)
+    if wanted is not None and running is not None and running != wanted:
+        return running  # the move starts first (see gpu_operator.workload_move)
+    return wanted
+
+
 def stack(node: NodeView, policy: NodePolicy) -> frozenset[str] | None:
-    """The deploy-label suffixes of the workload config ``node`` runs (before the policy's
-    enabled components and the node's MIG capability filter them)."""
-    config = workload_config(node, policy)
+    """The deploy-label suffixes of the stack ``node`` runs now (before the policy's enabled
+    components and the node's MIG capability filter them); empty while a move switches
+    stacks, None when the node's label names no workload config (it keeps what it has)."""
+    move = Move.parse(node.annotations)
+    if move is not None and move.phase is MovePhase.SWITCHING:
+        return frozenset()
+    config = deployed_config(node, policy)
     if config is None:
         return None
+    return config_stack(config, policy)
+
+
+def config_stack(config: str, policy: NodePolicy) -> frozenset[str]:
+    """The deploy-label suffixes of ``config``'s stack under ``policy``'s sandbox settings."""
     names = WORKLOAD_STACKS[config]
     sandbox = policy.sandbox
     if config == VM_PASSTHROUGH and sandbox is not None:
@@ -284,11 +398,16 @@ def plan_node(
     want = desired_labels(node, policy) if policy and gpu_node else {}
     # An invalid workload config changes nothing the operator set: the node's operands stay
     # until someone fixes the label (the problem is reported, see ``workload_problem``).
+    invalid = policy is not None and gpu_node and stack(node, policy) is None
     held = (
         {k for k in owned.labels if k.startswith(DEPLOY_PREFIX) or k == MIG_CONFIG}
-        if policy and gpu_node and workload_config(node, policy) is None
+        if invalid
         else set()
     )
+    if invalid:
+        workload = owned.workload
+    else:
+        workload = deployed_config(node, policy) if policy is not None and gpu_node else None
 
     for key, value in want.items():
         current = node.labels.get(key)
@@ -313,7 +432,7 @@ def plan_node(
                 labels[key] = None
 
     taints, new_owned_taints = _plan_taints(node, policy if want else None, owned)
-    new_owned = Owned(frozenset(new_owned_labels), frozenset(new_owned_taints))
+    new_owned = Owned(frozenset(new_owned_labels), frozenset(new_owned_taints), workload)
     annotations: dict[str, str | None] = {}
     if new_owned != owned:
         annotations[OWNED_ANNOTATION] = new_owned.dump()
@@ -336,7 +455,7 @@ def _disown_user_choices(node: NodeView, owned: Owned) -> Owned:
     }
     if not chosen:
         return owned
-    return Owned(owned.labels - chosen, owned.taints)
+    return replace(owned, labels=owned.labels - chosen)
 
 
 def _plan_taints(

@@ -2,8 +2,9 @@
 runs the stack its ``nvidia.com/gpu.workload.config`` label names (``container``,
 ``vm-passthrough``, ``vm-vgpu``), with NVIDIA's deploy labels, and exactly that stack's
 DaemonSets put pods there (kwok runs them: the operands are NVIDIA's images, which nothing
-here pulls). Relabelling a node moves it to the other stack; a label naming no workload config
-leaves the node as it was and is told on the Node and in the policy's status."""
+here pulls). Relabelling a node moves it to the other stack, cordoned and drained of the pods
+holding its NVIDIA devices first; a label naming no workload config leaves the node as it was
+and is told on the Node and in the policy's status."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from gpu_operator import testenv
 from gpu_operator.kube import Kube
-from gpu_operator.labels import DEPLOY_PREFIX, WORKLOAD_CONFIG
+from gpu_operator.labels import DEPLOY_PREFIX, WORKLOAD_CONFIG, WORKLOAD_MOVE
 from tests.e2e.support import (
     NotYet,
     events_with,
@@ -206,3 +207,106 @@ def test_each_node_runs_its_workload_configs_stack_and_moves_when_relabelled(
     assert event["type"] == "Warning"
     assert deploy_labels(kube, VGPU_NODE) == LABELS["vm-vgpu"]
     assert scheduled(kube, moved)
+
+
+def device_pod(name: str, node: str, resource: str) -> dict[str, Any]:
+    """A bare pod holding one of ``node``'s NVIDIA devices (placed there, as kwok runs it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {
+                    "name": "work",
+                    "image": "registry.example.com/cuda:12",
+                    "resources": {"limits": {resource: "1"}},
+                }
+            ],
+            "tolerations": [{"operator": "Exists"}],
+        },
+    }
+
+
+def protect(kube: Kube, app: str) -> None:
+    kube.create({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": app, "namespace": "default"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": app}}},
+    })  # fmt: skip
+
+    def counted() -> bool | NotYet:
+        pdb = kube.get("PodDisruptionBudget", app, "default") or {}
+        status = pdb.get("status") or {}
+        return status.get("currentHealthy", 0) >= 1 or NotYet(status)
+
+    wait_for(f"the {app} PodDisruptionBudget counting its pod", counted)
+
+
+def move_state(kube: Kube, name: str) -> dict[str, Any]:
+    """What a move test reads of a node: cordon, move record, the live pods on it."""
+    node = kube.get("Node", name) or {}
+    meta = node.get("metadata") or {}
+    return {
+        "unschedulable": bool((node.get("spec") or {}).get("unschedulable")),
+        "move": (meta.get("annotations") or {}).get(WORKLOAD_MOVE),
+        "daemonsets": daemonset_pods(kube).get(name, set()),
+    }
+
+
+def test_a_relabelled_node_is_drained_before_its_new_stack_lands_and_back(kube: Kube) -> None:
+    wait_for("the ClusterPolicy API", lambda: policy_api_served(kube))
+    drain = {"enable": False, "timeoutSeconds": 5}
+    spec = {**POLICY["spec"], "driver": {"upgradePolicy": {"drain": drain}}}
+    kube.create({**POLICY, "spec": spec})
+    stacks = {CONTAINER_NODE: "container", PASSTHROUGH_NODE: "vm-passthrough", VGPU_NODE: "vm-vgpu"}
+    wait_for("each stack's pods on its node", lambda: scheduled(kube, stacks), timeout=120)
+    kube.create(device_pod("train", CONTAINER_NODE, "nvidia.com/gpu"))
+    kube.create(device_pod("web", CONTAINER_NODE, "cpu"))  # no NVIDIA device: it stays
+    protect(kube, "train")
+
+    # container -> vm-passthrough: cordoned, and the container stack stays while a CUDA pod
+    # the PodDisruptionBudget protects is there (the drain's 5 s pass and it is told)
+    kube.merge_patch(
+        "Node", CONTAINER_NODE, {"metadata": {"labels": {WORKLOAD_CONFIG: "vm-passthrough"}}}
+    )
+    (blocked,) = [
+        e
+        for e in events_with(
+            "the move held by the drain",
+            lambda: node_events(kube, CONTAINER_NODE),
+            "WorkloadMoveStarted",
+            "WorkloadMoveBlocked",
+        )
+        if e["reason"] == "WorkloadMoveBlocked"
+    ]
+    assert "train" in blocked["message"] and blocked["type"] == "Warning", blocked
+    held = move_state(kube, CONTAINER_NODE)
+    assert held["unschedulable"] and held["move"], held
+    assert held["daemonsets"] == DAEMONSETS["container"], held
+    assert deploy_labels(kube, CONTAINER_NODE) == LABELS["container"]
+    assert kube.get("Pod", "train", "default") is not None
+
+    # the PDB lets it go: evicted, the container stack leaves, the VM stack lands, uncordoned
+    kube.delete("PodDisruptionBudget", "train", "default")
+    moved = {**stacks, CONTAINER_NODE: "vm-passthrough"}
+    wait_for("the relabelled node's new pods", lambda: scheduled(kube, moved), timeout=120)
+    assert kube.get("Pod", "train", "default") is None, "the VFIO manager came before the drain"
+
+    def settled(name: str) -> dict[str, Any] | NotYet:
+        state = move_state(kube, name)
+        return state if not state["unschedulable"] and not state["move"] else NotYet(state)
+
+    wait_for("the move done and the node uncordoned", lambda: settled(CONTAINER_NODE))
+    events_with("the move told", lambda: node_events(kube, CONTAINER_NODE), "WorkloadMoveComplete")
+    assert kube.get("Pod", "web", "default") is not None  # the drain took only device pods
+
+    # and back: the VM holding a passthrough GPU is drained before the container stack returns
+    kube.create(device_pod("vm", CONTAINER_NODE, "nvidia.com/GA100_A100_PCIE_40GB"))
+    kube.merge_patch(
+        "Node", CONTAINER_NODE, {"metadata": {"labels": {WORKLOAD_CONFIG: "container"}}}
+    )
+    wait_for("the container stack back", lambda: scheduled(kube, stacks), timeout=120)
+    assert kube.get("Pod", "vm", "default") is None, "the driver came before the VM left"
+    wait_for("the move back done and the node uncordoned", lambda: settled(CONTAINER_NODE))

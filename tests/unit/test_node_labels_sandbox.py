@@ -6,8 +6,23 @@ import pytest
 
 from gpu_operator.api import parse_spec
 from gpu_operator.controller.clusterpolicy.facts import node_policy
-from gpu_operator.labels import DEPLOY_PREFIX, MIG_CAPABLE, MIG_CONFIG, WORKLOAD_CONFIG
-from gpu_operator.node_labels import NodePolicy, plan_node, workload_problem
+from gpu_operator.labels import (
+    DEPLOY_PREFIX,
+    MIG_CAPABLE,
+    MIG_CONFIG,
+    OWNED_ANNOTATION,
+    WORKLOAD_CONFIG,
+    WORKLOAD_MOVE,
+)
+from gpu_operator.node_labels import (
+    Move,
+    MovePhase,
+    NodePolicy,
+    Owned,
+    plan_node,
+    running_config,
+    workload_problem,
+)
 from gpu_operator.views import NodeView
 
 NFD = {"feature.node.kubernetes.io/pci-10de.present": "true"}
@@ -39,6 +54,7 @@ PASSTHROUGH = {
     "kata-manager",
     "cc-manager",
 }
+DRAINING, SWITCHING, VALIDATING = MovePhase
 VGPU = {
     "sandbox-device-plugin",
     "vgpu-manager",
@@ -134,26 +150,57 @@ def test_without_sandbox_workloads_the_label_changes_nothing() -> None:
     assert workload_problem(view({WORKLOAD_CONFIG: "bogus"}), policy) is None
 
 
-def test_a_new_workload_config_moves_the_labels_the_operator_set() -> None:
+def in_phase(node: NodeView, source: str, target: str, phase: MovePhase) -> NodeView:
+    """``node`` with a move record in ``phase`` (what the move planner writes)."""
+    record = Move(source, target, phase, 0.0, was_cordoned=False).dump()
+    annotations = {**node.annotations, WORKLOAD_MOVE: record}
+    return NodeView(node.name, labels=node.labels, annotations=annotations, taints=node.taints)
+
+
+def relabel(node: NodeView, config: str) -> NodeView:
+    labels = {**node.labels, WORKLOAD_CONFIG: config}
+    return NodeView(node.name, labels=labels, annotations=node.annotations, taints=node.taints)
+
+
+def test_a_new_workload_config_keeps_the_old_stack_until_a_move_switches_it() -> None:
     policy = node_policy(parse_spec(ALL))
     container = after(view({WORKLOAD_CONFIG: "container"}), policy)
-    relabelled = NodeView(
+    assert Owned.parse(container.annotations).workload == "container"
+    relabelled = relabel(container, "vm-passthrough")
+    assert running_config(relabelled) == "container"
+    assert deployed(after(relabelled, policy)) == CONTAINER  # no move record yet
+    draining = after(in_phase(relabelled, "container", "vm-passthrough", DRAINING), policy)
+    assert deployed(draining) == CONTAINER
+    switching = after(in_phase(draining, "container", "vm-passthrough", SWITCHING), policy)
+    assert deployed(switching) == set()
+    assert switching.labels["nvidia.com/gpu.present"] == "true"
+    validating = after(in_phase(switching, "container", "vm-passthrough", VALIDATING), policy)
+    assert deployed(validating) == PASSTHROUGH
+    assert Owned.parse(validating.annotations).workload == "vm-passthrough"
+    done = NodeView(
         "n1",
-        labels={**container.labels, WORKLOAD_CONFIG: "vm-passthrough"},
-        annotations=container.annotations,
+        labels=validating.labels,
+        annotations={k: v for k, v in validating.annotations.items() if k != WORKLOAD_MOVE},
+        taints=validating.taints,
     )
-    moved = after(relabelled, policy)
-    assert deployed(moved) == PASSTHROUGH
-    assert not any(DEPLOY_PREFIX + name in moved.labels for name in CONTAINER)
-    back = after(
-        NodeView(
-            "n1",
-            labels={**moved.labels, WORKLOAD_CONFIG: "container"},
-            annotations=moved.annotations,
-        ),
-        policy,
+    assert plan_node(done, policy) is None  # settled: the move record gone, nothing changes
+    back = relabel(done, "container")
+    assert deployed(after(back, policy)) == PASSTHROUGH  # until the move back switches
+    assert deployed(after(in_phase(back, "vm-passthrough", "container", VALIDATING), policy)) == (
+        CONTAINER
     )
-    assert deployed(back) == CONTAINER
+
+
+def test_a_node_labelled_before_the_record_tells_its_stack_by_its_labels() -> None:
+    policy = node_policy(parse_spec(ALL))
+    vgpu = after(view({WORKLOAD_CONFIG: "vm-vgpu"}), policy)
+    owned = Owned.parse(vgpu.annotations)
+    unrecorded = Owned(owned.labels, owned.taints).dump()
+    assert unrecorded is not None
+    older = NodeView("n1", labels=vgpu.labels, annotations={OWNED_ANNOTATION: unrecorded})
+    assert running_config(older) == "vm-vgpu"
+    fresh = view({WORKLOAD_CONFIG: "vm-vgpu"})
+    assert running_config(fresh) is None  # nothing deployed: no move, the stack comes at once
 
 
 def test_a_persons_false_and_a_paused_value_survive_the_move() -> None:
@@ -166,10 +213,12 @@ def test_a_persons_false_and_a_paused_value_survive_the_move() -> None:
         DEPLOY_PREFIX + "vfio-manager": "false",  # a person keeps VFIO off this node
         WORKLOAD_CONFIG: "vm-passthrough",
     }
-    moved = after(NodeView("n1", labels=labels, annotations=container.annotations), policy)
-    assert moved.labels[DEPLOY_PREFIX + "dcgm"] == "false"
-    assert moved.labels[DEPLOY_PREFIX + "vfio-manager"] == "false"
-    assert deployed(moved) == PASSTHROUGH - {"vfio-manager"}
+    node = NodeView("n1", labels=labels, annotations=container.annotations)
+    for phase in (DRAINING, SWITCHING, VALIDATING):
+        node = after(in_phase(node, "container", "vm-passthrough", phase), policy)
+    assert node.labels[DEPLOY_PREFIX + "dcgm"] == "false"
+    assert node.labels[DEPLOY_PREFIX + "vfio-manager"] == "false"
+    assert deployed(node) == PASSTHROUGH - {"vfio-manager"}
 
 
 def test_an_invalid_workload_config_keeps_the_labels_and_is_reported() -> None:

@@ -33,9 +33,10 @@ from gpu_operator.labels import (
     HEALTH_EXTERNAL_LABEL,
     NODE_CLEANUP_FINALIZER,
 )
-from gpu_operator.node_labels import plan_node
+from gpu_operator.node_labels import Move, plan_node
 from gpu_operator.remediation.model import HealthNode, Release
 from gpu_operator.views import NodeView
+from gpu_operator.workload_move import MoveStep
 
 RESOURCE_KINDS = ("ClusterPolicy", "NVIDIADriver", "GPUCluster")  # nvidia.com, the operator's
 FINALIZERS = {"ClusterPolicy": NODE_CLEANUP_FINALIZER, "GPUCluster": DRA_TEARDOWN_FINALIZER}
@@ -143,6 +144,14 @@ def _resources(observed: Observed) -> Step:
 def node_cleanup(node: NodeView) -> Patch | None:
     """The one patch that takes what the operator owns off ``node`` (one at a time: each is
     checked against the read it was planned from, so the next comes from the next look)."""
+    move = Move.parse(node.annotations)
+    if move is not None:  # first, while the record still says who cordoned the node
+        uncordon = not move.was_cordoned and node.unschedulable
+        end = MoveStep(node, None, cordon=False if uncordon else None)
+        says = f"stopped the workload move of Node {node.name}" + (
+            " and uncordoned it" if uncordon else ""
+        )
+        return Patch("Node", node.name, end.patch(), "json", says)
     patch = plan_node(node, None, uninstall=True)
     if patch is not None:
         says = f"removed the operator's labels and taint from Node {node.name}"

@@ -8,10 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_operator.labels import GPU_RESOURCE, MIG_RESOURCE_PREFIX, REVISION_HASH
+from gpu_operator.labels import REVISION_HASH
 from gpu_operator.views import parse_time, pod_ready
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+NVIDIA_RESOURCE_PREFIX = "nvidia.com/"
 
 
 @dataclass(frozen=True, slots=True)  # one per driver and validator pod, remembered (views.derived)
@@ -27,7 +28,9 @@ class Pod:
     ready: bool = True
     phase: str = "Running"
     restart_count: int = 0
-    uses_gpu: bool = False  # requests nvidia.com/gpu or nvidia.com/mig-*
+    # requests an NVIDIA device: nvidia.com/gpu, a MIG slice, a renamed shared GPU, or a GPU
+    # or vGPU for a VM (nvidia.com/<PCI device name>)
+    uses_gpu: bool = False
     is_daemonset_pod: bool = False
     deleting: bool = False  # deletionTimestamp set: on its way out, do not ask again
     created: float = 0.0
@@ -109,7 +112,7 @@ def _uses_gpu(spec: Mapping[str, Any]) -> bool:
         resources = container.get("resources") or {}
         for section in ("limits", "requests"):
             for name, quantity in (resources.get(section) or {}).items():
-                gpu = name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX)
-                if gpu and str(quantity).strip() not in ("0", ""):
+                device = name.startswith(NVIDIA_RESOURCE_PREFIX)
+                if device and str(quantity).strip() not in ("0", ""):
                     return True
     return False

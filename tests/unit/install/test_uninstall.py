@@ -30,7 +30,9 @@ from gpu_operator.labels import (
     NODE_CLEANUP_FINALIZER,
     OWNED_ANNOTATION,
     UNHEALTHY_TAINT,
+    WORKLOAD_MOVE,
 )
+from gpu_operator.node_labels import Move, MovePhase
 from gpu_operator.views import NodeView
 from tests.fakes.kube import FakeKube
 from tests.unit.controller.builders import gpu_node, node_object
@@ -148,6 +150,20 @@ def test_a_quarantine_is_lifted_taking_only_the_taint_it_added() -> None:
     assert HEALTH_STATE not in after["metadata"]["labels"]
     assert after["spec"]["taints"] == [USERS]
     assert "unschedulable" not in after["spec"]
+
+
+def test_a_workload_move_is_stopped_and_its_cordon_lifted_before_the_labels_go() -> None:
+    record = Move("container", "vm-passthrough", MovePhase.DRAINING, 1.0, False).dump()
+    moving = gpu_node(annotations={WORKLOAD_MOVE: record}, unschedulable=True)
+    (patch,) = plan_uninstall(Observed(nodes=(moving,)), delete_crds=False).actions
+    assert isinstance(patch, Patch) and "uncordoned" in patch.says
+    after = apply_json_patch(moving, patch)
+    assert WORKLOAD_MOVE not in (after["metadata"].get("annotations") or {})
+    assert not after["spec"].get("unschedulable")
+    record = Move("container", "vm-passthrough", MovePhase.DRAINING, 1.0, True).dump()
+    theirs = gpu_node(annotations={WORKLOAD_MOVE: record}, unschedulable=True)
+    (patch,) = plan_uninstall(Observed(nodes=(theirs,)), delete_crds=False).actions
+    assert apply_json_patch(theirs, patch)["spec"]["unschedulable"] is True  # cordoned before
 
 
 def test_the_crds_wait_for_garbage_collection_then_go() -> None:

@@ -17,6 +17,11 @@ from gpu_operator.api.spec import DriverSpec
 from gpu_operator.controller.active_policy import active_policy
 from gpu_operator.controller.clusterpolicy.facts import gather_facts, nfd_present, node_policy
 from gpu_operator.controller.clusterpolicy.memory import Memory
+from gpu_operator.controller.clusterpolicy.move_stage import (
+    move_limits,
+    move_stage,
+    plan_workload_moves,
+)
 from gpu_operator.controller.clusterpolicy.remediation_stage import (
     plan_remediation,
     remediation_stage,
@@ -60,7 +65,13 @@ from gpu_operator.controller.upgrade_stage import upgrade_stage
 from gpu_operator.events import iso_time
 from gpu_operator.jsonpatch import finalizer_body, merge_patch_to
 from gpu_operator.labels import NODE_CLEANUP_FINALIZER
-from gpu_operator.node_labels import NodePolicy, is_gpu_node, plan_node, workload_problem
+from gpu_operator.node_labels import (
+    Move,
+    NodePolicy,
+    is_gpu_node,
+    plan_node,
+    workload_problem,
+)
 from gpu_operator.remediation import HealthPlan, HealthSummary
 from gpu_operator.render import RenderedComponent, render_components
 from gpu_operator.render.facts import Facts
@@ -75,6 +86,7 @@ from gpu_operator.upgrade import (
 from gpu_operator.upgrade.canary import CanaryPolicy, Rollout, RolloutDecision, decide_rollout
 from gpu_operator.upgrade.planner import progress
 from gpu_operator.views import NodeView
+from gpu_operator.workload_move import MoveLimits
 
 FINALIZER = NODE_CLEANUP_FINALIZER
 # Kinds the operator applies and watches (so it can diff and prune them); OPTIONAL_KINDS too, but
@@ -152,9 +164,10 @@ def decide(snap: Snapshot, memory: Memory, config: OperatorConfig) -> Decision:
 
     active = next((p for p in snap.policies if p["metadata"]["name"] == active_name), None)
     if active is None:
+        moves, memory, _ = _move_step(snap, memory, config, None, MoveLimits())
         labels, memory, _ = _node_stage(snap, memory, None, uninstall=uninstall)
         # Node cleanup must be complete before the finalizer that guards it comes off.
-        stages = [labels, Stage(tuple(status), concurrent=False)]
+        stages = [moves, labels, Stage(tuple(status), concurrent=False)]
         stages.append(Stage(tuple(releases), concurrent=False, after_success=uninstall))
         return Decision(memory, _nonempty(stages), gauges=Gauges(gpu_nodes=gpu_nodes))
     if FINALIZER not in (active["metadata"].get("finalizers") or ()):
@@ -235,9 +248,15 @@ def _decide_active(
         )
 
     nodes = node_policy(spec)
-    base = replace(base, workload_problems=_workload_problems(snap.nodes, nodes))
+    base = replace(
+        base,
+        workload_problems=_workload_problems(snap.nodes, nodes),
+        workload_moves=_workload_moves(snap.nodes),
+    )
     active = _active(snap, memory, config, policy, spec, base)
     rendered, rollout = _render_and_roll_out(active)
+    limits = move_limits(Policy.from_spec(spec.driver.upgrade_policy))
+    moves, memory, moves_deadline = _move_step(snap, memory, config, nodes, limits)
     labels, memory, relabelled = _node_stage(snap, memory, nodes, uninstall=False)
     upgrade, driver_upgrade = _upgrade_step(active, rollout)
     health, health_stage, memory = _health_step(active, memory)
@@ -248,6 +267,7 @@ def _decide_active(
     # Nodes first: the DaemonSets only schedule on labelled nodes, and the API server is quiet
     # before their thousands of pods start coming.
     stages = [
+        moves,
         labels,
         *_object_stages(rendered.changes),
         driver_upgrade,
@@ -268,6 +288,7 @@ def _decide_active(
             upgrade and upgrade.next_deadline,
             rollout and rollout.deadline,
             health.next_deadline,
+            moves_deadline,
         )
         if d
     ]
@@ -471,6 +492,21 @@ def _finalizer_patch(policy: Mapping[str, Any], *, add: bool) -> Patch:
     return Patch(KIND, policy["metadata"]["name"], body, "finalizer")
 
 
+def _move_step(
+    snap: Snapshot,
+    memory: Memory,
+    config: OperatorConfig,
+    nodes: NodePolicy | None,
+    limits: MoveLimits,
+) -> tuple[Stage, Memory, float | None]:
+    """Workload moves: GPU nodes whose workload config changed, cordoned and drained before
+    their stacks are swapped. First in the pass: a node it writes waits for the watch before
+    its labels follow the new record."""
+    plan = plan_workload_moves(snap, memory, nodes, limits)
+    stage, memory = move_stage(plan, snap, memory, config)
+    return stage, memory, plan.next_deadline
+
+
 def _node_stage(
     snap: Snapshot, memory: Memory, policy: NodePolicy | None, *, uninstall: bool
 ) -> tuple[Stage, Memory, dict[str, Mapping[str, str | None]]]:
@@ -512,6 +548,17 @@ def _workload_problems(
     return tuple(
         (node.name, why) for node in nodes if (why := workload_problem(node, policy)) is not None
     )
+
+
+def _workload_moves(nodes: Sequence[NodeView]) -> tuple[tuple[str, str], ...]:
+    """GPU nodes moving between workload stacks, and where each move is."""
+    found = []
+    for node in nodes:
+        move = Move.parse(node.annotations)
+        if move is not None:
+            where = f"{move.source} -> {move.target}, {move.phase.value}"
+            found.append((node.name, where + (f" ({move.blocked})" if move.blocked else "")))
+    return tuple(found)
 
 
 def _labelled_after(

@@ -41,6 +41,7 @@ from gpu_operator.kinds import KINDS
 from gpu_operator.kube import Kube
 from gpu_operator.remediation import draining_nodes
 from gpu_operator.upgrade import emptying_nodes
+from gpu_operator.workload_move import moving_nodes
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ class ClusterPolicyController:
             self.inbox.look_at_all = True
         nodes = tuple(self.values("nodes"))
         changed = self.inbox.take()
-        emptying = sorted({*emptying_nodes(nodes), *draining_nodes(nodes)})
+        emptying = sorted({*emptying_nodes(nodes), *draining_nodes(nodes), *moving_nodes(nodes)})
         workload_pods = await pods_on(self.executor, emptying)
         namespace = self.config.namespace
         return Snapshot(

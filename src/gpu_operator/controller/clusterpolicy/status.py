@@ -35,6 +35,7 @@ class Observation:
     not_served: Sequence[str] = ()
     # GPU nodes whose nvidia.com/gpu.workload.config names no workload config: (node, why)
     workload_problems: Sequence[tuple[str, str]] = ()
+    workload_moves: Sequence[tuple[str, str]] = ()  # (node, where its move is)
 
 
 def compute_status(obs: Observation, previous: Mapping[str, Any], now: str) -> dict[str, Any]:
@@ -146,6 +147,15 @@ def compute_status(obs: Observation, previous: Mapping[str, Any], now: str) -> d
                 workload_problems_message(obs.workload_problems),
             )
         )
+    if obs.workload_moves:
+        conditions.append(
+            cond(
+                WORKLOAD_MOVING,
+                "True",
+                "NodesMoving",
+                "; ".join(f"node {node}: {where}" for node, where in sorted(obs.workload_moves)),
+            )
+        )
     failed = upgrade_failed(obs.upgrade)
     if failed is not None:
         conditions.append(cond(UPGRADE_FAILED, "True", "CanaryFailed", failed))
@@ -165,6 +175,7 @@ def compute_status(obs: Observation, previous: Mapping[str, Any], now: str) -> d
 
 NOT_SERVED = "ServiceMonitorNotServed"
 WORKLOAD_CONFIG_INVALID = "WorkloadConfigInvalid"
+WORKLOAD_MOVING = "WorkloadMoving"  # nodes cordoned while they change workload stacks
 
 
 def workload_problems_message(problems: Sequence[tuple[str, str]]) -> str:
