@@ -48,7 +48,9 @@ POLICY = {
     },
 }
 # NVIDIA's operator's deploy labels per workload config (the container stack as this operator
-# sets it: node-status-exporter has no operand here, mig-manager needs a MIG-capable GPU)
+# sets it: node-status-exporter has no operand here, mig-manager needs a MIG-capable GPU; no
+# cc-manager: in kubevirt mode neither operator deploys the CC manager, and this one labels only
+# what it deploys)
 LABELS = {
     "container": {
         "driver",
@@ -64,14 +66,12 @@ LABELS = {
         "sandbox-validator",
         "vfio-manager",
         "kata-manager",
-        "cc-manager",
     },
     "vm-vgpu": {
         "sandbox-device-plugin",
         "vgpu-manager",
         "vgpu-device-manager",
         "sandbox-validator",
-        "cc-manager",
     },
 }
 DAEMONSETS = {
@@ -89,14 +89,12 @@ DAEMONSETS = {
         "nvidia-sandbox-device-plugin-daemonset",
         "nvidia-sandbox-validator",
         "nvidia-vfio-manager",
-        "nvidia-cc-manager",
     },
     "vm-vgpu": {
         "nvidia-sandbox-device-plugin-daemonset",
         "nvidia-vgpu-manager-daemonset",
         "nvidia-vgpu-device-manager",
         "nvidia-sandbox-validator",
-        "nvidia-cc-manager",
     },
 }
 

@@ -62,6 +62,10 @@ VGPU = {
     "sandbox-validator",
     "cc-manager",
 }
+# What this operator deploys of those in the default mode (kubevirt): not the CC manager, which
+# NVIDIA's operator deploys in kata mode only (it labels it in either mode)
+PASSTHROUGH_KV = PASSTHROUGH - {"cc-manager"}
+VGPU_KV = VGPU - {"cc-manager"}
 
 
 def view(labels: dict[str, str], annotations: dict[str, str] | None = None) -> NodeView:
@@ -92,7 +96,7 @@ def deployed(node: NodeView) -> set[str]:
 
 @pytest.mark.parametrize(
     ("config", "stack"),
-    [("container", CONTAINER), ("vm-passthrough", PASSTHROUGH), ("vm-vgpu", VGPU)],
+    [("container", CONTAINER), ("vm-passthrough", PASSTHROUGH_KV), ("vm-vgpu", VGPU_KV)],
 )
 def test_each_workload_config_gets_nvidias_stack(config: str, stack: set[str]) -> None:
     policy = node_policy(parse_spec(ALL))
@@ -105,23 +109,23 @@ def test_mig_manager_joins_only_the_container_stack_on_mig_capable_nodes() -> No
     assert deployed(container) == CONTAINER | {"mig-manager"}
     assert container.labels[MIG_CONFIG] == "all-disabled"
     vm = after(view({WORKLOAD_CONFIG: "vm-passthrough", MIG_CAPABLE: "true"}), policy)
-    assert deployed(vm) == PASSTHROUGH and MIG_CONFIG not in vm.labels
+    assert deployed(vm) == PASSTHROUGH_KV and MIG_CONFIG not in vm.labels
 
 
 def test_no_label_means_the_default_workload() -> None:
     assert deployed(after(view({}), node_policy(parse_spec(ALL)))) == CONTAINER
     vgpu = parse_spec({**ALL, "sandboxWorkloads": {"enabled": True, "defaultWorkload": "vm-vgpu"}})
-    assert deployed(after(view({}), node_policy(vgpu))) == VGPU
+    assert deployed(after(view({}), node_policy(vgpu))) == VGPU_KV
 
 
 def test_shared_nvswitch_keeps_the_driver_on_passthrough_nodes() -> None:
     policy = node_policy(parse_spec({**ALL, "fabricManager": {"mode": "shared-nvswitch"}}))
-    assert deployed(after(view({WORKLOAD_CONFIG: "vm-passthrough"}), policy)) == PASSTHROUGH | {
+    assert deployed(after(view({WORKLOAD_CONFIG: "vm-passthrough"}), policy)) == PASSTHROUGH_KV | {
         "driver"
     }
-    assert deployed(after(view({WORKLOAD_CONFIG: "vm-vgpu"}), policy)) == VGPU
+    assert deployed(after(view({WORKLOAD_CONFIG: "vm-vgpu"}), policy)) == VGPU_KV
     full = node_policy(parse_spec({**ALL, "fabricManager": {"mode": "full-passthrough"}}))
-    assert deployed(after(view({WORKLOAD_CONFIG: "vm-passthrough"}), full)) == PASSTHROUGH
+    assert deployed(after(view({WORKLOAD_CONFIG: "vm-passthrough"}), full)) == PASSTHROUGH_KV
 
 
 def test_kata_mode_swaps_the_passthrough_device_plugin() -> None:
@@ -133,12 +137,18 @@ def test_kata_mode_swaps_the_passthrough_device_plugin() -> None:
     policy = node_policy(parse_spec(spec))
     passthrough = deployed(after(view({WORKLOAD_CONFIG: "vm-passthrough"}), policy))
     assert passthrough == PASSTHROUGH - {"sandbox-device-plugin"} | {"kata-sandbox-device-plugin"}
-    assert deployed(after(view({WORKLOAD_CONFIG: "vm-vgpu"}), policy)) == VGPU
+    # NVIDIA's operator labels vm-vgpu nodes for KubeVirt's plugin but deploys none in kata
+    # mode; this one labels only what it deploys
+    assert deployed(after(view({WORKLOAD_CONFIG: "vm-vgpu"}), policy)) == VGPU - {
+        "sandbox-device-plugin"
+    }
 
 
 def test_disabled_sections_get_no_label() -> None:
-    policy = node_policy(parse_spec({**ALL, "ccManager": {"enabled": False}}))
-    assert deployed(after(view({WORKLOAD_CONFIG: "vm-vgpu"}), policy)) == VGPU - {"cc-manager"}
+    policy = node_policy(parse_spec({**ALL, "vgpuDeviceManager": {"enabled": False}}))
+    assert deployed(after(view({WORKLOAD_CONFIG: "vm-vgpu"}), policy)) == VGPU_KV - {
+        "vgpu-device-manager"
+    }
 
 
 def test_without_sandbox_workloads_the_label_changes_nothing() -> None:
@@ -175,7 +185,7 @@ def test_a_new_workload_config_keeps_the_old_stack_until_a_move_switches_it() ->
     assert deployed(switching) == set()
     assert switching.labels["nvidia.com/gpu.present"] == "true"
     validating = after(in_phase(switching, "container", "vm-passthrough", VALIDATING), policy)
-    assert deployed(validating) == PASSTHROUGH
+    assert deployed(validating) == PASSTHROUGH_KV
     assert Owned.parse(validating.annotations).workload == "vm-passthrough"
     done = NodeView(
         "n1",
@@ -185,7 +195,7 @@ def test_a_new_workload_config_keeps_the_old_stack_until_a_move_switches_it() ->
     )
     assert plan_node(done, policy) is None  # settled: the move record gone, nothing changes
     back = relabel(done, "container")
-    assert deployed(after(back, policy)) == PASSTHROUGH  # until the move back switches
+    assert deployed(after(back, policy)) == PASSTHROUGH_KV  # until the move back switches
     assert deployed(after(in_phase(back, "vm-passthrough", "container", VALIDATING), policy)) == (
         CONTAINER
     )
@@ -218,7 +228,7 @@ def test_a_persons_false_and_a_paused_value_survive_the_move() -> None:
         node = after(in_phase(node, "container", "vm-passthrough", phase), policy)
     assert node.labels[DEPLOY_PREFIX + "dcgm"] == "false"
     assert node.labels[DEPLOY_PREFIX + "vfio-manager"] == "false"
-    assert deployed(node) == PASSTHROUGH - {"vfio-manager"}
+    assert deployed(node) == PASSTHROUGH_KV - {"vfio-manager"}
 
 
 def test_an_invalid_workload_config_keeps_the_labels_and_is_reported() -> None:

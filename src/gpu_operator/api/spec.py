@@ -1,9 +1,10 @@
 """ClusterPolicy ``spec``: every section of NVIDIA's nvidia.com/v1 schema.
 
-Sections the operator acts on are typed strictly. Sections it does not implement yet (Kata,
-GDS, GDRCopy, PSP) are ``OpenSection``s: accepted, preserved, and reported in status as not
-implemented when enabled. The sandbox operands' sections (VFIO, vGPU, sandbox device plugin,
-confidential computing) are typed like the others, after NVIDIA's schema.
+Sections the operator acts on are typed strictly. Sections it does not implement yet (GDS,
+GDRCopy, PSP) are ``OpenSection``s: accepted, preserved, and reported in status as not
+implemented when enabled. The sandbox operands' sections (VFIO, vGPU, the KubeVirt and Kata
+device plugins, Kata manager, confidential computing) are typed like the others, after NVIDIA's
+schema.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from gpu_operator.api.base import (
     Toleration,
     crd_default,
 )
+from gpu_operator.api.formats import dns_name
 from gpu_operator.selector import Selector
 
 MigStrategy = Literal["none", "single", "mixed"]
@@ -404,6 +406,50 @@ class CcManagerSpec(SandboxOperandSpec):
     )
 
 
+KATA_ARTIFACTS_DIR = "/opt/nvidia-gpu-operator/artifacts/runtimeclasses"
+
+
+class KataArtifacts(ApiModel):
+    url: str = Field(
+        description="OCI artifact with the runtime class's guest kernel, image and "
+        "configuration, e.g. nvcr.io/nvidia/cloud-native/kata-gpu-artifacts:<tag>."
+    )
+    pull_secret: str | None = Field(
+        default=None, description="Secret in the operator namespace that pulls the artifact."
+    )
+
+
+class KataRuntimeClass(ApiModel):
+    name: Annotated[str, AfterValidator(dns_name)] = Field(
+        description="The RuntimeClass, and the runtime handler the Kata manager adds to the "
+        "node's container runtime."
+    )
+    node_selector: dict[str, str] | None = Field(
+        default=None,
+        description="Node labels a pod of this RuntimeClass also needs, beyond the Kata "
+        "manager's deploy label.",
+    )
+    artifacts: KataArtifacts
+
+
+class KataManagerConfig(ApiModel):
+    artifacts_dir: str | None = Field(
+        default=None,
+        description="Host directory the runtime classes' artifacts are downloaded to.",
+        json_schema_extra=crd_default(KATA_ARTIFACTS_DIR),
+    )
+    runtime_classes: list[KataRuntimeClass] | None = Field(
+        default=None, description="The Kata runtime classes to set up on the nodes."
+    )
+
+
+class KataManagerSpec(SandboxOperandSpec):
+    """NVIDIA's k8s-kata-manager. NVIDIA's operator no longer honours this section (its CRD
+    marks it deprecated); it is accepted as written."""
+
+    config: KataManagerConfig | None = None
+
+
 class FabricManagerSpec(ApiModel):
     mode: Literal["full-passthrough", "shared-nvswitch"] | None = Field(
         default=None,
@@ -547,10 +593,16 @@ class ClusterPolicySpec(ApiModel):
     psp: OpenSection = Field(default_factory=OpenSection)
     gds: OpenSection = Field(default_factory=OpenSection)
     gdrcopy: OpenSection = Field(default_factory=OpenSection)
-    kata_sandbox_device_plugin: OpenSection = Field(default_factory=OpenSection)
-    kata_manager: OpenSection = Field(default_factory=OpenSection)
     # The sandbox-workload operands (rendered only with sandboxWorkloads enabled).
-    sandbox_device_plugin: SandboxOperandSpec = Field(default_factory=SandboxOperandSpec)
+    sandbox_device_plugin: SandboxOperandSpec = Field(
+        default_factory=SandboxOperandSpec,
+        description="KubeVirt's GPU device plugin (sandboxWorkloads.mode kubevirt).",
+    )
+    kata_sandbox_device_plugin: SandboxOperandSpec = Field(
+        default_factory=SandboxOperandSpec,
+        description="NVIDIA's device plugin for Kata containers (sandboxWorkloads.mode kata).",
+    )
+    kata_manager: KataManagerSpec = Field(default_factory=KataManagerSpec)
     vfio_manager: VfioManagerSpec = Field(default_factory=VfioManagerSpec)
     vgpu_manager: VgpuManagerSpec = Field(default_factory=VgpuManagerSpec)
     vgpu_device_manager: VgpuDeviceManagerSpec = Field(default_factory=VgpuDeviceManagerSpec)
@@ -562,19 +614,16 @@ class ClusterPolicySpec(ApiModel):
 
         The sandbox-family operands only run when sandboxWorkloads is enabled, as in NVIDIA's
         operator, so their default ``enabled: true`` in NVIDIA's Helm values is not reported.
+        The Kata manager is not deployed (NVIDIA's operator ignores its section too).
         """
-        sandbox_only = {"kataSandboxDevicePlugin", "kataManager"}
         names = []
         for field_name, info in type(self).model_fields.items():
             section = getattr(self, field_name)
             if not isinstance(section, OpenSection) or not section.enabled:
                 continue
-            wire = info.alias or field_name
-            if wire in sandbox_only and not self.sandbox_workloads.enabled:
-                continue
-            names.append(wire)
-        if self.sandbox_workloads.enabled and self.sandbox_workloads.mode == "kata":
-            names.insert(0, "sandboxWorkloads.mode=kata")
+            names.append(info.alias or field_name)
+        if self.sandbox_workloads.enabled and self.kata_manager.enabled:
+            names.append("kataManager")
         if self.node_status_exporter.enabled:
             names.insert(0, "nodeStatusExporter")
         return names

@@ -38,6 +38,8 @@ class ComponentDef:
     # a spec naming one gets the project's image instead of a pod that never works.
     replaced_images: tuple[str, ...] = ()
     sandbox: bool = False  # deployed only with sandboxWorkloads enabled (GPUs for VMs)
+    # a sandbox operand of one sandboxWorkloads.mode only (kubevirt or kata); None: either
+    sandbox_mode: str | None = None
 
     @property
     def deploy_label(self) -> str:
@@ -181,6 +183,20 @@ REGISTRY: tuple[ComponentDef, ...] = (
         default_image=ImageDefault("nvcr.io/nvidia", "kubevirt-gpu-device-plugin", "v1.6.0"),
         gpu_runtime=False,
         sandbox=True,
+        sandbox_mode="kubevirt",
+    ),
+    ComponentDef(
+        name="kata-sandbox-device-plugin",
+        spec_field="kataSandboxDevicePlugin",
+        app="nvidia-kata-sandbox-device-plugin-daemonset",
+        service_account="nvidia-kata-sandbox-device-plugin",
+        image_env="KATA_SANDBOX_DEVICE_PLUGIN_IMAGE",
+        default_image=ImageDefault(
+            "nvcr.io/nvidia/cloud-native", "nvidia-sandbox-device-plugin", "v0.0.5"
+        ),
+        gpu_runtime=False,
+        sandbox=True,
+        sandbox_mode="kata",
     ),
     ComponentDef(
         name="cc-manager",
@@ -191,6 +207,8 @@ REGISTRY: tuple[ComponentDef, ...] = (
         default_image=ImageDefault("nvcr.io/nvidia/cloud-native", "k8s-cc-manager", "v0.4.3"),
         gpu_runtime=False,
         sandbox=True,
+        # confidential containers run in Kata VMs: NVIDIA's operator deploys it in kata mode only
+        sandbox_mode="kata",
     ),
 )
 
@@ -209,10 +227,19 @@ def component(name: str) -> ComponentDef:
 
 def is_enabled(policy: ClusterPolicySpec, comp: ComponentDef) -> bool:
     """Whether the policy deploys ``comp`` at all: its section enabled, and for a sandbox
-    operand sandboxWorkloads enabled too (as NVIDIA's operator decides)."""
-    if comp.sandbox and not policy.sandbox_workloads.enabled:
+    operand sandboxWorkloads enabled too, in the operand's mode (as NVIDIA's operator decides:
+    KubeVirt's device plugin in kubevirt mode, Kata's and the CC manager in kata mode)."""
+    sandbox = policy.sandbox_workloads
+    if comp.sandbox and not sandbox.enabled:
+        return False
+    if comp.sandbox_mode is not None and comp.sandbox_mode != sandbox_mode(policy):
         return False
     return section(policy, comp).enabled
+
+
+def sandbox_mode(policy: ClusterPolicySpec) -> str:
+    """``sandboxWorkloads.mode``, NVIDIA's default (kubevirt) where unset."""
+    return policy.sandbox_workloads.mode or "kubevirt"
 
 
 def section(policy: ClusterPolicySpec, comp: ComponentDef) -> Component:

@@ -1,9 +1,9 @@
 """What the sandbox-workload operands' templates read (``v``): GPUs handed to virtual machines.
 
 These operands run NVIDIA's images (the VFIO manager, the vGPU manager and device manager, the
-KubeVirt device plugin, the sandbox validator, the confidential-computing manager). Their init
-containers that wait for a validation file run the validator's image, as NVIDIA's do; those
-that unload a host driver run the section's ``driverManager`` image.
+KubeVirt and Kata device plugins, the sandbox validator, the confidential-computing manager).
+Their init containers that wait for a validation file run the validator's image, as NVIDIA's
+do; those that unload a host driver run the section's ``driverManager`` image.
 """
 
 from __future__ import annotations

@@ -477,5 +477,6 @@ VALUES: Mapping[str, ValuesBuilder] = {
     "vgpu-device-manager": sandbox_values,
     "sandbox-validator": sandbox_values,
     "sandbox-device-plugin": sandbox_values,
+    "kata-sandbox-device-plugin": sandbox_values,
     "cc-manager": sandbox_values,
 }

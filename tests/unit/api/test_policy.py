@@ -51,7 +51,14 @@ def test_helm_default_values_are_read() -> None:
         "imagePullPolicy": "IfNotPresent",
         "config": {"default": "default", "name": ""},
     }
-    assert spec.kata_manager.model_extra == {"imagePullPolicy": "IfNotPresent"}  # kept as given
+    assert spec.kata_manager.to_wire() == {"enabled": False, "imagePullPolicy": "IfNotPresent"}
+    assert spec.kata_sandbox_device_plugin.to_wire() == {
+        "enabled": True,
+        "repository": "nvcr.io/nvidia/cloud-native",
+        "image": "nvidia-sandbox-device-plugin",
+        "version": "v0.0.5",
+        "imagePullPolicy": "IfNotPresent",
+    }
 
 
 def test_null_section_means_absent() -> None:
@@ -80,15 +87,17 @@ def test_unimplemented_sections_are_reported_when_enabled() -> None:
             "nodeStatusExporter": {"enabled": True},
         }
     )
-    assert spec.unimplemented_enabled() == [
-        "nodeStatusExporter",
-        "sandboxWorkloads.mode=kata",
-        "gds",
-        "kataManager",
-    ]
-    # KubeVirt's mode (the default) and the sandbox operands are implemented
-    kubevirt = parse_spec({"sandboxWorkloads": {"enabled": True}, "vfioManager": {"enabled": True}})
-    assert kubevirt.unimplemented_enabled() == []
+    # (the Kata manager: NVIDIA's operator ignores its section too)
+    assert spec.unimplemented_enabled() == ["nodeStatusExporter", "gds", "kataManager"]
+    # both sandbox modes and the sandbox operands are implemented
+    for mode in ("kubevirt", "kata"):
+        sandbox = {"enabled": True, "mode": mode}
+        both = parse_spec(
+            {"sandboxWorkloads": sandbox, "kataSandboxDevicePlugin": {"enabled": True}}
+        )
+        assert both.unimplemented_enabled() == []
+    # the Kata manager counts only where sandbox workloads would deploy it
+    assert parse_spec({"kataManager": {"enabled": True}}).unimplemented_enabled() == []
     # NVIDIA's Helm default enables sandbox operands, which only act with sandboxWorkloads on.
     helm = parse_document(nvidia_doc("clusterpolicy-helm-default.yaml"))
     assert helm.unimplemented_enabled() == []

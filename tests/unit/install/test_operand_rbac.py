@@ -54,7 +54,7 @@ def _roles(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def clusterpolicy_roles() -> list[dict[str, Any]]:
     objects = [
         obj
-        for case in ("everything-on.yaml", "sandbox-workloads.yaml")
+        for case in ("everything-on.yaml", "sandbox-workloads.yaml", "sandbox-kata.yaml")
         for obj in render(load_policy(CASES_DIR / case), Facts())
     ]
     return _roles(objects)

@@ -73,6 +73,7 @@ CASES: dict[str, tuple[Path | Nvidia, Facts]] = {
     ),
     "disabled": (CASES_DIR / "disabled.yaml", Facts(runtime="docker")),
     "sandbox-workloads": (CASES_DIR / "sandbox-workloads.yaml", Facts()),
+    "sandbox-kata": (CASES_DIR / "sandbox-kata.yaml", Facts()),
     "nvidia-helm-default": (Nvidia("clusterpolicy-helm-default.yaml"), Facts()),
     "nvidia-sample": (Nvidia("clusterpolicy-sample.yaml"), Facts(openshift=True)),
 }

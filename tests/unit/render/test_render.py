@@ -71,6 +71,7 @@ def test_registry_order_names_and_labels() -> None:
         "vgpu-device-manager",
         "sandbox-validator",
         "sandbox-device-plugin",
+        "kata-sandbox-device-plugin",
         "cc-manager",
     ]
     assert [c.name for c in REGISTRY if c.sandbox] == [c.name for c in REGISTRY][8:]

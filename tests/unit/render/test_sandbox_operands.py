@@ -4,7 +4,9 @@ names, volume mounts, node selectors and security contexts.
 
 The tables below are read off NVIDIA's assets (state-vfio-manager, state-vgpu-manager,
 state-vgpu-device-manager, state-sandbox-validation, state-sandbox-device-plugin,
-state-cc-manager). Deliberate differences:
+state-kata-device-plugin, state-cc-manager) and its state manager, which deploys KubeVirt's
+device plugin in sandboxWorkloads.mode kubevirt only, and Kata's and the CC manager in kata
+mode only. Deliberate differences:
 
 - Every DaemonSet selects its pods by ``app`` (NVIDIA's vfio-manager and cc-manager select by
   ``name``); the pods carry the operator's owned labels too, as every operand here does.
@@ -20,6 +22,9 @@ state-cc-manager). Deliberate differences:
 - The wait-for-validation init containers carry the validator's pull policy.
 - No OpenShift SCC annotation on the DaemonSets (this operator binds the privileged SCC to
   each ServiceAccount instead, as for its other operands).
+- The Kata device plugin gets NVIDIA's ClusterRole (its Node and pods, read) but not NVIDIA's
+  Role, which lets it create and delete pods and write NFD NodeFeatures: the operator holds
+  neither, so it could not grant them, and KubeVirt's plugin runs without them too.
 """
 
 from __future__ import annotations
@@ -44,6 +49,14 @@ SANDBOX = {
     "vgpuDeviceManager": {"enabled": True},
     "ccManager": {"enabled": True},
 }
+# The same sections in kata mode, Kata's device plugin too
+KATA = {
+    **SANDBOX,
+    "sandboxWorkloads": {"enabled": True, "mode": "kata"},
+    "kataSandboxDevicePlugin": {"enabled": True},
+}
+# NVIDIA's operator deploys these in kata mode only, KubeVirt's device plugin in kubevirt mode
+KATA_ONLY = {"nvidia-kata-sandbox-device-plugin-daemonset", "nvidia-cc-manager"}
 PRIVILEGED = {"privileged": True}
 PRIVILEGED_S0 = {"privileged": True, "seLinuxOptions": {"level": "s0"}}
 VALIDATOR_IMAGE = "nvcr.io/nvidia/gpu-operator:v25.10.0"
@@ -233,6 +246,28 @@ NVIDIA: dict[str, dict[str, Any]] = {
             "cdi-root": "/var/run/cdi",
         },
     },
+    "nvidia-kata-sandbox-device-plugin-daemonset": {
+        "selector": {"nvidia.com/gpu.deploy.kata-sandbox-device-plugin": "true"},
+        "serviceAccount": "nvidia-kata-sandbox-device-plugin",
+        "init": [waiter("vfio-pci-validation")],
+        "containers": [
+            {
+                "name": "nvidia-kata-sandbox-device-plugin-ctr",
+                "image": "nvcr.io/nvidia/cloud-native/nvidia-sandbox-device-plugin:v0.0.5",
+                "env": ["NODE_NAME", "POD_NAMESPACE", "POD_SERVICE_ACCOUNT"],
+                "mounts": {
+                    "device-plugin": "/var/lib/kubelet/device-plugins",
+                    "cdi-root": "/var/run/cdi",
+                },
+                "securityContext": PRIVILEGED,
+            }
+        ],
+        "volumes": {
+            "device-plugin": "/var/lib/kubelet/device-plugins",
+            **VALIDATIONS,
+            "cdi-root": "/var/run/cdi",
+        },
+    },
     "nvidia-cc-manager": {
         "selector": {"nvidia.com/gpu.deploy.cc-manager": "true", "nvidia.com/cc.capable": "true"},
         "serviceAccount": "nvidia-cc-manager",
@@ -281,7 +316,7 @@ def compare(ours: dict[str, Any], theirs: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("name", sorted(NVIDIA))
 def test_each_sandbox_daemonset_matches_nvidias(name: str) -> None:
-    ds = daemonsets(SANDBOX)[name]
+    ds = daemonsets(KATA if name in KATA_ONLY else SANDBOX)[name]
     theirs = NVIDIA[name]
     pod = ds["spec"]["template"]
     spec = pod["spec"]
@@ -313,9 +348,45 @@ def test_sandbox_operands_need_sandbox_workloads_and_their_own_section() -> None
         "nvidia-sandbox-validator"
     }
     without_vfio = daemonsets({**SANDBOX, "vfioManager": {"enabled": False}})
-    assert set(without_vfio) & set(NVIDIA) == set(NVIDIA) - {"nvidia-vfio-manager"}
+    assert set(without_vfio) & set(NVIDIA) == set(NVIDIA) - {"nvidia-vfio-manager"} - KATA_ONLY
     # the container stack stays: nodes labelled container still run it
     assert "nvidia-device-plugin-daemonset" in without_vfio
+
+
+def test_each_sandbox_mode_deploys_its_own_device_plugin() -> None:
+    both = {**SANDBOX, "kataSandboxDevicePlugin": {"enabled": True}}
+    kubevirt = set(daemonsets(both)) & set(NVIDIA)
+    kata = set(daemonsets({**both, "sandboxWorkloads": {"enabled": True, "mode": "kata"}}))
+    assert "nvidia-sandbox-device-plugin-daemonset" in kubevirt - kata
+    assert kata - kubevirt >= KATA_ONLY
+    # the mode changes nothing else
+    assert kubevirt - {"nvidia-sandbox-device-plugin-daemonset"} == (kata & set(NVIDIA)) - KATA_ONLY
+    # Kata's plugin is still a section of its own
+    assert "nvidia-kata-sandbox-device-plugin-daemonset" not in daemonsets(
+        {**KATA, "kataSandboxDevicePlugin": {"enabled": False}}
+    )
+
+
+def test_the_kata_device_plugin_takes_its_sections_settings() -> None:
+    spec = {
+        **KATA,
+        "kataSandboxDevicePlugin": {
+            "enabled": True,
+            "repository": "mirror.example.com/nvidia",
+            "version": "v0.0.6",
+            "imagePullPolicy": "Always",
+            "imagePullSecrets": ["mirror"],
+            "env": [{"name": "P_GPU_ALIAS", "value": "pgpu"}],
+            "args": ["--verbose"],
+        },
+    }
+    pod = daemonsets(spec)["nvidia-kata-sandbox-device-plugin-daemonset"]["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    assert container["image"] == "mirror.example.com/nvidia/nvidia-sandbox-device-plugin:v0.0.6"
+    assert container["imagePullPolicy"] == "Always"
+    assert container["args"] == ["--verbose"]
+    assert {"name": "P_GPU_ALIAS", "value": "pgpu"} in container["env"]
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "mirror"}]
 
 
 def test_images_come_from_their_sections_as_elsewhere() -> None:
@@ -351,7 +422,8 @@ def test_images_come_from_their_sections_as_elsewhere() -> None:
     env = {e["name"]: e.get("value") for e in devices["containers"][0]["env"]}
     assert env["DEFAULT_VGPU_CONFIG"] == "A"
     assert devices["volumes"][0] == {"name": "vgpu-config", "configMap": {"name": "layouts"}}
-    cc = ds["nvidia-cc-manager"]["spec"]["template"]["spec"]["containers"][0]
+    kata = daemonsets({**spec, "sandboxWorkloads": {"enabled": True, "mode": "kata"}})
+    cc = kata["nvidia-cc-manager"]["spec"]["template"]["spec"]["containers"][0]
     assert {e["name"]: e.get("value") for e in cc["env"]}["DEFAULT_CC_MODE"] == "devtools"
 
 
@@ -374,11 +446,14 @@ def test_the_registry_names_nvidias_daemonsets() -> None:
 
 SECTIONS = {
     "sandboxDevicePlugin": "nvidia-sandbox-device-plugin-daemonset",
+    "kataSandboxDevicePlugin": "nvidia-kata-sandbox-device-plugin-daemonset",
     "vfioManager": "nvidia-vfio-manager",
     "vgpuManager": "nvidia-vgpu-manager-daemonset",
     "vgpuDeviceManager": "nvidia-vgpu-device-manager",
     "ccManager": "nvidia-cc-manager",
 }
+# The sandbox mode a section's operand needs (NVIDIA's default mode is kubevirt)
+MODES = {"sandboxDevicePlugin": "kubevirt", "kataSandboxDevicePlugin": "kata", "ccManager": "kata"}
 
 
 def wild_with_sandbox_sections() -> list[Path]:
@@ -403,8 +478,11 @@ def test_wild_documents_with_sandbox_sections_are_accepted_and_render(path: Path
         spec = parse_document(migrate(doc).document)
     names = {o["metadata"]["name"] for o in render(spec, Facts()) if o["kind"] == "DaemonSet"}
     raw = doc.get("spec") or {}
-    sandbox_on = (raw.get("sandboxWorkloads") or {}).get("enabled") is True
+    sandbox = raw.get("sandboxWorkloads") or {}
+    sandbox_on = sandbox.get("enabled") is True
+    mode = sandbox.get("mode") or "kubevirt"
     for section_name, daemonset in SECTIONS.items():
         wanted = sandbox_on and (raw.get(section_name) or {}).get("enabled") is True
+        wanted = wanted and MODES.get(section_name, mode) == mode
         assert (daemonset in names) == wanted, (section_name, names)
     assert ("nvidia-sandbox-validator" in names) == sandbox_on

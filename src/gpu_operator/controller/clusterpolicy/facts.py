@@ -72,12 +72,9 @@ def node_policy(spec: ClusterPolicySpec) -> NodePolicy:
     mig_default = spec.mig_manager.config.default if spec.mig_manager.config else None
     deploy = [c.name for c in REGISTRY if is_enabled(spec, c)]
     sandbox = spec.sandbox_workloads
-    if sandbox.enabled:
-        # labelled as NVIDIA's operator does, though this operator renders neither yet
-        if spec.kata_manager.enabled:
-            deploy.append("kata-manager")
-        if spec.kata_sandbox_device_plugin.enabled:
-            deploy.append("kata-sandbox-device-plugin")
+    if sandbox.enabled and spec.kata_manager.enabled:
+        # labelled as NVIDIA's operator does, though neither operator deploys it
+        deploy.append("kata-manager")
     return NodePolicy(
         deploy=tuple(deploy),
         mig_only=frozenset(c.name for c in REGISTRY if c.mig_capable_only),

@@ -578,9 +578,23 @@ def test_a_bad_workload_config_is_told_on_the_node_once_and_in_the_status() -> N
     assert by_name["gpu-1"].labels[DEPLOY_PREFIX + "driver"] == "true"
 
 
-def test_sandbox_operands_count_in_readiness() -> None:
+@pytest.mark.parametrize(
+    ("mode", "operands"),
+    [
+        ("kubevirt", {"vfio-manager", "sandbox-validator", "sandbox-device-plugin"}),
+        ("kata", {"vfio-manager", "sandbox-validator", "kata-sandbox-device-plugin"}),
+    ],
+)
+def test_sandbox_operands_count_in_readiness(mode: str, operands: set[str]) -> None:
+    spec = {
+        **SANDBOX,
+        "sandboxWorkloads": {"enabled": True, "mode": mode},
+        "sandboxDevicePlugin": {"enabled": True},
+        "kataSandboxDevicePlugin": {"enabled": True},
+    }
     vm = gpu_node(labels={WORKLOAD_CONFIG: "vm-passthrough"})
-    snap, _ = converge(policy(spec=SANDBOX), [vm])
-    names = {c["name"] for c in snap.policies[0]["status"]["components"]}
-    assert {"vfio-manager", "sandbox-validator"} <= names
+    snap, _ = converge(policy(spec=spec), [vm])
+    components = {c["name"]: c for c in snap.policies[0]["status"]["components"]}
+    assert operands <= set(components)
+    assert all(components[name]["ready"] for name in operands)
     assert snap.policies[0]["status"]["state"] == "ready"
