@@ -36,14 +36,17 @@ from gpu_operator.labels import (
 from gpu_operator.views import NodeView, derived
 
 # Labels other parts of the GPU stack write (feature discovery, MIG manager, upgrades, the
-# NVIDIADriver loop's pool label). They mean nothing once the stack is gone, so uninstall
-# removes them too (NVIDIA leaves them).
+# NVIDIADriver loop's pool label, and for sandbox workloads the vGPU device manager's and CC
+# manager's states and feature discovery's vGPU labels). They mean nothing once the stack is
+# gone, so uninstall removes them too (NVIDIA leaves them). What a person sets to ask for
+# something (nvidia.com/vgpu.config, cc.mode, gpu.workload.config, mig.config) stays.
 _STACK_LABEL = re.compile(
     r"^nvidia\.com/("
     r"gpu\.(product|count|memory|family|compute\.(major|minor)|machine|replicas|sharing-strategy"
     r"|multiprocessors|slices\.[a-z]+|engines\.[a-z]+)"
     r"|cuda\..+|mig\.(capable|strategy|config\.state)|mps\.capable|gfd\.timestamp"
     r"|mig-[0-9]+g\.[0-9]+gb(\.[a-z]+)*\..+"
+    r"|vgpu\.(config\.state|present|host-driver-(version|branch))|cc\.(mode|ready)\.state"
     r"|gpu-driver-upgrade-state|gpu\.driver-pool)$"
 )
 

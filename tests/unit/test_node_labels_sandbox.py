@@ -19,6 +19,7 @@ from gpu_operator.node_labels import (
     MovePhase,
     NodePolicy,
     Owned,
+    is_stack_label,
     plan_node,
     running_config,
     workload_problem,
@@ -72,8 +73,8 @@ def view(labels: dict[str, str], annotations: dict[str, str] | None = None) -> N
     return NodeView("n1", labels={**NFD, **labels}, annotations=annotations or {})
 
 
-def after(node: NodeView, policy: NodePolicy | None) -> NodeView:
-    patch = plan_node(node, policy)
+def after(node: NodeView, policy: NodePolicy | None, uninstall: bool = False) -> NodeView:
+    patch = plan_node(node, policy, uninstall=uninstall)
     if patch is None:
         return node
     labels = {**node.labels, **patch.labels}
@@ -249,3 +250,46 @@ def test_an_invalid_workload_config_keeps_the_labels_and_is_reported() -> None:
     assert fresh.labels["nvidia.com/gpu.present"] == "true"
     assert workload_problem(view({WORKLOAD_CONFIG: "container"}), policy) is None
     assert workload_problem(NodeView("cpu", labels={WORKLOAD_CONFIG: "x"}), policy) is None
+
+
+# What the sandbox operands write on their node (NVIDIA's vGPU device manager and CC manager) and
+# what feature discovery writes in a vGPU guest; then what a person sets to ask for a layout, a
+# CC mode or a workload config.
+WRITTEN_BY_THE_STACK = {
+    "nvidia.com/vgpu.config.state": "success",
+    "nvidia.com/cc.mode.state": "on",
+    "nvidia.com/cc.ready.state": "true",
+    "nvidia.com/vgpu.present": "true",
+    "nvidia.com/vgpu.host-driver-version": "580.95.05",
+    "nvidia.com/vgpu.host-driver-branch": "r580_00",
+}
+SET_BY_A_PERSON = {
+    "nvidia.com/vgpu.config": "A100-4C",
+    "nvidia.com/cc.mode": "on",
+    WORKLOAD_CONFIG: "vm-vgpu",
+}
+
+
+def test_uninstall_takes_the_sandbox_operands_labels_and_leaves_a_persons() -> None:
+    policy = node_policy(parse_spec(ALL))
+    labelled = after(view(SET_BY_A_PERSON), policy)
+    assert deployed(labelled) == VGPU_KV
+    worked_on = NodeView(
+        "n1", labels={**labelled.labels, **WRITTEN_BY_THE_STACK}, annotations=labelled.annotations
+    )
+    gone = after(worked_on, None, uninstall=True)
+    assert gone.labels == {**NFD, **SET_BY_A_PERSON}
+
+
+@pytest.mark.parametrize(
+    ("key", "stack"),
+    [
+        *((key, True) for key in WRITTEN_BY_THE_STACK),
+        *((key, False) for key in SET_BY_A_PERSON),
+        ("nvidia.com/cc.capable", False),  # NFD's rule writes it, and takes it back
+        ("nvidia.com/vgpu.config.state.reason", False),
+        ("nvidia.com/cc.mode.state.x", False),
+    ],
+)
+def test_is_stack_label_knows_the_sandbox_operands_labels(key: str, stack: bool) -> None:
+    assert is_stack_label(key) is stack
