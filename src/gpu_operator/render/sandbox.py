@@ -3,7 +3,8 @@
 These operands run NVIDIA's images (the VFIO manager, the vGPU manager and device manager, the
 KubeVirt and Kata device plugins, the sandbox validator, the confidential-computing manager).
 Their init containers that wait for a validation file run the validator's image, as NVIDIA's
-do; those that unload a host driver run the section's ``driverManager`` image.
+do; those that unload a host driver run the section's ``driverManager`` image. The vGPU device
+manager gets NVIDIA's vGPU layouts (``render.vgpu_layouts``) unless the policy names its own.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from gpu_operator.render.components import ComponentDef, component, component_im
 from gpu_operator.render.facts import Facts
 from gpu_operator.render.images import ImageDefault, resolve_image
 from gpu_operator.render.settings import DEFAULT_PULL_POLICY
+from gpu_operator.render.vgpu_layouts import default_layouts
 
 # NVIDIA's Helm default for vfioManager.driverManager and vgpuManager.driverManager
 SANDBOX_DRIVER_MANAGER = ImageDefault(
@@ -42,6 +44,9 @@ class SandboxValues:
     driver_manager: DriverManagerValues | None  # vfio-manager and vgpu-manager only
     vgpu_devices_config: str  # the ConfigMap of vGPU layouts the device manager mounts
     vgpu_default_config: str
+    # NVIDIA's layouts (its config file), rendered as vgpu_devices_config where the policy
+    # names no ConfigMap of its own; None where it does
+    vgpu_layouts: str | None
     cc_default_mode: str
     # validator.vfioPCI/vgpuManager/vgpuDevices env, for the sandbox validator's checks
     vfio_pci_env: tuple[Mapping[str, Any], ...] = ()
@@ -81,6 +86,11 @@ def sandbox_values(policy: ClusterPolicySpec, facts: Facts, comp: ComponentDef) 
         ),
         vgpu_devices_config=(config.name if config else None) or DEFAULT_VGPU_DEVICES_CONFIG,
         vgpu_default_config=(config.default if config else None) or "default",
+        vgpu_layouts=(
+            default_layouts()
+            if comp.name == "vgpu-device-manager" and not (config and config.name)
+            else None
+        ),
         cc_default_mode=policy.cc_manager.default_mode or "on",
         vfio_pci_env=_env(checks.vfio_pci.env if checks.vfio_pci else None),
         vgpu_manager_env=_env(checks.vgpu_manager.env if checks.vgpu_manager else None),

@@ -33,6 +33,7 @@ def referenced_configmaps(spec: ClusterPolicySpec) -> tuple[str, ...]:
         spec.mig_manager.config,
         spec.mig_manager.gpu_clients_config,
         spec.dcgm_exporter.config,
+        spec.vgpu_device_manager.config,
     )
     for ref in refs:
         if ref is not None and ref.name:

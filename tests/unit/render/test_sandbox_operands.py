@@ -16,9 +16,9 @@ mode only. Deliberate differences:
   with the driver toolkit on); its ``/etc/os-release`` mount is read-only.
 - The vGPU device manager gets ``DEFAULT_VGPU_CONFIG`` from ``vgpuDeviceManager.config.default``
   and the cc manager ``DEFAULT_CC_MODE`` from ``ccManager.defaultMode`` in the template (NVIDIA
-  sets both in code); NVIDIA's default vGPU layouts ConfigMap is not rendered: without
-  ``vgpuDeviceManager.config.name`` the pod mounts ``default-vgpu-devices-config``, which the
-  user must create.
+  sets both in code). Without ``vgpuDeviceManager.config.name`` the operator renders NVIDIA's
+  ``default-vgpu-devices-config`` (state-vgpu-device-manager's ConfigMap, checked below), as
+  NVIDIA's does; with one, it renders none and the pod mounts the user's.
 - The wait-for-validation init containers carry the validator's pull policy.
 - No OpenShift SCC annotation on the DaemonSets (this operator binds the privileged SCC to
   each ServiceAccount instead, as for its other operands).
@@ -29,6 +29,7 @@ mode only. Deliberate differences:
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ import yaml
 
 from gpu_operator.api import PolicyError, parse_document, parse_spec
 from gpu_operator.api.legacy import migrate
+from gpu_operator.labels import COMPONENT, CONFIG_HASH
 from gpu_operator.render import Facts, render
 from gpu_operator.render.components import REGISTRY
 from tests import prerequisites
@@ -486,3 +488,88 @@ def test_wild_documents_with_sandbox_sections_are_accepted_and_render(path: Path
         wanted = wanted and MODES.get(section_name, mode) == mode
         assert (daemonset in names) == wanted, (section_name, names)
     assert ("nvidia-sandbox-validator" in names) == sandbox_on
+
+
+# Read off NVIDIA's default-vgpu-devices-config: some layouts (devices of one type per GPU) and
+# some GPU models' default type, with the counts NVIDIA gives them.
+NVIDIA_LAYOUTS = {
+    "6000D-1-42Q": 2,
+    "A2-1Q": 16,
+    "A10-24Q": 1,
+    "A30-1-6C": 4,
+    "A30-2-12CME": 1,
+    "A40-1Q": 32,
+    "A100-1-5C": 7,
+    "A100D-4C": 20,
+    "A800DX-7-80C": 1,
+    "B200X-1-23CME": 1,
+    "DC-1-2Q": 48,
+    "GB200-1-47C": 4,
+    "GH200L-144C": 1,
+    "H20X-8C": 16,
+    "H100L-4C": 23,
+    "H100XM-5C": 16,
+    "H100XS-4C": 16,
+    "H200-7C": 20,
+    "L4-3Q": 8,
+    "L40S-48Q": 1,
+    "RTX5000-Ada-2Q": 16,
+    "RTX8000P-4C": 8,
+    "RTX8000P-4Q": 12,
+    "T4-16C": 1,
+    "V100S-1Q": 32,
+}
+NVIDIA_DEFAULTS = {
+    "0x1EB810DE": {"T4-8Q": 2},
+    "0x20B010DE": {"A100X-20C": 2},
+    "0x20B710DE": {"A30-12C": 2},
+    "0x233110DE": {"H100-40C": 2},
+    "0x234210DE": {"GH200-96C": 1},
+    "0x26B910DE": {"L40S-24Q": 2},
+    "0x27B810DE": {"L4-12Q": 2},
+    "0x2BB910DE": {"6000D-84Q": 1},
+}
+
+
+def vgpu_configmaps(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        o["metadata"]["name"]: o
+        for o in render(parse_spec(spec), Facts())
+        if o["kind"] == "ConfigMap"
+        and o["metadata"]["labels"].get(COMPONENT) == "vgpu-device-manager"
+    }
+
+
+def test_without_a_configmap_of_its_own_the_vgpu_device_manager_gets_nvidias_layouts() -> None:
+    (configmap,) = vgpu_configmaps(SANDBOX).values()
+    assert configmap["metadata"]["name"] == "default-vgpu-devices-config"
+    config = yaml.safe_load(configmap["data"]["config.yaml"])
+    assert config["version"] == "v1"
+    layouts = config["vgpu-configs"]
+    for name, count in NVIDIA_LAYOUTS.items():
+        assert layouts[name] == [{"devices": "all", "vgpu-devices": {name: count}}], name
+    # every layout but the default fills all GPUs with devices of the type it is named after
+    for name, layout in layouts.items():
+        if name != "default":
+            (entry,) = layout
+            assert entry["devices"] == "all" and list(entry["vgpu-devices"]) == [name], name
+    # the default layout: one type per GPU model, as many as that type's own layout makes
+    default = layouts["default"]
+    for entry in default:
+        assert re.fullmatch(r"0x[0-9A-F]{4}10DE", entry["device-filter"]), entry
+        (name,) = entry["vgpu-devices"]
+        assert layouts[name][0]["vgpu-devices"] == entry["vgpu-devices"], entry
+    chosen = {e["device-filter"]: e["vgpu-devices"] for e in default}
+    assert {k: chosen[k] for k in NVIDIA_DEFAULTS} == NVIDIA_DEFAULTS
+    # the device manager mounts it, and its pods carry its digest (they roll when it changes)
+    pod = daemonsets(SANDBOX)["nvidia-vgpu-device-manager"]["spec"]["template"]
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "vgpu-config")
+    assert volume["configMap"]["name"] == "default-vgpu-devices-config"
+    assert CONFIG_HASH in pod["metadata"]["annotations"]
+
+
+def test_a_policy_naming_its_own_vgpu_layouts_gets_no_default_configmap() -> None:
+    spec = {**SANDBOX, "vgpuDeviceManager": {"enabled": True, "config": {"name": "layouts"}}}
+    assert vgpu_configmaps(spec) == {}
+    # nor without the device manager
+    assert vgpu_configmaps({**SANDBOX, "vgpuDeviceManager": {"enabled": False}}) == {}

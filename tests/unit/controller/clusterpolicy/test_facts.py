@@ -54,8 +54,9 @@ def test_referenced_configmaps_name_the_users_configs() -> None:
         "devicePlugin": {"config": {"name": "dp-config", "default": "any"}},
         "migManager": {"config": {"name": "mig-parted"}},
         "dcgmExporter": {"config": {"name": "metrics"}},
+        "vgpuDeviceManager": {"config": {"name": "vgpu-layouts"}},
     })  # fmt: skip
-    assert referenced_configmaps(spec) == ("dp-config", "mig-parted", "metrics")
+    assert referenced_configmaps(spec) == ("dp-config", "mig-parted", "metrics", "vgpu-layouts")
     assert referenced_configmaps(parse_spec({})) == ()
 
 
