@@ -84,11 +84,11 @@ DAEMONSETS = {
         "nvidia-dcgm-exporter",
         "nvidia-operator-validator",
     },
-    # (kata-manager: labelled as NVIDIA does, no operand here yet)
     "vm-passthrough": {
         "nvidia-sandbox-device-plugin-daemonset",
         "nvidia-sandbox-validator",
         "nvidia-vfio-manager",
+        "nvidia-kata-manager",
     },
     "vm-vgpu": {
         "nvidia-sandbox-device-plugin-daemonset",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, model_validator
 
 from gpu_operator.api.base import (
     ApiModel,
@@ -444,10 +444,16 @@ class KataManagerConfig(ApiModel):
 
 
 class KataManagerSpec(SandboxOperandSpec):
-    """NVIDIA's k8s-kata-manager. NVIDIA's operator no longer honours this section (its CRD
-    marks it deprecated); it is accepted as written."""
+    """NVIDIA's k8s-kata-manager: on vm-passthrough nodes it downloads each Kata runtime
+    class's artifacts and adds its runtime to containerd; the operator creates the
+    RuntimeClasses. (NVIDIA's operator has stopped honouring this section; this one deploys
+    it as NVIDIA's did before.)"""
 
-    config: KataManagerConfig | None = None
+    config: KataManagerConfig | None = Field(
+        default=None,
+        description="The Kata manager's config; without runtimeClasses, NVIDIA's chart's "
+        "kata-nvidia-gpu and kata-nvidia-gpu-snp.",
+    )
 
 
 class FabricManagerSpec(ApiModel):
@@ -609,12 +615,24 @@ class ClusterPolicySpec(ApiModel):
     cc_manager: CcManagerSpec = Field(default_factory=CcManagerSpec)
     fabric_manager: FabricManagerSpec = Field(default_factory=FabricManagerSpec)
 
+    @model_validator(mode="after")
+    def _kata_runtime_classes_are_not_the_operators(self) -> ClusterPolicySpec:
+        own = self.operator.runtime_class or "nvidia"
+        config = self.kata_manager.config
+        for i, runtime in enumerate((config.runtime_classes if config else None) or []):
+            if runtime.name == own:
+                raise ValueError(
+                    f"kataManager.config.runtimeClasses[{i}].name {own!r} is the RuntimeClass "
+                    "of the operator's own operands (operator.runtimeClass): name the Kata "
+                    "runtime class otherwise"
+                )
+        return self
+
     def unimplemented_enabled(self) -> list[str]:
         """Enabled sections this operator accepts but does not act on, by wire name.
 
         The sandbox-family operands only run when sandboxWorkloads is enabled, as in NVIDIA's
         operator, so their default ``enabled: true`` in NVIDIA's Helm values is not reported.
-        The Kata manager is not deployed (NVIDIA's operator ignores its section too).
         """
         names = []
         for field_name, info in type(self).model_fields.items():
@@ -622,8 +640,6 @@ class ClusterPolicySpec(ApiModel):
             if not isinstance(section, OpenSection) or not section.enabled:
                 continue
             names.append(info.alias or field_name)
-        if self.sandbox_workloads.enabled and self.kata_manager.enabled:
-            names.append("kataManager")
         if self.node_status_exporter.enabled:
             names.insert(0, "nodeStatusExporter")
         return names

@@ -131,7 +131,12 @@ CLUSTER_RULES: tuple[Rule, ...] = (
         MANAGE,
         "node access for the operands that label or read their Node",
     ),
-    Rule("node.k8s.io", ("runtimeclasses",), MANAGE, "the nvidia RuntimeClass"),
+    Rule(
+        "node.k8s.io",
+        ("runtimeclasses",),
+        MANAGE,
+        "the nvidia RuntimeClass, and the Kata manager's runtime classes",
+    ),
 )
 
 NAMESPACE_RULES: tuple[Rule, ...] = (

@@ -199,6 +199,17 @@ REGISTRY: tuple[ComponentDef, ...] = (
         sandbox_mode="kata",
     ),
     ComponentDef(
+        name="kata-manager",
+        spec_field="kataManager",
+        app="nvidia-kata-manager",
+        service_account="nvidia-kata-manager",
+        image_env="KATA_MANAGER_IMAGE",
+        # the last version NVIDIA's chart deployed, before its operator stopped honouring it
+        default_image=ImageDefault("nvcr.io/nvidia/cloud-native", "k8s-kata-manager", "v0.2.3"),
+        gpu_runtime=False,
+        sandbox=True,
+    ),
+    ComponentDef(
         name="cc-manager",
         spec_field="ccManager",
         app="nvidia-cc-manager",

@@ -29,7 +29,7 @@ from gpu_operator.render.components import ComponentDef, component_image, runs_a
 from gpu_operator.render.facts import Facts, NodeOS, Runtime
 from gpu_operator.render.images import with_os_tag
 from gpu_operator.render.metadata import owned_labels
-from gpu_operator.render.sandbox import sandbox_values
+from gpu_operator.render.sandbox import kata_manager_values, sandbox_values
 from gpu_operator.render.settings import DaemonSetSettings, daemonset_settings, runtime_class
 
 DEFAULT_DRIVER_INSTALL_DIR = "/run/nvidia/driver"
@@ -478,5 +478,6 @@ VALUES: Mapping[str, ValuesBuilder] = {
     "sandbox-validator": sandbox_values,
     "sandbox-device-plugin": sandbox_values,
     "kata-sandbox-device-plugin": sandbox_values,
+    "kata-manager": kata_manager_values,
     "cc-manager": sandbox_values,
 }

@@ -87,8 +87,7 @@ def test_unimplemented_sections_are_reported_when_enabled() -> None:
             "nodeStatusExporter": {"enabled": True},
         }
     )
-    # (the Kata manager: NVIDIA's operator ignores its section too)
-    assert spec.unimplemented_enabled() == ["nodeStatusExporter", "gds", "kataManager"]
+    assert spec.unimplemented_enabled() == ["nodeStatusExporter", "gds"]
     # both sandbox modes and the sandbox operands are implemented
     for mode in ("kubevirt", "kata"):
         sandbox = {"enabled": True, "mode": mode}
@@ -96,8 +95,6 @@ def test_unimplemented_sections_are_reported_when_enabled() -> None:
             {"sandboxWorkloads": sandbox, "kataSandboxDevicePlugin": {"enabled": True}}
         )
         assert both.unimplemented_enabled() == []
-    # the Kata manager counts only where sandbox workloads would deploy it
-    assert parse_spec({"kataManager": {"enabled": True}}).unimplemented_enabled() == []
     # NVIDIA's Helm default enables sandbox operands, which only act with sandboxWorkloads on.
     helm = parse_document(nvidia_doc("clusterpolicy-helm-default.yaml"))
     assert helm.unimplemented_enabled() == []

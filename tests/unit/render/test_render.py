@@ -72,6 +72,7 @@ def test_registry_order_names_and_labels() -> None:
         "sandbox-validator",
         "sandbox-device-plugin",
         "kata-sandbox-device-plugin",
+        "kata-manager",
         "cc-manager",
     ]
     assert [c.name for c in REGISTRY if c.sandbox] == [c.name for c in REGISTRY][8:]

@@ -8,8 +8,9 @@ state-kata-device-plugin, state-cc-manager) and its state manager, which deploys
 device plugin in sandboxWorkloads.mode kubevirt only, and Kata's and the CC manager in kata
 mode only. Deliberate differences:
 
-- Every DaemonSet selects its pods by ``app`` (NVIDIA's vfio-manager and cc-manager select by
-  ``name``); the pods carry the operator's owned labels too, as every operand here does.
+- Every DaemonSet selects its pods by ``app`` (NVIDIA's vfio-manager, kata-manager and
+  cc-manager select by ``name``); the pods carry the operator's owned labels too, as every
+  operand here does.
 - The tolerations are this operator's (its GPU taint with ``operator: Exists``, and the
   user's ``daemonsets.tolerations``), not NVIDIA's fixed ``nvidia.com/gpu:NoSchedule``.
 - The vGPU manager has no OpenShift driver-toolkit sidecar (NVIDIA keeps it only on OpenShift
@@ -25,6 +26,13 @@ mode only. Deliberate differences:
 - The Kata device plugin gets NVIDIA's ClusterRole (its Node and pods, read) but not NVIDIA's
   Role, which lets it create and delete pods and write NFD NodeFeatures: the operator holds
   neither, so it could not grant them, and KubeVirt's plugin runs without them too.
+- The Kata manager (state-kata-manager, as NVIDIA's operator deployed it until it stopped
+  honouring kataManager) gets no Role reading the namespace's Secrets: the operator does not
+  hold that, so a runtime class whose artifacts need a ``pullSecret`` needs one granted beside
+  it. Its pods roll on the operator's digest of its ConfigMaps, not NVIDIA's
+  ``nvidia.com/kata-manager.last-applied-hash``, and its RuntimeClasses carry the operator's
+  owned labels (``app.kubernetes.io/component: kata-manager``, where NVIDIA writes
+  ``gpu-operator``) with NVIDIA's ``nvidia.com/kata-runtime-class: "true"``.
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ SANDBOX = {
     "vgpuManager": {"enabled": True},
     "vgpuDeviceManager": {"enabled": True},
     "ccManager": {"enabled": True},
+    "kataManager": {"enabled": True},
 }
 # The same sections in kata mode, Kata's device plugin too
 KATA = {
@@ -270,6 +279,64 @@ NVIDIA: dict[str, dict[str, Any]] = {
             "cdi-root": "/var/run/cdi",
         },
     },
+    "nvidia-kata-manager": {
+        "selector": {"nvidia.com/gpu.deploy.kata-manager": "true"},
+        "serviceAccount": "nvidia-kata-manager",
+        "hostPID": True,
+        "init": [],
+        "containers": [
+            {
+                "name": "nvidia-kata-manager",
+                "image": "nvcr.io/nvidia/cloud-native/k8s-kata-manager:v0.2.3",
+                "command": ["/bin/sh", "-c"],
+                "args": ["/bin/entrypoint.sh"],
+                # the DaemonSet's own, then the artifacts directory and containerd's (as
+                # NVIDIA's operator sets them for the kata manager, containerd nodes)
+                "env": [
+                    "NODE_NAME",
+                    "CONFIG_FILE",
+                    "LOAD_KERNEL_MODULES",
+                    "CDI_ENABLED",
+                    "KATA_ARTIFACTS_DIR",
+                    "RUNTIME",
+                    "CONTAINERD_RUNTIME_CLASS",
+                    "RUNTIME_CONFIG",
+                    "CONTAINERD_CONFIG",
+                    "RUNTIME_SOCKET",
+                    "CONTAINERD_SOCKET",
+                ],
+                "env_values": {
+                    "CONFIG_FILE": "/etc/kata-manager/config.yaml",
+                    "LOAD_KERNEL_MODULES": "true",
+                    "CDI_ENABLED": "true",
+                    "KATA_ARTIFACTS_DIR": "/opt/nvidia-gpu-operator/artifacts/runtimeclasses",
+                    "RUNTIME": "containerd",
+                    "CONTAINERD_RUNTIME_CLASS": "nvidia",
+                    "CONTAINERD_CONFIG": "/runtime/config-dir/config.toml",
+                    "CONTAINERD_SOCKET": "/runtime/sock-dir/containerd.sock",
+                },
+                "mounts": {
+                    "nvidia-kata-manager-entrypoint": "/bin/entrypoint.sh",
+                    "nvidia-kata-manager-config": "/etc/kata-manager/config.yaml",
+                    "host-root": "/host",
+                    "cdi-root": "/var/run/cdi",
+                    "run-nvidia-validations": "/run/nvidia/validations",
+                    "kata-artifacts": "/opt/nvidia-gpu-operator/artifacts/runtimeclasses",
+                    "containerd-config": "/runtime/config-dir/",
+                    "containerd-socket": "/runtime/sock-dir/",
+                },
+                "securityContext": PRIVILEGED_S0,
+            }
+        ],
+        "volumes": {
+            "host-root": "/",
+            "cdi-root": "/var/run/cdi",
+            **VALIDATIONS,
+            "kata-artifacts": "/opt/nvidia-gpu-operator/artifacts/runtimeclasses",
+            "containerd-config": "/etc/containerd",
+            "containerd-socket": "/run/containerd",
+        },
+    },
     "nvidia-cc-manager": {
         "selector": {"nvidia.com/gpu.deploy.cc-manager": "true", "nvidia.com/cc.capable": "true"},
         "serviceAccount": "nvidia-cc-manager",
@@ -447,6 +514,7 @@ def test_the_registry_names_nvidias_daemonsets() -> None:
 
 
 SECTIONS = {
+    "kataManager": "nvidia-kata-manager",
     "sandboxDevicePlugin": "nvidia-sandbox-device-plugin-daemonset",
     "kataSandboxDevicePlugin": "nvidia-kata-sandbox-device-plugin-daemonset",
     "vfioManager": "nvidia-vfio-manager",
@@ -573,3 +641,109 @@ def test_a_policy_naming_its_own_vgpu_layouts_gets_no_default_configmap() -> Non
     assert vgpu_configmaps(spec) == {}
     # nor without the device manager
     assert vgpu_configmaps({**SANDBOX, "vgpuDeviceManager": {"enabled": False}}) == {}
+
+
+def objects(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return render(parse_spec(spec), Facts())
+
+
+def kata_config(spec: dict[str, Any]) -> dict[str, Any]:
+    (configmap,) = (
+        o for o in objects(spec) if o["kind"] == "ConfigMap"
+        and o["metadata"]["name"] == "nvidia-kata-manager-config"
+    )  # fmt: skip
+    config: dict[str, Any] = yaml.safe_load(configmap["data"]["config.yaml"])
+    return config
+
+
+def runtime_classes(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        o["metadata"]["name"]: o
+        for o in objects(spec)
+        if o["kind"] == "RuntimeClass" and o["metadata"]["name"] != "nvidia"
+    }
+
+
+# NVIDIA's chart's kataManager.config (the last it shipped with the kata manager honoured)
+NVIDIA_KATA_CONFIG = {
+    "artifactsDir": "/opt/nvidia-gpu-operator/artifacts/runtimeclasses",
+    "runtimeClasses": [
+        {
+            "name": "kata-nvidia-gpu",
+            "nodeSelector": {},
+            "artifacts": {
+                "url": "nvcr.io/nvidia/cloud-native/kata-gpu-artifacts:ubuntu22.04-535.54.03",
+                "pullSecret": "",
+            },
+        },
+        {
+            "name": "kata-nvidia-gpu-snp",
+            "nodeSelector": {"nvidia.com/cc.capable": "true"},
+            "artifacts": {
+                "url": "nvcr.io/nvidia/cloud-native/kata-gpu-artifacts:ubuntu22.04-535.86.10-snp",
+                "pullSecret": "",
+            },
+        },
+    ],
+}
+
+
+def test_the_kata_manager_reads_its_section_config_and_gets_its_runtime_classes() -> None:
+    config = {
+        "artifactsDir": "/var/lib/kata-artifacts",
+        "runtimeClasses": [
+            {
+                "name": "kata-qemu-nvidia-gpu",
+                "nodeSelector": {"example.com/pool": "vm"},
+                "artifacts": {"url": "registry.example.com/kata:1", "pullSecret": "kata-pull"},
+            }
+        ],
+    }
+    spec = {**SANDBOX, "kataManager": {"enabled": True, "config": config}}
+    assert kata_config(spec) == config
+    # NVIDIA's operator makes each RuntimeClass: handler of the same name, on the nodes the
+    # kata manager serves, and the runtime class's own node selector
+    (rc,) = runtime_classes(spec).values()
+    assert rc["metadata"]["name"] == rc["handler"] == "kata-qemu-nvidia-gpu"
+    assert rc["metadata"]["labels"]["nvidia.com/kata-runtime-class"] == "true"
+    assert rc["scheduling"]["nodeSelector"] == {
+        "nvidia.com/gpu.deploy.kata-manager": "true",
+        "example.com/pool": "vm",
+    }
+    pod = daemonsets(spec)["nvidia-kata-manager"]["spec"]["template"]
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["KATA_ARTIFACTS_DIR"] == "/var/lib/kata-artifacts"
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["kata-artifacts"]["hostPath"]["path"] == "/var/lib/kata-artifacts"
+    # editing the config rolls the pods (their digest covers the config's ConfigMap)
+    other = {**config, "artifactsDir": "/srv/kata"}
+    moved = daemonsets({**SANDBOX, "kataManager": {"enabled": True, "config": other}})
+    assert (
+        moved["nvidia-kata-manager"]["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH]
+        != pod["metadata"]["annotations"][CONFIG_HASH]
+    )
+
+
+def test_without_runtime_classes_the_kata_manager_gets_nvidias_charts() -> None:
+    assert kata_config(SANDBOX) == NVIDIA_KATA_CONFIG
+    assert set(runtime_classes(SANDBOX)) == {"kata-nvidia-gpu", "kata-nvidia-gpu-snp"}
+    # an empty list is a choice: none
+    none = {**SANDBOX, "kataManager": {"enabled": True, "config": {"runtimeClasses": []}}}
+    assert runtime_classes(none) == {}
+    assert kata_config(none)["runtimeClasses"] == []
+
+
+def test_the_kata_manager_is_deployed_in_either_mode_and_only_with_its_section() -> None:
+    assert "nvidia-kata-manager" in daemonsets(KATA)
+    off = {**SANDBOX, "kataManager": {"enabled": False}}
+    assert "nvidia-kata-manager" not in daemonsets(off)
+    assert runtime_classes(off) == {}  # so the operator prunes the ones it made
+    no_sandbox = {k: v for k, v in SANDBOX.items() if k != "sandboxWorkloads"}
+    assert runtime_classes(no_sandbox) == {}
+
+
+def test_a_kata_runtime_class_named_as_the_operators_own_is_refused() -> None:
+    for name, operator in (("nvidia", {}), ("nvidia-gpu", {"runtimeClass": "nvidia-gpu"})):
+        config = {"runtimeClasses": [{"name": name, "artifacts": {"url": "r.example.com/k:1"}}]}
+        with pytest.raises(PolicyError, match=r"kataManager\.config\.runtimeClasses\[0\]\.name"):
+            parse_spec({"operator": operator, "kataManager": {"enabled": True, "config": config}})

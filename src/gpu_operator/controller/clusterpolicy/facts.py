@@ -70,13 +70,9 @@ def node_policy(spec: ClusterPolicySpec) -> NodePolicy:
     """What every GPU node should carry under ``spec``."""
     taint = spec.gpu_node_taint
     mig_default = spec.mig_manager.config.default if spec.mig_manager.config else None
-    deploy = [c.name for c in REGISTRY if is_enabled(spec, c)]
     sandbox = spec.sandbox_workloads
-    if sandbox.enabled and spec.kata_manager.enabled:
-        # labelled as NVIDIA's operator does, though neither operator deploys it
-        deploy.append("kata-manager")
     return NodePolicy(
-        deploy=tuple(deploy),
+        deploy=tuple(c.name for c in REGISTRY if is_enabled(spec, c)),
         mig_only=frozenset(c.name for c in REGISTRY if c.mig_capable_only),
         taint=Taint(taint.key, taint.value, taint.effect) if taint.enabled else None,
         default_mig_config="all-disabled" if mig_default is None else (mig_default or None),

@@ -581,8 +581,14 @@ def test_a_bad_workload_config_is_told_on_the_node_once_and_in_the_status() -> N
 @pytest.mark.parametrize(
     ("mode", "operands"),
     [
-        ("kubevirt", {"vfio-manager", "sandbox-validator", "sandbox-device-plugin"}),
-        ("kata", {"vfio-manager", "sandbox-validator", "kata-sandbox-device-plugin"}),
+        (
+            "kubevirt",
+            {"vfio-manager", "sandbox-validator", "sandbox-device-plugin", "kata-manager"},
+        ),
+        (
+            "kata",
+            {"vfio-manager", "sandbox-validator", "kata-sandbox-device-plugin", "kata-manager"},
+        ),
     ],
 )
 def test_sandbox_operands_count_in_readiness(mode: str, operands: set[str]) -> None:
@@ -591,6 +597,7 @@ def test_sandbox_operands_count_in_readiness(mode: str, operands: set[str]) -> N
         "sandboxWorkloads": {"enabled": True, "mode": mode},
         "sandboxDevicePlugin": {"enabled": True},
         "kataSandboxDevicePlugin": {"enabled": True},
+        "kataManager": {"enabled": True},
     }
     vm = gpu_node(labels={WORKLOAD_CONFIG: "vm-passthrough"})
     snap, _ = converge(policy(spec=spec), [vm])
