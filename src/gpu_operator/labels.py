@@ -125,4 +125,7 @@ SIMULATED_NVML_STATE = "nvml-state.json"  # MIG state the node's agents share, i
 # environment that gives a container the node's simulated NVML.
 SIMULATED_DRIVER_ROOT = "/run/nvidia/driver"
 SIMULATED_HOST_DRIVER_ROOT = "/var/lib/testenv-host-driver"  # a "preinstalled" one, GKE-like
+# The node's simulated PCI bus (sys/bus/pci, sys/kernel/iommu_groups, dev/vfio), which the
+# harness lays out with that driver: what the passthrough stand-ins and plugins act on.
+SIMULATED_PCI_ROOT = SIMULATED_HOST_DRIVER_ROOT
 SIMULATED_NVML_DESCRIPTOR = "gpu-operator-simulated-nvml.env"

@@ -403,6 +403,16 @@ def example_policy() -> dict[str, Any]:
     return doc
 
 
+def sandbox_policy() -> dict[str, Any]:
+    """The example with GPUs for virtual machines on: the VFIO manager and KubeVirt's device
+    plugin (with the sandbox validator, from the validator section) on vm-passthrough nodes."""
+    doc = example_policy()
+    doc["spec"]["sandboxWorkloads"] = {"enabled": True}
+    doc["spec"]["vfioManager"] = {"enabled": True}
+    doc["spec"]["sandboxDevicePlugin"] = {"enabled": True}
+    return doc
+
+
 def drivers_ready(stack: Stack) -> bool | NotYet:
     """One Ready driver pod on each real node."""
     for n in stack.cluster.real_nodes:

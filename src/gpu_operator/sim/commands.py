@@ -7,6 +7,11 @@ command line (:mod:`gpu_operator.cli`), above both the agents and the simulation
   without its target paths, it refuses with a usage error (exit 2) rather than lay a stub driver
   into /run/nvidia/driver or a containerd drop-in into /etc/containerd. The stand-in images pass
   them.
+- ``agent simulate-vfio-manager``, ``simulate-sandbox-validator`` and
+  ``simulate-sandbox-device-plugin``: the SIMULATED stand-ins for NVIDIA's VFIO manager, its
+  sandbox validator's vfio-pci check and KubeVirt's GPU device plugin
+  (:mod:`gpu_operator.sim.sandbox`), on the simulated PCI bus under ``--pci-root``, which none
+  defaults either (the stand-in images pass it).
 - ``agent simulate-fault``: inject a hardware fault into a SIMULATED GPU, for demos and people.
   It writes the node's simulated NVML state file, so every agent of that node (each with its own
   simulated NVML over the file) reads the fault at its next NVML call. It acts on simulated GPUs
@@ -45,6 +50,7 @@ CLEAR = "clear"
 def register(sub: Any) -> None:
     """Add the simulation's commands to the ``agent`` sub-parsers ``sub``."""
     _register_standins(sub)
+    _register_sandbox(sub)
     _register_fault(sub)
 
 
@@ -96,6 +102,7 @@ def _install(args: argparse.Namespace) -> int:
             seed=args.seed,
             driver_version=args.driver_version or None,
             style=args.style,
+            pci=args.pci,
         )
     except (operands.SimulationError, StubDriverError, ValueError) as exc:
         print(f"{operands.BANNER}: driver not installed: {exc}", file=sys.stderr)
@@ -160,6 +167,11 @@ def _register_standins(sub: Any) -> None:
     p.add_argument("--spec", metavar="PROFILE:COUNT", help="install: the GPUs, e.g. a100-40gb:2")
     p.add_argument("--seed", metavar="NODE", help="install: what the GPU UUIDs derive from")
     p.add_argument("--style", choices=STYLES, default="ubuntu", help="install: the layout")
+    p.add_argument(
+        "--pci",
+        action="store_true",
+        help="install: also the GPUs' PCI bus (sysfs, /dev/vfio) in --root, for passthrough",
+    )
     p.set_defaults(func=cmd_simulate_driver)
 
     p = sub.add_parser(
@@ -197,6 +209,142 @@ def _register_standins(sub: Any) -> None:
         "default /run/nvidia/driver)",
     )
     p.set_defaults(func=cmd_simulate_toolkit)
+
+
+# -- simulate-vfio-manager, simulate-sandbox-validator, simulate-sandbox-device-plugin -------
+def _pci(command: str, args: argparse.Namespace) -> tuple[Any, Path]:
+    """The simulated PCI bus under ``--pci-root`` (refused without one: it writes there)."""
+    from gpu_operator.agent.dra.vfio import SIMULATED_MARKER, pci_bus
+
+    if not args.pci_root:
+        _refuse(command, ["--pci-root"])
+    root = Path(args.pci_root)
+    if not (root / SIMULATED_MARKER).exists():
+        raise UsageProblem(
+            f"{command} acts on a simulated PCI bus only",
+            f"{root / SIMULATED_MARKER} is missing: the stub driver lays the bus out",
+        )
+    return pci_bus(root), root
+
+
+def cmd_simulate_vfio_manager(args: argparse.Namespace) -> int:
+    from gpu_operator.sim import sandbox
+
+    if not args.all:
+        raise UsageProblem("vfio-manage stand-in: only --all is simulated", "give --all")
+    bus, root = _pci("simulate-vfio-manager", args)
+    setup(args)
+    return sandbox.run_vfio_manage(bus, args.action, root / "dev")
+
+
+def cmd_simulate_sandbox_validator(args: argparse.Namespace) -> int:
+    from gpu_operator import kube
+    from gpu_operator.sim import sandbox
+
+    bus, _root = _pci("simulate-sandbox-validator", args)
+    setup(args)
+    workload = args.workload
+    if not workload:
+        if not args.node_name:
+            raise UsageProblem("the validator reads the node's workload config", "set NODE_NAME")
+        node = kube.connect().get("Node", args.node_name) or {}
+        node_labels = (node.get("metadata") or {}).get("labels") or {}
+        workload = node_labels.get(labels.WORKLOAD_CONFIG) or args.default_workload
+    return sandbox.run_validator(
+        args.component, workload, Path(args.output_dir), bus, wait=args.wait
+    )
+
+
+def cmd_simulate_sandbox_device_plugin(args: argparse.Namespace) -> int:
+    from gpu_operator.agent.dra.vfio import pci_bus
+    from gpu_operator.sim import sandbox
+
+    setup(args)
+    root = Path(args.sysfs_root)
+    return sandbox.run_device_plugin(pci_bus(root), root, Path(args.socket_dir), args.host_dev_root)
+
+
+def _add_pci_root(p: Any, what: str) -> None:
+    p.add_argument(
+        "--pci-root",
+        default=os.environ.get("SIMULATED_PCI_ROOT") or None,
+        help=f"where the simulated PCI bus (sys/bus/pci, dev/vfio) is, as mounted here: {what} "
+        "(env SIMULATED_PCI_ROOT); required",
+    )
+
+
+def _register_sandbox(sub: Any) -> None:
+    p = sub.add_parser(
+        "simulate-vfio-manager",
+        help="SIMULATED NVIDIA VFIO manager, vfio-manage (testenv stand-in images only)",
+        description="Bind every NVIDIA GPU of the simulated PCI bus to vfio-pci, or hand them "
+        "back to nvidia, as NVIDIA's vfio-manage does on a vm-passthrough node; testenv only.",
+    )
+    p.add_argument(
+        "action",
+        choices=["bind", "unbind"],
+        help="bind: every NVIDIA GPU to vfio-pci; unbind: those on vfio-pci back to nvidia",
+    )
+    p.add_argument("--all", action="store_true", help="every NVIDIA GPU (the only choice here)")
+    _add_pci_root(p, "its drivers' bind and unbind files are written")
+    p.set_defaults(func=cmd_simulate_vfio_manager)
+
+    p = sub.add_parser(
+        "simulate-sandbox-validator",
+        help="SIMULATED NVIDIA sandbox validator, nvidia-validator (testenv stand-in images only)",
+        description="Write the node's workload type and, on a vm-passthrough node, "
+        "vfio-pci-ready once every GPU is on vfio-pci; testenv only.",
+    )
+    p.add_argument(
+        "--component",
+        default=os.environ.get("COMPONENT", ""),
+        help="vfio-pci, vgpu-manager or vgpu-devices (env COMPONENT)",
+    )
+    p.add_argument(
+        "--wait",
+        action=argparse.BooleanOptionalAction,
+        default=os.environ.get("WITH_WAIT", "").lower() == "true",
+        help="look again until the GPUs are ready (env WITH_WAIT=true)",
+    )
+    p.add_argument(
+        "--output-dir",
+        default=os.environ.get("OUTPUT_DIR") or "/run/nvidia/validations",
+        help="where the status files go (default /run/nvidia/validations)",
+    )
+    p.add_argument("--node-name", default=os.environ.get("NODE_NAME"), help="env NODE_NAME")
+    p.add_argument("--workload", default=None, help="the node's workload config (default: its "
+                   f"{labels.WORKLOAD_CONFIG} label, read through the API)")  # fmt: skip
+    p.add_argument(
+        "--default-workload",
+        default=os.environ.get("DEFAULT_GPU_WORKLOAD_CONFIG") or "container",
+        help="when the node has no such label (env DEFAULT_GPU_WORKLOAD_CONFIG)",
+    )
+    _add_pci_root(p, "read only")
+    p.set_defaults(func=cmd_simulate_sandbox_validator)
+
+    p = sub.add_parser(
+        "simulate-sandbox-device-plugin",
+        help="SIMULATED KubeVirt GPU device plugin (testenv stand-in images only)",
+        description="Advertise the GPUs on vfio-pci to the kubelet as nvidia.com/<PCI device "
+        "name>, as KubeVirt's GPU device plugin does; testenv only.",
+    )
+    p.add_argument(
+        "--sysfs-root",
+        default="/",
+        help="where /sys shows the PCI bus (default /: the testenv's runtime shows the "
+        "simulated one there to a container given the node's /dev/vfio)",
+    )
+    p.add_argument(
+        "--host-dev-root",
+        default="/",
+        help="where the node keeps /dev/vfio, as the kubelet sees it (default /)",
+    )
+    p.add_argument(
+        "--socket-dir",
+        default="/var/lib/kubelet/device-plugins",
+        help="the kubelet's device-plugin directory (default /var/lib/kubelet/device-plugins)",
+    )
+    p.set_defaults(func=cmd_simulate_sandbox_device_plugin)
 
 
 # -- simulate-fault ----------------------------------------------------------------------------

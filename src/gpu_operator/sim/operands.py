@@ -79,8 +79,10 @@ def install_driver(
     seed: str,
     driver_version: str | None = None,
     style: Style = "ubuntu",
+    pci: bool = False,
 ) -> dict[str, str]:
-    """Lay out the stub driver for the GPUs of ``spec`` in ``driver_root``.
+    """Lay out the stub driver for the GPUs of ``spec`` in ``driver_root`` (``pci``: and the
+    node's PCI bus beside it, :mod:`gpu_operator.sim.pci`, as the harness does on real nodes).
 
     The NVML is built first, so a bad profile fails the driver container (as a driver that
     cannot load would), and the GPUs' MIG state file is made beside the device nodes.
@@ -106,6 +108,7 @@ def install_driver(
         artefacts=_artefacts(),
         simulate=spec,
         seed=seed,
+        pci=pci,
     )
     # Whole or absent: the manifest's presence is what says the install is done.
     replace_file(driver_root / MANIFEST, json.dumps(created).encode(), 0o644)

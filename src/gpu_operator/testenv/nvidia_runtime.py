@@ -12,7 +12,9 @@ the spec does not have fails the container, as with NVIDIA's runtime.
 
 Both handlers, ``runc`` too, also give what a GPU node's kernel shows every process holding
 its devices (:func:`kernel_view`): the simulated GPUs' own state, MIG devices made at run time
-among it, which a real kernel keeps and the stub driver keeps beside its device nodes.
+among it, which a real kernel keeps and the stub driver keeps beside its device nodes; and to a
+container given the host's ``/dev/vfio`` (KubeVirt's device plugin), the node's simulated PCI
+bus where a kernel shows it (:func:`pci_view`).
 
 Run by the containerd shim as the runtime binary, through a wrapper that `realnodes` writes:
 `python -I nvidia_runtime.py [--kernel-only] RUNC ARGS...` (``--kernel-only``: the ``runc``
@@ -36,6 +38,12 @@ OPT_OUT = ("", "void", "none")
 # testenv does not import the agents).
 SIM_STATE = "gpu-operator-sim"
 CONTROL_DEVICE = "/dev/nvidiactl"
+# The node's simulated PCI bus (labels.SIMULATED_PCI_ROOT: keep in step), and what of it a
+# kernel shows in /sys and /dev; its marker file (agent.dra.vfio.SIMULATED_MARKER).
+PCI_ROOT = "/var/lib/testenv-host-driver"
+PCI_MARKER = "sys/bus/pci/SIMULATED"
+PCI_SYSFS = ("sys/bus/pci", "sys/kernel/iommu_groups")
+VFIO_DIR = "/dev/vfio"
 STUB_LIB_DIRS = (
     "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib/x86_64-linux-gnu",
     "/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib64", "/lib",
@@ -151,6 +159,30 @@ def kernel_view(spec: dict[str, Any]) -> None:
             return
 
 
+def pci_view(spec: dict[str, Any], root: str = PCI_ROOT, host: str = "/") -> None:
+    """A container that binds the host's ``/dev/vfio`` looks at the GPUs' PCI functions: with
+    a simulated PCI bus under ``root``, it gets that bus's ``/dev/vfio`` instead, and its
+    ``/sys/bus/pci`` and ``/sys/kernel/iommu_groups`` (read-only) over the container's sysfs,
+    where the ones the host's sysfs has (``host``: where that is). Others are left alone."""
+    if not os.path.isfile(os.path.join(root, PCI_MARKER)):
+        return
+    mounts = spec.get("mounts") or []
+    vfio = [m for m in mounts if m.get("type") == "bind" and m.get("source") == VFIO_DIR]
+    if not vfio:
+        return
+    for mount in vfio:
+        mount["source"] = os.path.join(root, VFIO_DIR.lstrip("/"))
+    for rel in PCI_SYSFS:
+        target = f"/{rel}"
+        if any(m.get("destination") == target for m in mounts):
+            continue
+        if os.path.isdir(os.path.join(host, rel)):  # a mount point the container's sysfs has
+            mounts.append(
+                {"destination": target, "type": "bind", "source": os.path.join(root, rel),
+                 "options": ["rbind", "ro", "nosuid", "noexec"]}
+            )  # fmt: skip
+
+
 def bundle_of(argv: list[str]) -> str | None:
     """The `--bundle` of a `runc ... create ...` call (the shim's other calls are passed on)."""
     if "create" not in argv:
@@ -179,6 +211,7 @@ def main(argv: list[str]) -> None:
                 print(f"nvidia runtime (testenv): {exc}", file=sys.stderr)
                 sys.exit(1)
         kernel_view(spec)
+        pci_view(spec)
         config.write_text(json.dumps(spec))
     os.execv(runc, [runc, *args])
 

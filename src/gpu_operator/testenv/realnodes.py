@@ -272,11 +272,13 @@ def write_node_files(
 
 def install_host_driver(node: RealNode) -> None:
     """The node's "preinstalled" SIMULATED driver (nodeconfig.HOST_DRIVER_ON_NODE), laid out by
-    the agents' own stub driver: testenv does not import the agents, so through their CLI."""
+    the agents' own stub driver: testenv does not import the agents, so through their CLI.
+    The node's PCI bus goes beside it (labels.SIMULATED_PCI_ROOT), every GPU on ``nvidia``:
+    what the VFIO manager and passthrough plugins move GPUs on."""
     _run(
         sys.executable, "-m", "gpu_operator", "agent", "simulate-driver", "install",
         "--root", str(node.dir / "host-driver"), "--spec", node.gpus, "--seed", node.name,
-        "--style", "gke",
+        "--style", "gke", "--pci",
     )  # fmt: skip
 
 

@@ -26,6 +26,21 @@ defaults replace with the project's own):
 - dcgm-exporter: its entrypoint -> `gpu-operator agent exporter` (DCGM_EXPORTER_LISTEN,
   DCGM_EXPORTER_COLLECTORS, DCGM_EXPORTER_KUBERNETES and the mounted PodResources socket)
 
+and, for GPUs handed to virtual machines (a policy with sandbox workloads, rendering
+"sandbox"), on the simulated PCI bus the harness lays out in each real node's
+SIMULATED_PCI_ROOT (gpu_operator.sim.sandbox):
+
+- the VFIO manager (NVIDIA's k8s-driver-manager image, the same stand-in as the driver's init
+  container): `vfio-manage bind|unbind --all` -> `gpu-operator agent simulate-vfio-manager`,
+  on the node's bus under the host root the DaemonSet mounts (HOST_ROOT)
+- the sandbox validator (NVIDIA's gpu-operator image): `nvidia-validator` ->
+  `gpu-operator agent simulate-sandbox-validator` (COMPONENT, WITH_WAIT, NODE_NAME; the
+  vfio-pci check reads the bus under /host); its other components are not simulated
+- kubevirt-gpu-device-plugin: its entrypoint -> `gpu-operator agent
+  simulate-sandbox-device-plugin`, which reads the bus at /sys (the testenv's runtime shows a
+  container given the node's /dev/vfio the simulated bus there) and tells the kubelet the
+  VFIO device nodes where the node keeps them
+
 None sets GPU_OPERATOR_SIMULATE: the operands NVIDIA runs with the `nvidia` RuntimeClass ask for
 every GPU (NVIDIA_VISIBLE_DEVICES=all, as NVIDIA's images do) and get the stub driver from the
 testenv's `nvidia` runtime (testenv/nvidia_runtime.py, applying the node's CDI spec), as
@@ -47,6 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_operator.labels import SIMULATED_DRIVER_ROOT as DRIVER_ROOT
+from gpu_operator.labels import SIMULATED_PCI_ROOT as PCI_ROOT
 from gpu_operator.render import components
 from gpu_operator.render.driver import DEFAULT_MANAGER
 from gpu_operator.render.images import with_os_tag
@@ -118,6 +134,17 @@ COMMANDS = {
         'echo "SIMULATED: NVIDIA DCGM exporter stand-in: gpu-operator agent exporter on '
         'simulated NVML" >&2\nexec gpu-operator agent exporter "$@"'
     ),
+    # The passthrough stand-ins print their own SIMULATED lines.
+    "vfio-manage": (
+        "exec gpu-operator agent simulate-vfio-manager "
+        f'--pci-root "${{HOST_ROOT:-/host}}{PCI_ROOT}" "$@"'
+    ),
+    "nvidia-validator": (
+        f'exec gpu-operator agent simulate-sandbox-validator --pci-root "/host{PCI_ROOT}" "$@"'
+    ),
+    "nvidia-kubevirt-gpu-device-plugin": (
+        f'exec gpu-operator agent simulate-sandbox-device-plugin --host-dev-root {PCI_ROOT} "$@"'
+    ),
 }
 # Each image's entrypoint (a DaemonSet without a command runs it).
 ENTRYPOINTS = {
@@ -127,7 +154,12 @@ ENTRYPOINTS = {
     "device-plugin": ("nvidia-device-plugin",),
     "mig-manager": ("nvidia-mig-manager",),
     "dcgm-exporter": ("dcgm-exporter",),
+    # GPUs for virtual machines: rendered only with sandbox workloads on.
+    "vfio-manager": ("vfio-manage",),
+    "sandbox-validator": ("nvidia-validator",),
+    "sandbox-device-plugin": ("nvidia-kubevirt-gpu-device-plugin",),
 }
+SANDBOX = ("vfio-manager", "sandbox-validator", "sandbox-device-plugin")
 
 
 def node_os_tag() -> str:
@@ -148,15 +180,20 @@ def _default_reference(name: str) -> str | None:
 
 def standins() -> list[StandIn]:
     os_tag = node_os_tag()
-    found = []
+    found: list[StandIn] = []
     for name, entrypoint in ENTRYPOINTS.items():
         default = _default_reference(name)
-        named = [(default, "defaults"), (HELM_DEFAULT_IMAGES[name], "helm-default")]
+        if name in SANDBOX:
+            named = [(default, "sandbox")]
+        else:
+            named = [(default, "defaults"), (HELM_DEFAULT_IMAGES[name], "helm-default")]
         if name == "driver" and default is not None:
             repository = default.rsplit(":", 1)[0]
             named.append((f"{repository}:{UPGRADE_DRIVER_VERSION}", "upgrade"))
         for reference, rendering in named:
-            if reference is None:
+            # One image per name: the VFIO manager's is the driver manager's (NVIDIA's
+            # k8s-driver-manager carries vfio-manage), and the DaemonSet names its command.
+            if reference is None or any(s.reference == reference for s in found):
                 continue
             env: tuple[str, ...] = ()
             if name in ASKS_FOR_GPUS:

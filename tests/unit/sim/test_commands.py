@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,20 @@ def test_simulate_driver_install_and_uninstall(
     assert "no-such-gpu" in capsys.readouterr().err
     assert main(["agent", "simulate-driver", "install", "--root", str(root)]) == 2
     assert "needs --spec, --seed" in capsys.readouterr().err
+
+
+def test_simulate_driver_install_lays_out_the_pci_bus_when_asked(tmp_path: Path) -> None:
+    """The harness's preinstalled driver on a real node: the GPUs' PCI bus beside it, at the
+    bus ids NVML reports for that node, every GPU on nvidia (the VFIO manager's starting point)."""
+    prerequisites.gcc()
+    root = tmp_path / "driver"
+    install = ["agent", "simulate-driver", "install", "--root", str(root), "--seed", "node-3"]
+    assert run([*install, "--spec", "h100-80gb:2", "--style", "gke", "--pci"]) == 0
+    devices = sorted((root / "sys/bus/pci/devices").iterdir())
+    assert len(devices) == 2
+    assert {(d / "device").read_text() for d in devices} == {"0x2330\n"}
+    assert {os.readlink(d / "driver") for d in devices} == {"../../drivers/nvidia"}
+    assert (root / "sys/bus/pci/SIMULATED").is_file() and (root / "dev/vfio/vfio").exists()
 
 
 def test_simulate_toolkit_options(monkeypatch: pytest.MonkeyPatch) -> None:

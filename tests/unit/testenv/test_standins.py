@@ -239,3 +239,85 @@ def test_containers_without_the_gpus_or_a_stub_driver_get_no_kernel_view(tmp_pat
         assert spec["mounts"] == before
     assert nvidia_runtime.driver_root_of("/opt/x/libnvidia-ml.so.1") is None
     assert nvidia_runtime.driver_root_of("/usr/lib64/libnvidia-ml.so.1") == "/"
+
+
+def test_a_container_given_the_hosts_vfio_devices_sees_the_simulated_pci_bus(
+    tmp_path: Path,
+) -> None:
+    """As a kernel shows it: KubeVirt's device plugin, given the host's /dev/vfio, reads the
+    GPUs' PCI functions in /sys; on a node with a simulated bus it sees that one there."""
+    root = tmp_path / "node"
+    (root / "sys/bus/pci").mkdir(parents=True)
+    (root / "sys/bus/pci/SIMULATED").write_text("")
+    host = tmp_path / "host"
+    for rel in nvidia_runtime.PCI_SYSFS:
+        (host / rel).mkdir(parents=True)
+    vfio = {"destination": "/dev/vfio", "type": "bind", "source": "/dev/vfio",
+            "options": ["rbind", "rprivate", "rw"]}  # fmt: skip
+    spec = {"mounts": [{"destination": "/sys", "type": "sysfs"}, vfio]}
+    nvidia_runtime.pci_view(spec, str(root), str(host))
+    assert spec["mounts"][1]["source"] == str(root / "dev/vfio")
+    assert spec["mounts"][2:] == [
+        {"destination": f"/{rel}", "type": "bind", "source": str(root / rel),
+         "options": ["rbind", "ro", "nosuid", "noexec"]}
+        for rel in nvidia_runtime.PCI_SYSFS
+    ]  # fmt: skip
+    again = len(spec["mounts"])
+    nvidia_runtime.pci_view(spec, str(root), str(host))
+    assert len(spec["mounts"]) == again, "one view, however often applied"
+
+
+def test_containers_without_the_vfio_devices_or_a_simulated_bus_see_the_hosts(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "node"
+    (root / "sys/bus/pci").mkdir(parents=True)
+    vfio = {"destination": "/dev/vfio", "type": "bind", "source": "/dev/vfio"}
+    no_bus = {"mounts": [dict(vfio)]}
+    nvidia_runtime.pci_view(no_bus, str(root), "/")
+    assert no_bus == {"mounts": [vfio]}
+    (root / "sys/bus/pci/SIMULATED").write_text("")
+    others = {"mounts": [{"destination": "/sys", "type": "bind", "source": "/sys"}]}
+    before = [dict(m) for m in others["mounts"]]
+    nvidia_runtime.pci_view(others, str(root), "/")
+    assert others["mounts"] == before
+
+
+def test_the_runtime_finds_the_simulated_bus_where_the_harness_lays_it_out() -> None:
+    """nvidia_runtime.py runs on the standard library only: its copies of the names agree."""
+    from gpu_operator.agent.dra.vfio import SIMULATED_MARKER
+    from gpu_operator.labels import SIMULATED_PCI_ROOT
+
+    assert nvidia_runtime.PCI_ROOT == SIMULATED_PCI_ROOT
+    assert nvidia_runtime.PCI_MARKER == SIMULATED_MARKER
+
+
+def test_every_sandbox_operand_a_real_node_runs_is_a_stand_in(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The passthrough real-node e2e's policy: each sandbox operand's image is a stand-in, and
+    every command its DaemonSet runs it with (or its entrypoint) is a stand-in's command or the
+    shell's own."""
+    from tests.e2e.stack_support import sandbox_policy
+
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(sandbox_policy()))
+    assert cli_main(["render", "-f", str(path), "-o", "yaml"]) == 0
+    by_reference = {s.reference: s for s in standins.standins()}
+    shell = {"until", "echo", "if", "while"}
+    apps = {"nvidia-vfio-manager", "nvidia-sandbox-validator",
+            "nvidia-sandbox-device-plugin-daemonset"}  # fmt: skip
+    seen = set()
+    for doc in yaml.safe_load_all(capsys.readouterr().out):
+        if not doc or doc["kind"] != "DaemonSet" or doc["metadata"]["name"] not in apps:
+            continue
+        seen.add(doc["metadata"]["name"])
+        pod = doc["spec"]["template"]["spec"]
+        for c in pod["containers"] + pod.get("initContainers", []):
+            standin = by_reference.get(c["image"])
+            assert standin is not None, c["image"]
+            command = c.get("command") or list(standin.entrypoint)
+            if command[0] in ("sh", "/bin/sh"):
+                command = c["args"][0].split()
+            assert command[0] in standins.COMMANDS or command[0] in shell, (c["name"], command)
+    assert seen == apps
