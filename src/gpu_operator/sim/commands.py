@@ -241,7 +241,8 @@ def cmd_simulate_sandbox_validator(args: argparse.Namespace) -> int:
     from gpu_operator import kube
     from gpu_operator.sim import sandbox
 
-    bus, _root = _pci("simulate-sandbox-validator", args)
+    # Only the vfio-pci check reads the bus (its init container alone mounts the host root).
+    bus = _pci("simulate-sandbox-validator", args)[0] if args.component == "vfio-pci" else None
     setup(args)
     workload = args.workload
     if not workload:
@@ -319,7 +320,7 @@ def _register_sandbox(sub: Any) -> None:
         default=os.environ.get("DEFAULT_GPU_WORKLOAD_CONFIG") or "container",
         help="when the node has no such label (env DEFAULT_GPU_WORKLOAD_CONFIG)",
     )
-    _add_pci_root(p, "read only")
+    _add_pci_root(p, "read only, by the vfio-pci component")
     p.set_defaults(func=cmd_simulate_sandbox_validator)
 
     p = sub.add_parser(

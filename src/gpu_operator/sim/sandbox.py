@@ -215,7 +215,7 @@ def run_validator(
     component: str,
     workload: str,
     output_dir: Path,
-    bus: PciBus,
+    bus: PciBus | None,
     *,
     wait: bool,
     interval_s: float = 2.0,
@@ -223,7 +223,8 @@ def run_validator(
 ) -> int:
     """One validator component on a node whose workload config is ``workload``: its status
     files in ``output_dir``. ``vfio-pci`` on a ``vm-passthrough`` node: ready once every GPU is
-    on ``vfio-pci`` (``wait``: looked at again every ``interval_s`` until then)."""
+    on ``vfio-pci`` (``wait``: looked at again every ``interval_s`` until then); only that
+    check reads ``bus``."""
     stop = stop or threading.Event()
     say(f"NVIDIA sandbox validator stand-in: component {component}, workload {workload}")
     if component not in VALIDATOR_COMPONENTS:
@@ -238,12 +239,18 @@ def run_validator(
     if component != "vfio-pci":
         say(f"{component}: there is no simulated vGPU")
         return 1
+    if bus is None:
+        say("the vfio-pci check needs the simulated PCI bus (--pci-root)")
+        return 2
     (output_dir / VFIO_READY_FILE).unlink(missing_ok=True)
+    said: list[str] = []
     while True:
         left = not_on_vfio(bus)
         if not left:
             break
-        say(f"GPUs not bound to {VFIO_DRIVER}: {', '.join(left)}")
+        if left != said:  # once per change, not once per look
+            say(f"GPUs not bound to {VFIO_DRIVER}: {', '.join(left)}")
+            said = left
         if not wait or stop.wait(interval_s):
             return 1
     (output_dir / VFIO_READY_FILE).write_text("")

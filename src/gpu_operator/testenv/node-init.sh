@@ -31,6 +31,9 @@ mount --bind "$NODE_DIR/host-driver" "$HOST_DRIVER_DIR"
 # NVIDIA's toolkit writes the container runtime's config under /etc/containerd: the node's own.
 mkdir -p /etc/containerd
 mount --bind "$NODE_DIR/etc-containerd" /etc/containerd
+# A Linux host has /lib/modules, and NVIDIA's VFIO manager mounts it (hostPath type Directory);
+# a machine without one (a container-like VM) gets an empty one, the node's only mark outside.
+[ -d /lib/modules ] || mkdir -p /lib/modules
 : >/run/xtables.lock
 
 # The node runs in its own cgroup namespace, rooted at its cgroup in every hierarchy (the

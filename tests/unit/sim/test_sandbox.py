@@ -4,6 +4,7 @@ plugin) on a simulated PCI bus, through the product's PCI bus code and the stand
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,6 +142,22 @@ def test_the_validator_skips_what_the_workload_does_not_need(
     assert not (out / "vfio-pci-ready").exists()
 
 
+def test_the_validator_command_reads_the_bus_for_the_vfio_pci_check_only(
+    root: Path, tmp_path: Path
+) -> None:
+    """NVIDIA's vGPU checks' init containers mount no host root: no bus to read there."""
+    out = tmp_path / "validations"
+    base = ["agent", "simulate-sandbox-validator", "--output-dir", str(out), "--no-wait"]
+    skip = [*base, "--component", "vgpu-devices", "--workload", "vm-passthrough"]
+    assert main(skip) == 0
+    assert (out / "workload-type").read_text() == "vm-passthrough\n"
+    check = [*base, "--component", "vfio-pci", "--workload", "vm-passthrough"]
+    assert main(check) == 2  # no bus given: refused
+    sandbox.vfio_manage(pci_bus(root), "bind", root / "dev")
+    assert main([*check, "--pci-root", str(root)]) == 0
+    assert (out / "vfio-pci-ready").exists()
+
+
 # -- KubeVirt's device plugin -----------------------------------------------------------------
 def test_allocate_gives_the_vfio_nodes_and_the_addresses() -> None:
     gpus = [sandbox.PassthroughGpu(ADDRESSES[0], 0x20B0, "0"),
@@ -160,8 +177,12 @@ def test_allocate_gives_the_vfio_nodes_and_the_addresses() -> None:
 
 
 @pytest.fixture
-def kubelet(tmp_path: Path) -> Iterator[LocalKubelet]:
-    with LocalKubelet(tmp_path / "dp") as k:
+def kubelet() -> Iterator[LocalKubelet]:
+    # A short directory: a Unix socket's path has at most 107 bytes.
+    with (
+        tempfile.TemporaryDirectory(prefix="kv", dir="/tmp") as short,
+        LocalKubelet(Path(short)) as k,
+    ):
         yield k
 
 
