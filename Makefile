@@ -88,6 +88,7 @@ manifests: $(STAMP)
 	$(BIN)/gpu-operator crd > crds/clusterpolicy.yaml.tmp && mv crds/clusterpolicy.yaml.tmp crds/clusterpolicy.yaml
 	$(BIN)/gpu-operator crd --kind GPUCluster > crds/gpucluster.yaml.tmp && mv crds/gpucluster.yaml.tmp crds/gpucluster.yaml
 	$(BIN)/gpu-operator crd --kind nvidiadriver > crds/nvidiadriver.yaml.tmp && mv crds/nvidiadriver.yaml.tmp crds/nvidiadriver.yaml
+	$(BIN)/gpu-operator crd --kind computedomain > crds/computedomain.yaml.tmp && mv crds/computedomain.yaml.tmp crds/computedomain.yaml
 	$(BIN)/gpu-operator deploy --output-dir deploy/
 	$(BIN)/gpu-operator chart --output-dir deploy/helm/gpu-operator --readme README.md
 	$(BIN)/gpu-operator bundle --version $$($(BIN)/python -c 'import gpu_operator; print(gpu_operator.__version__)') --output-dir bundle/

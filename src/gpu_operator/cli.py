@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from gpu_operator import __version__
 from gpu_operator.agent.cli import add_agent_commands
-from gpu_operator.api.crd import all_crds
+from gpu_operator.api.crd import printable_crds
 from gpu_operator.argtree import leaves
 from gpu_operator.cli_errors import BAD_INPUT, USAGE, exit_codes_text, explain, one_line
 from gpu_operator.cluster_args import add_cluster_options, cluster
@@ -61,7 +61,7 @@ def package_version() -> str:
 
 def _cmd_crd(args: argparse.Namespace) -> int:
     if not args.apply:
-        crd = next(c for c in all_crds() if c["spec"]["names"]["kind"].lower() == args.kind)
+        crd = next(c for c in printable_crds() if c["spec"]["names"]["kind"].lower() == args.kind)
         sys.stdout.write(dump_yaml([crd]))
         return 0
     from gpu_operator.controller.runtime.crd_install import ensure_crds
@@ -92,15 +92,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_agent_commands(sub, more=(sim_commands.register,))
     crd = sub.add_parser(
         "crd",
-        help="print one CustomResourceDefinition, or apply all three",
-        description="Print the ClusterPolicy, GPUCluster or NVIDIADriver CRD; with --apply, "
-        "install or upgrade all three in the cluster as the operator does at start-up (a newer "
-        "CRD there is left alone).",
+        help="print one CustomResourceDefinition, or apply the operator's three",
+        description="Print the ClusterPolicy, GPUCluster, NVIDIADriver or ComputeDomain CRD; "
+        "with --apply, install or upgrade the first three in the cluster as the operator does "
+        "at start-up (a newer CRD there is left alone).",
     )
     crd.add_argument(
         "--kind",
         type=str.lower,
-        choices=("clusterpolicy", "gpucluster", "nvidiadriver"),
+        choices=("clusterpolicy", "gpucluster", "nvidiadriver", "computedomain"),
         default="clusterpolicy",
         help="which CRD to print, any case (default: ClusterPolicy)",
     )

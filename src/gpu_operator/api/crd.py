@@ -1,4 +1,5 @@
-"""The ClusterPolicy, GPUCluster and NVIDIADriver CRDs, generated from the pydantic models.
+"""The ClusterPolicy, GPUCluster, NVIDIADriver and ComputeDomain CRDs, generated from the
+pydantic models.
 
 pydantic's JSON Schema is turned into a structural OpenAPI v3 schema: references inlined,
 optional unions collapsed, ``int | str`` made ``x-kubernetes-int-or-string``, and only the
@@ -13,6 +14,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from gpu_operator.api import computedomain as cd
 from gpu_operator.api import gpucluster as gc
 from gpu_operator.api import nvidiadriver
 from gpu_operator.api.legacy import BY_PATH
@@ -103,6 +105,8 @@ def _crd(
     status_schema: dict[str, Any],
     short_names: list[str] | None = None,
     validations: list[dict[str, str]] | None = None,
+    scope: str = "Cluster",
+    state_path: str = ".status.state",
 ) -> dict[str, Any]:
     names: dict[str, Any] = {
         "kind": kind,
@@ -135,7 +139,7 @@ def _crd(
         "spec": {
             "group": group,
             "names": names,
-            "scope": "Cluster",
+            "scope": scope,
             "versions": [
                 {
                     "name": version,
@@ -143,7 +147,7 @@ def _crd(
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": [
-                        {"name": "Status", "type": "string", "jsonPath": ".status.state"},
+                        {"name": "Status", "type": "string", "jsonPath": state_path},
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     ],
                     "schema": {"openAPIV3Schema": root},
@@ -252,6 +256,34 @@ def nvidiadriver_crd() -> dict[str, Any]:
     }
 
 
+def computedomain_crd() -> dict[str, Any]:
+    """NVIDIA's namespaced ComputeDomain (v1beta1): its spec fixed at creation by NVIDIA's CEL
+    rule, and its status with the ``conditions`` this project adds."""
+    spec_schema = openapi_schema(cd.ComputeDomainSpec)
+    spec_schema["description"] = "A multi-node NVLink (IMEX) domain and its workload channel."
+    spec_schema["x-kubernetes-validations"] = [cd.IMMUTABLE_SPEC]
+    status_schema = openapi_schema(cd.ComputeDomainStatus)
+    status_schema["description"] = "Observed state, written by the operator."
+    status_schema["required"] = ["status"]
+    return _crd(
+        group=cd.GROUP,
+        version=cd.VERSION,
+        kind=cd.KIND,
+        plural=cd.PLURAL,
+        description="ComputeDomain prepares a set of nodes for one multi-node NVLink workload.",
+        spec_schema=spec_schema,
+        status_schema=status_schema,
+        scope="Namespaced",
+        state_path=".status.status",
+    )
+
+
 def all_crds() -> list[dict[str, Any]]:
     """Every CRD the operator serves, in install order."""
     return [clusterpolicy_crd(), gpucluster_crd(), nvidiadriver_crd()]
+
+
+def printable_crds() -> list[dict[str, Any]]:
+    """Every CRD ``gpu-operator crd --kind`` prints: those served, and ComputeDomain, which the
+    operator does not install yet (NVIDIA's DRA driver chart installs the same CRD)."""
+    return [*all_crds(), computedomain_crd()]
