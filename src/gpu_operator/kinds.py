@@ -63,6 +63,7 @@ KINDS: dict[str, Kind] = {
         Kind("resource.k8s.io/v1", "ResourceClaim", "resourceclaims", True),
         Kind("resource.k8s.io/v1", "ResourceClaimTemplate", "resourceclaimtemplates", True),
         Kind("nvidia.com/v1alpha1", "NVIDIADriver", "nvidiadrivers", False),
+        Kind("resource.nvidia.com/v1beta1", "ComputeDomain", "computedomains", True),
         Kind(
             "apiextensions.k8s.io/v1",
             "CustomResourceDefinition",

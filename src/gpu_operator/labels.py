@@ -35,6 +35,14 @@ WORKLOAD_MOVE = "nvidia.com/gpu-operator.workload-move"
 # until its DRA stack is torn down in order.
 NODE_CLEANUP_FINALIZER = "nvidia.com/gpu-operator-node-cleanup"
 DRA_TEARDOWN_FINALIZER = "nvidia.com/gpu-operator-dra-teardown"
+# -- ComputeDomains (NVIDIA's DRA driver names): on a domain's DaemonSet, its daemon pods, its
+# claim templates and the nodes its workloads run on (value: the domain's uid), the clique a
+# daemon pod joined, which of a domain's two templates a template is (Daemon or Workload), and the
+# NVLink clique a node's GPUs belong to (GPU feature discovery's label)
+COMPUTE_DOMAIN = "resource.nvidia.com/computeDomain"
+COMPUTE_DOMAIN_CLIQUE = "resource.nvidia.com/computeDomain.cliqueID"
+COMPUTE_DOMAIN_TARGET = "resource.nvidia.com/computeDomainTarget"
+GPU_CLIQUE = "nvidia.com/gpu.clique"
 NFD_PREFIX = "feature.node.kubernetes.io/"
 NFD_GPU_LABELS = (
     "feature.node.kubernetes.io/pci-10de.present",

@@ -51,6 +51,7 @@ class Patch:
     subresource: str | None = None
     patch_type: Literal["merge", "json"] = "merge"
     tally: Tally | None = None
+    namespace: str | None = None  # for a namespaced object (a ComputeDomain)
 
 
 @dataclass(frozen=True)

@@ -127,10 +127,11 @@ class Executor:
             kind, namespace, name = action.key
             return kube.delete(kind, name, namespace or None)
         if isinstance(action, Patch):
+            where = {"namespace": action.namespace} if action.namespace else {}
             if action.patch_type == "json" or not isinstance(action.body, Mapping):
-                return kube.json_patch(action.kind, action.name, action.body)
+                return kube.json_patch(action.kind, action.name, action.body, **where)
             return kube.merge_patch(
-                action.kind, action.name, action.body, subresource=action.subresource
+                action.kind, action.name, action.body, subresource=action.subresource, **where
             )
         if isinstance(action, Create):
             return kube.create(action.obj)

@@ -48,12 +48,15 @@ class Owner:
         }
 
 
-def stamp(objects: Iterable[Mapping[str, Any]], owner: Owner) -> list[dict[str, Any]]:
-    """Add the owner reference and the content hash to each rendered object."""
+def stamp(objects: Iterable[Mapping[str, Any]], owner: Owner | None) -> list[dict[str, Any]]:
+    """Add the owner reference and the content hash to each rendered object. ``owner`` None:
+    no reference, for objects in another namespace than their owner, which the garbage
+    collector would take for orphans and delete."""
     out = []
     for obj in objects:
         meta = dict(obj["metadata"])
-        meta["ownerReferences"] = [owner.reference()]
+        if owner is not None:
+            meta["ownerReferences"] = [owner.reference()]
         meta["labels"] = {**(meta.get("labels") or {}), MANAGED_BY: OPERATOR_NAME}
         body = {**obj, "metadata": meta}
         meta["annotations"] = {**(meta.get("annotations") or {}), APPLIED_HASH: content_hash(body)}
