@@ -35,7 +35,7 @@ from gpu_operator.node_labels import (
     running_config,
     workload_config,
 )
-from gpu_operator.nodeops.drain import drain_pods, names, remove
+from gpu_operator.nodeops.drain import drain_pods, gpu_pods, names, remove
 from gpu_operator.nodeops.operations import DeletePod, Event, Evict
 from gpu_operator.nodeops.pods import Pod
 from gpu_operator.selector import Selector
@@ -182,7 +182,7 @@ def _retarget(node: MoveNode, move: Move, wanted: str, now: float, plan: MovePla
 
 def _drain(node: MoveNode, move: Move, limits: MoveLimits, now: float, plan: MovePlan) -> None:
     view = node.view
-    pods = [p for p in node.pods if p.uses_gpu and not p.is_daemonset_pod and p.running]
+    pods = gpu_pods(node.pods)
     if limits.drain_all:
         pods += [p for p in drain_pods(node.pods, limits.drain_selector) if p not in pods]
     timeout = limits.drain_timeout_s
@@ -217,14 +217,11 @@ def _switch(node: MoveNode, move: Move, limits: MoveLimits, now: float, plan: Mo
     view = node.view
     left = [pod for component, pod in node.operands if component in STACK_COMPONENTS]
     if left:
-        if now - move.since >= limits.settle_timeout_s:
-            why = (
-                f"the {move.source} stack's pods are still on the node after "
-                f"{limits.settle_timeout_s}s: {names(p.name for p in left)}"
-            )
-            _block(view, move, why, plan)
-        else:
-            plan.deadlines.append(move.since + limits.settle_timeout_s)
+        why = (
+            f"the {move.source} stack's pods are still on the node after "
+            f"{limits.settle_timeout_s}s: {names(p.name for p in left)}"
+        )
+        _wait(view, move, limits, now, why, plan)
         return
     validating = replace(move, phase=MovePhase.VALIDATING, since=now, blocked="")
     plan.actions.append(MoveStep(view, validating))
@@ -253,18 +250,25 @@ def _validate(
         for component, pod in node.operands
     )
     if expected and not ready:
-        if now - move.since >= limits.settle_timeout_s:
-            why = (
-                f"the {move.target} stack's {validator} is not Ready after "
-                f"{limits.settle_timeout_s}s; the node stays cordoned until it is"
-            )
-            _block(view, move, why, plan)
-        else:
-            plan.deadlines.append(move.since + limits.settle_timeout_s)
+        why = (
+            f"the {move.target} stack's {validator} is not Ready after "
+            f"{limits.settle_timeout_s}s; the node stays cordoned until it is"
+        )
+        _wait(view, move, limits, now, why, plan)
         return
     plan.moving.remove(view.name)
     checked = f"{validator} Ready" if expected else f"no {validator} to wait for"
     _end(node, move, plan, "WorkloadMoveComplete", f"runs the {move.target} stack ({checked})")
+
+
+def _wait(
+    view: NodeView, move: Move, limits: MoveLimits, now: float, why: str, plan: MovePlan
+) -> None:
+    """Wait for the phase to settle: look again at its deadline, and past it tell ``why``."""
+    if now - move.since >= limits.settle_timeout_s:
+        _block(view, move, why, plan)
+    else:
+        plan.deadlines.append(move.since + limits.settle_timeout_s)
 
 
 def _block(view: NodeView, move: Move, why: str, plan: MovePlan) -> None:
