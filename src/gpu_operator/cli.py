@@ -148,6 +148,26 @@ def build_parser() -> argparse.ArgumentParser:
     add_log_format_option(run)
     run.set_defaults(func=_cmd_run)
 
+    domains = sub.add_parser(
+        "compute-domain-controller",
+        help="run the ComputeDomain controller (the GPUCluster's, for multi-node NVLink)",
+        description="Give each ComputeDomain its IMEX daemons and channel template, report "
+        "its status, and take it apart when it is deleted.",
+    )
+    add_cluster_options(
+        domains,
+        namespace_help="where the IMEX daemons run (default: $NAMESPACE or gpu-operator)",
+    )
+    domains.add_argument(
+        "--no-leader-election",
+        dest="leader_election",
+        action="store_false",
+        help="act without holding the Lease (only ever with a single replica)",
+    )
+    domains.add_argument("--health-port", type=int, default=8080, help="/healthz port, 0: none")
+    add_log_format_option(domains)
+    domains.set_defaults(func=_cmd_compute_domain_controller)
+
     upgrade = sub.add_parser(
         "upgrade",
         help="driver upgrades across the fleet",
@@ -311,6 +331,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
         lease_seconds=args.lease_duration,
         log_format=args.log_format,
     )
+
+
+def _cmd_compute_domain_controller(args: argparse.Namespace) -> int:
+    from gpu_operator.controller.computedomain.process import main as main_domains
+
+    try:
+        return main_domains(
+            kubeconfig=args.kubeconfig,
+            context=args.context,
+            namespace=args.namespace,
+            leader_election=args.leader_election,
+            health_port=args.health_port,
+            log_format=args.log_format,
+        )
+    except ValueError as exc:  # a bad number in the Deployment's environment
+        sys.stderr.write(one_line(str(exc), "fix the controller's environment") + "\n")
+        return BAD_INPUT
 
 
 def main(argv: Sequence[str] | None = None) -> int:

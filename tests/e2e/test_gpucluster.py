@@ -33,6 +33,9 @@ from tests.prerequisites import REFERENCE
 NS = "gpu-operator"
 NODES = ["gpu-node-0", "gpu-node-1"]
 PLUGIN = "nvidia-dra-driver-kubelet-plugin"
+CONTROLLER = "nvidia-dra-driver-controller"
+DOMAIN_CRD = "computedomains.resource.nvidia.com"
+DOMAIN_CLASSES = ("compute-domain-daemon.nvidia.com", "compute-domain-default-channel.nvidia.com")
 DRA_LABEL = "nvidia.com/gpu.deploy.dra-driver"
 
 
@@ -118,25 +121,34 @@ def test_the_sample_renders_the_dra_stack_and_then_a_device_plugin_conflict_is_r
         d for d in kube.list_objects("DaemonSet", NS) if "device-plugin" in d["metadata"]["name"]
     ]
 
-    # NVIDIA's sample enables computeDomains (reported NotImplemented); the project's example,
-    # used where the sample is absent (a user's clone), leaves them off (nothing to report).
+    # NVIDIA's sample enables computeDomains: the controller, its RBAC (granted with the
+    # operator's least privilege) and NVIDIA's CRD come with it; the project's example, used
+    # where the sample is absent (a user's clone), leaves them off.
     domains = parse_gpucluster_spec(created["spec"]).compute_domains_enabled
 
     def reported() -> dict[str, Any] | NotYet:
         obj = kube.get("GPUCluster", "gpu-cluster")
-        cond = conditions(obj)
-        ready = cond.get("Ready", {}).get("status") == "True"
-        if obj is not None and ready and ("NotImplemented" in cond) == domains:
+        ready = conditions(obj).get("Ready", {}).get("status") == "True"
+        controller = kube.get("Deployment", CONTROLLER, NS)
+        crd = kube.get("CustomResourceDefinition", DOMAIN_CRD)
+        if obj is not None and ready and (controller is not None) == (crd is not None) == domains:
             return obj
-        return NotYet({"status": (obj or {}).get("status"), "plugin": _plugin_status(kube)})
+        return NotYet({"status": (obj or {}).get("status"), "plugin": _plugin_status(kube),
+                       "controller": controller is not None, "crd": crd is not None})  # fmt: skip
 
     obj = wait_for(
-        f"GPUCluster ready, ComputeDomains {'NotImplemented' if domains else 'not reported'}",
+        f"GPUCluster ready, the ComputeDomain controller {'there' if domains else 'absent'}",
         reported,
         timeout=90,
     )
     assert obj["status"]["state"] == "ready"
     assert obj["status"]["namespace"] == NS
+    assert "NotImplemented" not in conditions(obj)
+    if domains:
+        for name in DOMAIN_CLASSES:
+            assert kube.get("DeviceClass", name)
+        crd = kube.get("CustomResourceDefinition", DOMAIN_CRD) or {}
+        assert "ownerReferences" not in crd["metadata"]  # users' domains outlive the GPUCluster
 
     # A ClusterPolicy with the device plugin (its default) on the same nodes.
     policy = yaml.safe_load((REPO / "examples" / "clusterpolicy.yaml").read_text())

@@ -42,6 +42,7 @@ class Rule:
 CRD = "clusterpolicies.nvidia.com"
 GPUCLUSTER_CRD = "gpuclusters.nvidia.com"
 NVIDIADRIVER_CRD = "nvidiadrivers.nvidia.com"
+COMPUTEDOMAIN_CRD = "computedomains.resource.nvidia.com"
 SERVICEMONITOR_CRD = "servicemonitors.monitoring.coreos.com"
 
 # Shared by the operator (it installs its CRD at start-up) and the Helm chart's CRD hook.
@@ -56,8 +57,9 @@ CRD_RULES: tuple[Rule, ...] = (
         "apiextensions.k8s.io",
         ("customresourcedefinitions",),
         ("create", "patch"),
-        "install or upgrade its own CRDs at start-up",
-        (CRD, GPUCLUSTER_CRD, NVIDIADRIVER_CRD),
+        "install or upgrade its own CRDs at start-up, and NVIDIA's ComputeDomain CRD with a "
+        "GPUCluster that enables computeDomains",
+        (CRD, GPUCLUSTER_CRD, NVIDIADRIVER_CRD, COMPUTEDOMAIN_CRD),
     ),
 )
 
@@ -172,12 +174,22 @@ DRA_CLUSTER_RULES: tuple[Rule, ...] = (
     Rule("resource.k8s.io", ("resourceslices",),
          ("get", "list", "watch", "create", "patch", "delete"),
          "granted to the DRA plugin (publish its node's pool)"),
+    Rule("resource.nvidia.com", ("computedomains",), ("get", "list", "watch", "patch"),
+         "granted to the ComputeDomain controller (its finalizer), plugin and daemons (read)"),
+    Rule("resource.nvidia.com", ("computedomains/status",), ("patch",),
+         "granted to the ComputeDomain controller (a domain's status)"),
+    Rule("resource.k8s.io", ("resourceclaimtemplates",), MANAGE,
+         "granted to the ComputeDomain controller (each domain's channel template, in the "
+         "domain's namespace)"),
+    Rule("resource.k8s.io", ("resourceclaims",), ("watch",),
+         "granted to the ComputeDomain controller (who holds a domain's channels)"),
 )  # fmt: skip
 DRA_NAMESPACE_RULES: tuple[Rule, ...] = (
     Rule("resource.k8s.io", ("resourceclaimtemplates",), MANAGE,
          "admin-access claims of the DRA validator and exporter"),
-    Rule("apps", ("deployments",), ("get", "list", "create", "delete"),
-         "granted to the DRA plugin: one MPS control daemon per claim that shares with MPS"),
+    Rule("apps", ("deployments",), ("get", "list", "create", "patch", "delete"),
+         "the ComputeDomain controller's Deployment; granted to the DRA plugin: one MPS "
+         "control daemon per claim that shares with MPS"),
 )  # fmt: skip
 
 

@@ -18,11 +18,14 @@ from gpu_operator.api.base import EnvVar, Resources
 from gpu_operator.api.gpucluster import GPUClusterSpec
 from gpu_operator.api.spec import DaemonsetsSpec
 from gpu_operator.labels import DEPLOY_PREFIX, MANAGED_BY, OPERATOR_NAME
-from gpu_operator.render.dra import device_classes
+from gpu_operator.render.computedomain import DAEMON_ACCOUNT
+from gpu_operator.render.dra import device_classes, domain_device_classes
 from gpu_operator.render.dra_admission import config_policies
 from gpu_operator.render.facts import Facts
 
 PLUGIN = "nvidia-dra-driver-kubelet-plugin"
+CONTROLLER = "nvidia-dra-driver-controller"  # the ComputeDomain controller's Deployment
+DAEMON_ROLE = "compute-domain-daemon"
 PLUGIN_ACCOUNT = "nvidia-dra-driver-kubeletplugin"
 MPS_ROLE = f"{PLUGIN_ACCOUNT}-mps"  # NVIDIA's name
 VALIDATOR = "nvidia-dra-validator"
@@ -73,6 +76,35 @@ PLUGIN_NAMESPACE_RULES = [
     },
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
 ]
+
+_READ = ["get", "list", "watch"]
+_MANAGE = ["get", "list", "watch", "create", "patch", "delete"]
+# The ComputeDomain controller's permissions, each for one thing it does.
+CONTROLLER_RULES = [
+    # watch domains; its finalizer (a merge patch) and status
+    {"apiGroups": ["resource.nvidia.com"], "resources": ["computedomains"],
+     "verbs": [*_READ, "patch"]},
+    {"apiGroups": ["resource.nvidia.com"], "resources": ["computedomains/status"],
+     "verbs": ["patch"]},
+    # each domain's channel template in its namespace (and its daemons' in this one)
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"],
+     "verbs": _MANAGE},
+    # who holds a domain's channels, so a deleted domain waits for them
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": _READ},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": _READ},
+    # the domain label the kubelet plugin put on a node, taken off with the domain
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": [*_READ, "patch"]},
+]  # fmt: skip
+CONTROLLER_NAMESPACE_RULES = [
+    {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": _MANAGE},  # the IMEX daemons
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+     "verbs": ["get", "create", "patch"]},  # one acting replica
+]  # fmt: skip
+# What an IMEX daemon reads: its domain, and the daemon pods of its peers.
+DAEMON_RULES = [
+    {"apiGroups": ["resource.nvidia.com"], "resources": ["computedomains"], "verbs": _READ},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+]  # fmt: skip
 
 
 def _env(items: list[EnvVar] | None) -> list[dict[str, Any]]:
@@ -433,11 +465,104 @@ def exporter_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]
     ]
 
 
+def _rbac(kind: str, name: str, namespace: str | None, rules: list[dict[str, Any]],
+          account: str, account_namespace: str) -> list[dict[str, Any]]:  # fmt: skip
+    """A (Cluster)Role of ``rules`` and its binding to ``account``."""
+    meta: dict[str, Any] = {"name": name, "labels": dict(MANAGED)}
+    if namespace:
+        meta["namespace"] = namespace
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": meta,
+            "rules": rules}  # fmt: skip
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": f"{kind}Binding",
+        "metadata": dict(meta),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": account_namespace}],
+    }
+    return [role, binding]
+
+
+def compute_domain_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:
+    """With ``computeDomains`` enabled: the ComputeDomain controller (NVIDIA's Deployment
+    name, this project's image and loop), its RBAC, the IMEX daemons' identity and the two
+    DeviceClasses their claims and the workloads' channel claims ask for."""
+    ns = facts.namespace
+    domains = spec.dra_driver.compute_domains
+    controller = domains.controller if domains else None
+    pull = spec.dra_driver.image_pull_policy or "IfNotPresent"
+    env = [
+        _field_env("POD_NAME", "metadata.name"),
+        _field_env("NAMESPACE", "metadata.namespace"),
+        {"name": "IMAGE_NAME", "value": facts.operator_image},
+        {"name": "IMAGE_PULL_POLICY", "value": pull},
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+    ]
+    secrets = spec.dra_driver.image_pull_secrets or []
+    if secrets:
+        env.append({"name": "CD_DAEMON_IMAGE_PULL_SECRET_NAMES", "value": ",".join(secrets)})
+    if spec.daemonsets.priority_class_name:
+        value = spec.daemonsets.priority_class_name
+        env.append({"name": "CD_DAEMON_PRIORITY_CLASS_NAME", "value": value})
+    env += _env(controller.env if controller else None)
+    container: dict[str, Any] = {
+        "name": "compute-domain",
+        "image": facts.operator_image,
+        "imagePullPolicy": pull,
+        "args": ["compute-domain-controller"],
+        "env": env,
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 10},
+    }
+    resources = _resources(controller.resources if controller else None)
+    if resources:
+        container["resources"] = resources
+    labels = _labels(CONTROLLER, CONTROLLER)
+    pod: dict[str, Any] = {
+        "serviceAccountName": CONTROLLER,
+        "priorityClassName": spec.daemonsets.priority_class_name or "system-node-critical",
+        "containers": [container],
+        # As NVIDIA's: on a control-plane node where there is one, never on a GPU taint's
+        # account alone.
+        "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 100, "preference": {"matchExpressions": [
+                {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]}}]}},
+        "tolerations": [
+            {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
+             "effect": "NoSchedule"},
+            {"key": "CriticalAddonsOnly", "operator": "Exists"},
+            *(t.to_wire() for t in spec.daemonsets.tolerations or []),
+        ],
+    }  # fmt: skip
+    if secrets:
+        pod["imagePullSecrets"] = [{"name": s} for s in secrets]
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": CONTROLLER, "namespace": ns, "labels": labels},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": CONTROLLER}},
+            "template": {"metadata": {"labels": labels}, "spec": pod},
+        },
+    }
+    return [
+        _account(CONTROLLER, ns),
+        *_rbac("ClusterRole", CONTROLLER, None, CONTROLLER_RULES, CONTROLLER, ns),
+        *_rbac("Role", CONTROLLER, ns, CONTROLLER_NAMESPACE_RULES, CONTROLLER, ns),
+        _account(DAEMON_ACCOUNT, ns),
+        *_rbac("ClusterRole", DAEMON_ROLE, None, DAEMON_RULES, DAEMON_ACCOUNT, ns),
+        *domain_device_classes(),
+        deployment,
+    ]
+
+
 def render_gpucluster(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:
     """Every object the GPUCluster asks for, in apply order, with the admission policies that
-    check GPU claim configs. ComputeDomains are not rendered (reported NotImplemented);
-    neither is standalone DCGM (the exporter embeds it)."""
+    check GPU claim configs, and with ``computeDomains`` enabled the ComputeDomain
+    controller's. Not standalone DCGM (the exporter embeds it)."""
     objects = plugin_objects(spec, facts) + validator_objects(spec, facts)
+    if spec.compute_domains_enabled:
+        objects += compute_domain_objects(spec, facts)
     if spec.dcgm_exporter.enabled:
         objects += exporter_objects(spec, facts)
     # The gates were checked when the spec was parsed: resolving them again cannot fail.

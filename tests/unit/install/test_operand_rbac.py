@@ -78,8 +78,11 @@ def nvidiadriver_roles() -> list[dict[str, Any]]:
 
 
 def gpucluster_roles() -> list[dict[str, Any]]:
+    """The example's, and with ComputeDomains on (the controller's and daemons' roles)."""
     doc = yaml.safe_load((REPO / "examples" / "gpucluster.yaml").read_text())
-    return _roles(render_gpucluster(parse_gpucluster(doc), Facts()))
+    roles = _roles(render_gpucluster(parse_gpucluster(doc), Facts()))
+    doc["spec"]["draDriver"]["computeDomains"] = {"enabled": True}
+    return roles + _roles(render_gpucluster(parse_gpucluster(doc), Facts()))
 
 
 SOURCES = {

@@ -24,13 +24,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpu_operator.api import PolicyError, parse_spec
+from gpu_operator.api.crd import computedomain_crd
 from gpu_operator.api.gpucluster import (
     API_VERSION,
     KIND,
     SINGLETON,
     parse_gpucluster_spec,
 )
-from gpu_operator.api.status import NOT_IMPLEMENTED, READY
+from gpu_operator.api.status import READY
 from gpu_operator.controller.active_policy import active_policy
 from gpu_operator.controller.conditions import condition
 from gpu_operator.controller.runtime.plan import Owner, content_hash, stamp
@@ -44,6 +45,7 @@ from gpu_operator.render.gpucluster import (
     EXPORTER,
     PLUGIN,
     VALIDATOR,
+    compute_domain_objects,
     render_gpucluster,
 )
 from gpu_operator.views import NodeView
@@ -76,6 +78,9 @@ class GpuClusterDecision:
     conflicts: frozenset[str] = frozenset()  # nodes with both stacks asked for
     finalizers: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # name -> patch
     deletes: tuple[str, ...] = ()  # DaemonSets to delete in the foreground (pods first)
+    # (kind, namespace, name) of what a disabled part left, deleted with the applies (once
+    # per change of them, so a stack without it asks nothing of the API server each pass)
+    removes: tuple[tuple[str, str, str], ...] = ()
     # name -> the merge patch to its new status, for those that differ from the status read
     status_patches: Mapping[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -182,6 +187,15 @@ def _decide(
     owner = Owner(API_VERSION, KIND, meta["name"], meta["uid"])
     facts = Facts(namespace=namespace, operator_image=operator_image)
     applies = tuple(stamp(render_gpucluster(spec, facts), owner))
+    removes: tuple[tuple[str, str, str], ...] = ()
+    if spec.compute_domains_enabled:
+        # Unowned: deleting the GPUCluster must not take every user's ComputeDomain with it.
+        applies += tuple(stamp([computedomain_crd()], None))
+    else:
+        removes = tuple(
+            (o["kind"], o["metadata"].get("namespace") or "", o["metadata"]["name"])
+            for o in compute_domain_objects(spec, facts)
+        )
 
     ready, ready_msg = _plugin_ready(snap.daemonsets, namespace)
     conditions = [(READY, "True" if ready else "False", "Reconciled" if ready else "NotReady",
@@ -197,15 +211,6 @@ def _decide(
                 "there, so no GPU is advertised twice",
             )
         )
-    if spec.compute_domains_enabled:
-        conditions.append(
-            (
-                NOT_IMPLEMENTED,
-                "True",
-                "ComputeDomainsNotImplemented",
-                "computeDomains (multi-node NVLink/IMEX) is accepted but not acted on",
-            )
-        )
     statuses[SINGLETON] = _status(
         active, "ready" if ready else "notReady", namespace, snap.stamp, conditions
     )
@@ -217,7 +222,8 @@ def _decide(
         finalizers[SINGLETON] = finalizer_body(active, FINALIZER, add=True)
     return GpuClusterDecision(
         applies=applies,
-        applied_hash=content_hash({"objects": list(applies)}),
+        applied_hash=content_hash({"objects": list(applies), "removes": list(removes)}),
+        removes=removes,
         labels=labels,
         statuses=statuses,
         events=events,

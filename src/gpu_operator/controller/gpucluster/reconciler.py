@@ -96,6 +96,8 @@ class GPUClusterController:
                     )
                 else:
                     outcomes.append(Outcome(Apply(obj)))
+            for kind, namespace, name in decision.removes:
+                self.kube.delete(kind, name, namespace or None)  # False: already gone
             if not refused(outcomes):
                 self.applied_hash = decision.applied_hash
         for name in decision.deletes:

@@ -26,7 +26,7 @@ from gpu_operator.controller.runtime.process import (
     name_os_thread,
     one_malloc_arena,
 )
-from gpu_operator.controller.runtime.watch import ObjectKey, OnChange, Stores, Watched, index_value
+from gpu_operator.controller.runtime.watch import ObjectKey, OnChange, Stores, Watched
 from gpu_operator.kinds import Kind
 from gpu_operator.kube import Kube, Repeats, WatchStream
 
@@ -197,7 +197,7 @@ class Informer:
         """The list's resourceVersion, and what it handed to the loop."""
         query = {"labelSelector": w.selector} if w.selector else None
         kept, version = self.kube.list_with_version(
-            w.kind.kind, self._ns(w), query, keep=lambda obj: (_key(obj), index_value(w.index, obj))
+            w.kind.kind, self._ns(w), query, keep=lambda obj: (_key(obj), w.kept(obj))
         )
         listed = dict(kept)
         self._post(self._replace, w, listed)
@@ -227,7 +227,7 @@ class Informer:
                 if kind == "BOOKMARK":
                     continue
                 key = _key(obj)
-                value = None if kind == "DELETED" else index_value(w.index, obj)
+                value = None if kind == "DELETED" else w.kept(obj)
                 if sent.get(key) == value:
                     continue  # nothing kept changed (or an unknown object deleted)
                 if value is None:
@@ -281,7 +281,7 @@ class Informer:
                 self._streams.discard(stream)
 
     def _ns(self, w: Watched) -> str | None:
-        return self.namespace if w.kind.namespaced else None
+        return self.namespace if w.kind.namespaced and not w.cluster_wide else None
 
     def _post(self, fn: Callable[..., None], *args: Any) -> None:
         """Queue ``fn(*args)`` for the event loop, which takes the queue ``drain_delay_s``

@@ -45,6 +45,14 @@ class Watched:
     # Its CRD may be absent, or not granted to this operator: then it is watched as empty and
     # looked for again now and then, and the operator runs without it.
     optional: bool = False
+    # Every namespace, not only the informer's own (a namespaced kind users create anywhere).
+    cluster_wide: bool = False
+    # What the store keeps of an object, where :func:`index_value` is not what its reader needs.
+    keep: Callable[[Mapping[str, Any]], Any] | None = None
+
+    def kept(self, body: Mapping[str, Any]) -> Any:
+        """What this kind's store keeps of ``body``."""
+        return self.keep(body) if self.keep is not None else index_value(self.index, body)
 
     @property
     def index(self) -> str:

@@ -180,11 +180,27 @@ def test_status_follows_the_plugin_daemonset() -> None:
     assert conditions(ready)["Ready"]["observedGeneration"] == 3
 
 
-def test_compute_domains_are_reported_not_implemented() -> None:
-    status = decide(clusters=(cluster(compute_domains=True),)).statuses["gpu-cluster"]
-    assert conditions(status)["NotImplemented"]["reason"] == "ComputeDomainsNotImplemented"
-    quiet = decide().statuses["gpu-cluster"]
-    assert "NotImplemented" not in conditions(quiet)
+def test_compute_domains_bring_the_controller_its_crd_and_classes_and_take_them_away() -> None:
+    on = decide(clusters=(cluster(compute_domains=True),))
+    kinds = {(o["kind"], o["metadata"]["name"]): o for o in on.applies}
+    crd = kinds[("CustomResourceDefinition", "computedomains.resource.nvidia.com")]
+    # never owned by the GPUCluster: its deletion must not take the users' domains along
+    assert "ownerReferences" not in crd["metadata"]
+    controller = kinds[("Deployment", "nvidia-dra-driver-controller")]
+    assert controller["metadata"]["ownerReferences"][0]["kind"] == "GPUCluster"
+    (container,) = controller["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["compute-domain-controller"] and container["image"] == IMAGE
+    assert ("DeviceClass", "compute-domain-default-channel.nvidia.com") in kinds
+    assert not on.removes
+    assert "NotImplemented" not in conditions(on.statuses["gpu-cluster"])
+
+    off = decide()
+    names = {o["metadata"]["name"] for o in off.applies}
+    assert "nvidia-dra-driver-controller" not in names
+    assert "computedomains.resource.nvidia.com" not in names
+    assert ("Deployment", NS, "nvidia-dra-driver-controller") in off.removes
+    assert ("DeviceClass", "", "compute-domain-daemon.nvidia.com") in off.removes
+    assert off.applied_hash != on.applied_hash
 
 
 def test_device_plugin_and_dra_on_one_node_is_reported_not_double_advertised() -> None:
