@@ -20,6 +20,7 @@ from .errors import (
     ResetRequired,
     error_for,
 )
+from .fabric import FabricError, GpuFabric, node_clique
 from .loader import (
     ENV_SIMULATE,
     ENV_SIMULATE_STATE,
@@ -38,6 +39,8 @@ from .session import Nvml, probe
 __all__ = [
     "ENV_SIMULATE",
     "ENV_SIMULATE_STATE",
+    "FabricError",
+    "GpuFabric",
     "GpuLost",
     "InUse",
     "InsufficientResources",
@@ -57,6 +60,7 @@ __all__ = [
     "install_simulated",
     "load_nvml",
     "mig_profile_name",
+    "node_clique",
     "probe",
     "register_simulation",
     "simulated",

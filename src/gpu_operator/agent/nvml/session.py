@@ -32,11 +32,13 @@ from gpu_operator.agent.inventory import (
 )
 
 from .errors import (
+    NotSupported,
     NvmlError,
     NvmlUnavailable,
     call,
     optional,
 )
+from .fabric import NO_FABRIC, GpuFabric, from_nvml
 from .health import HealthReading, read_health, running_pids
 from .loader import load_nvml
 from .names import ARCHITECTURES, BRANDS, CI_PROFILE_SLICES, FULL_CI_PROFILE, mig_profile_name, text
@@ -319,6 +321,27 @@ class Nvml:
             if gi is None and profile not in by_name:
                 log.warning("MIG device %s has no matching GPU instance", found[-1].uuid)
         return tuple(sorted(found, key=lambda m: (m.gi_id, m.ci_id)))
+
+    # -- NVLink fabric ----------------------------------------------------------------------
+    def gpu_fabric(self, index: int) -> GpuFabric | None:
+        """GPU ``index``'s NVLink fabric info (``nvmlDeviceGetGpuFabricInfoV``, else the older
+        ``nvmlDeviceGetGpuFabricInfo``): :data:`~.fabric.NO_FABRIC` when the GPU has none, None
+        when the driver has neither call. Other NVML failures raise."""
+        with self._session():
+            dev = self._device(index)
+            calls: tuple[tuple[Callable[..., Any], Any], ...] = (
+                (pynvml.nvmlDeviceGetGpuFabricInfoV, pynvml.c_nvmlGpuFabricInfo_v2_t()),
+                (pynvml.nvmlDeviceGetGpuFabricInfo, pynvml.c_nvmlGpuFabricInfo_t()),
+            )
+            for fn, info in calls:
+                try:
+                    call(fn, dev, ctypes.byref(info))
+                except NotSupported as exc:
+                    if exc.code == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                        continue  # an older driver: try the older call
+                    return NO_FABRIC
+                return from_nvml(info.clusterUuid, info.cliqueId, info.state, info.status)
+            return None
 
     # -- health ------------------------------------------------------------------------------
     def health_readings(self, inventory: Inventory) -> tuple[HealthReading, ...]:
