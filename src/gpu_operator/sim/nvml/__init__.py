@@ -30,20 +30,23 @@ Modules, by concern:
 - :mod:`.mig`: MIG rules (placement, instances, mode changes, reset) as plain functions
 - :mod:`.telemetry`: metric curves over time
 - :mod:`.hwfaults`: a GPU's injected hardware faults, as values, and their rules
+- :mod:`.fabric`: a GPU's multi-node NVLink fabric (GB200/GB300), and the spec's ``fabric=``
 - :mod:`.faults`: injected return codes, and the event sets reading XIDs
 - :mod:`.injection`: injecting hardware faults through a node's state file
 - :mod:`.persistence`: the state file shared between processes, under a lock
 - :mod:`.cabi`: reading and writing ctypes arguments, packed handles
 - :mod:`.node`: what the entry points act on; handle resolution
 - :mod:`.system_calls`, :mod:`.device_calls`, :mod:`.metric_calls`, :mod:`.health_calls`,
-  :mod:`.event_calls`, :mod:`.mig_calls`: the C entry points, named as in ``nvml.h``
+  :mod:`.event_calls`, :mod:`.mig_calls`, :mod:`.fabric_calls`: the C entry points, named as
+  in ``nvml.h``
 - :mod:`.library`: the object under pynvml, dispatching to the entry points
 - :mod:`.install`: :func:`build_simulated_nvml`, the one way to make one, and installing it
 """
 
 from .devices import CI_SLICES, DGX_BUSES, SimCi, SimGi, SimGpu
+from .fabric import DEFAULT_CLUSTER_UUID, SimFabric, fabric_of_spec, parse_fabric
 from .hwfaults import FAULT_KINDS, GpuFaults
-from .injection import clear_faults, inject_fault, read_faults
+from .injection import clear_faults, inject_fault, read_faults, set_fabric
 from .install import (
     DEFAULT_CUDA,
     DEFAULT_DRIVER,
@@ -69,6 +72,7 @@ from .profiles import (
 
 __all__ = [
     "CI_SLICES",
+    "DEFAULT_CLUSTER_UUID",
     "DEFAULT_CUDA",
     "DEFAULT_DRIVER",
     "DGX_BUSES",
@@ -82,6 +86,7 @@ __all__ = [
     "GpuFaults",
     "GpuModel",
     "SimCi",
+    "SimFabric",
     "SimGi",
     "SimGpu",
     "SimulatedNvml",
@@ -89,11 +94,14 @@ __all__ = [
     "available_profiles",
     "build_simulated_nvml",
     "clear_faults",
+    "fabric_of_spec",
     "inject_fault",
     "install_from_environment",
     "install_simulated_nvml",
     "load_model",
+    "parse_fabric",
     "parse_spec",
     "read_faults",
+    "set_fabric",
     "uninstall_simulated_nvml",
 ]

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from .fabric import DEFAULT_FABRIC, SimFabric
 from .hwfaults import HEALTHY, GpuFaults
 from .profiles import GiProfileSpec, GpuModel
 
@@ -60,6 +61,7 @@ class SimGpu:
     mig_pending: bool = False
     gis: list[SimGi] = field(default_factory=list)
     faults: GpuFaults = HEALTHY
+    fabric: SimFabric | None = None  # None: no NVLink fabric (NVML says NOT_SUPPORTED)
 
     @property
     def pci_bus_id(self) -> str:
@@ -82,14 +84,18 @@ class SimGpu:
         return [(gi, ci) for gi in sorted(self.gis, key=lambda g: g.id) for ci in gi.cis]
 
 
-def new_gpus(models: Sequence[GpuModel], node: str) -> list[SimGpu]:
-    """A node's GPUs as booted: UUIDs stable per (node, index, model), DGX bus numbers."""
+def new_gpus(
+    models: Sequence[GpuModel], node: str, fabric: SimFabric | None = None
+) -> list[SimGpu]:
+    """A node's GPUs as booted: UUIDs stable per (node, index, model), DGX bus numbers; GPUs
+    with an NVLink fabric registered in ``fabric`` (None: the default rack's)."""
     return [
         SimGpu(
             index=i,
             model=m,
             uuid="GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"sim/{node}/{i}/{m.key}")),
             bus=DGX_BUSES[i] if i < len(DGX_BUSES) else 0x10 + i,
+            fabric=(fabric or DEFAULT_FABRIC) if m.nvlink_fabric else None,
         )
         for i, m in enumerate(models)
     ]

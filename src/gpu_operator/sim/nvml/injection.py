@@ -1,4 +1,5 @@
-"""Injecting hardware faults into a simulated node from outside its processes, by its state file.
+"""Injecting hardware faults into a simulated node from outside its processes, by its state file
+(and changing its NVLink fabric the same way).
 
 A node's agents each run their own simulated NVML over one state file; a fault written there
 (under the file's lock, so it may happen while they run) is what every one of them reads next.
@@ -15,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import hwfaults
+from . import fabric, hwfaults
 from .hwfaults import GpuFaults
 from .persistence import StateFile, read_doc
 from .profiles import SimulationError, load_model
@@ -48,6 +49,28 @@ def clear_faults(state_file: str | Path, gpu: int | str, kind: str | None = None
             hwfaults.clear(hwfaults.from_doc(entry.get("faults")), kind)
         )
     return index
+
+
+def set_fabric(
+    state_file: str | Path,
+    gpu: int | str | None = None,
+    *,
+    state: str | None = None,
+    status: str | None = None,
+) -> list[int]:
+    """Put the NVLink fabric of ``gpu`` (None: every GPU with one) in ``state`` and/or
+    ``status`` (see :meth:`~.library.SimulatedNvml.set_fabric`); returns the GPUs' indexes."""
+    path = Path(state_file)
+    with StateFile(path).edit() as doc:
+        if gpu is None:
+            indexes = [i for i, entry in enumerate(doc["gpus"]) if entry.get("fabric")]
+        else:
+            indexes = [resolve_gpu(doc, gpu, path)]
+        for index in indexes:
+            entry = doc["gpus"][index]
+            now = fabric.changed(fabric.from_doc(entry.get("fabric")), state=state, status=status)
+            entry["fabric"] = fabric.to_doc(now)
+    return indexes
 
 
 def read_faults(state_file: str | Path, gpu: int | str) -> tuple[int, str | None, GpuFaults]:

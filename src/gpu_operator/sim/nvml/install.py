@@ -18,10 +18,11 @@ import pynvml
 from gpu_operator.sim.stubdriver.compute import SIM_DIR
 
 from .devices import new_gpus
+from .fabric import SimFabric, fabric_of_spec
 from .library import SimulatedNvml
 from .node import SimNode
 from .persistence import StateFile
-from .profiles import GpuModel, parse_spec
+from .profiles import GpuModel, SimulationError, parse_spec
 
 ENV_SIMULATE = "GPU_OPERATOR_SIMULATE"
 ENV_STATE = "GPU_OPERATOR_SIMULATE_STATE"
@@ -49,10 +50,13 @@ def build_simulated_nvml(
     state_file: str | Path | None = None,
     seed: str | None = None,
     clock: Callable[[], float] = time.monotonic,
+    fabric: SimFabric | None = None,
 ) -> SimulatedNvml:
     """A simulated library for one node, not yet installed.
 
-    ``spec``: ``"a100-40gb:8"``, ``"a100-40gb:4,t4:2"``, a list of such strings, or models.
+    ``spec``: ``"a100-40gb:8"``, ``"a100-40gb:4,t4:2"``, a list of such strings, or models; a
+    ``fabric=<cluster uuid>.<clique id>[/<state>[/<status>]]`` item (or ``fabric``) registers
+    the node's NVLink fabric GPUs (gb200, gb300) in that clique (see :mod:`.fabric`).
     ``state_file``: MIG state shared with the node's other processes (read, or written now).
     ``seed``: what GPU UUIDs derive from; ``GPU_OPERATOR_SIMULATE_SEED``, else the node's name
     (``NODE_NAME``), else the host name. ``driver_version``: else ``GPU_OPERATOR_SIMULATE_DRIVER``,
@@ -60,15 +64,20 @@ def build_simulated_nvml(
     """
     if isinstance(spec, str) or (spec and isinstance(spec[0], str)):
         models = parse_spec(spec)  # type: ignore[arg-type]
+        fabric = fabric or fabric_of_spec(spec)  # type: ignore[arg-type]
     else:
         models = list(spec)  # type: ignore[arg-type]
+    if fabric is not None and not any(m.nvlink_fabric for m in models):
+        raise SimulationError(
+            f"a fabric for {spec!r}: none of its GPUs has an NVLink fabric (gb200, gb300 do)"
+        )
     node_name = (
         seed
         if seed is not None
         else os.environ.get(ENV_SEED) or os.environ.get("NODE_NAME") or os.uname().nodename
     )
     node = SimNode(
-        new_gpus(models, node_name),
+        new_gpus(models, node_name, fabric),
         driver_version=driver_version or os.environ.get(ENV_DRIVER) or DEFAULT_DRIVER,
         cuda_version=cuda_version,
         state=StateFile(Path(state_file)) if state_file else None,
@@ -85,6 +94,7 @@ def install_simulated_nvml(
     driver_version: str | None = None,
     cuda_version: int = DEFAULT_CUDA,
     clock: Callable[[], float] = time.monotonic,
+    fabric: SimFabric | None = None,
 ) -> SimulatedNvml:
     """Put a simulated library (see :func:`build_simulated_nvml`) under pynvml; every later
     pynvml call reaches it, and ``nvmlInit`` never loads ``libnvidia-ml.so.1``."""
@@ -95,6 +105,7 @@ def install_simulated_nvml(
         state_file=state_file,
         seed=seed,
         clock=clock,
+        fabric=fabric,
     )
     with _installed_lock, pynvml.libLoadLock:
         pynvml.nvmlLib = sim

@@ -19,6 +19,8 @@ from . import (
     compute_calls,
     device_calls,
     event_calls,
+    fabric,
+    fabric_calls,
     health_calls,
     hwfaults,
     metric_calls,
@@ -49,6 +51,7 @@ ENTRY_POINTS = _merge(
     health_calls.ENTRY_POINTS,
     event_calls.ENTRY_POINTS,
     mig_calls.ENTRY_POINTS,
+    fabric_calls.ENTRY_POINTS,
 )
 
 
@@ -71,8 +74,9 @@ class SimulatedNvml:
 
     Tests use :meth:`fail` to make a named C function return an NVML error code, ``calls`` to
     count C calls (e.g. no GPU-instance create/destroy on a re-apply), :meth:`inject_xid` and
-    :meth:`inject_fault` for hardware faults, which the node's other processes see too (through
-    the state file; :func:`~.injection.inject_fault` does the same from outside).
+    :meth:`inject_fault` for hardware faults and :meth:`set_fabric` for the NVLink fabric, which
+    the node's other processes see too (through the state file; :func:`~.injection.inject_fault`
+    and :func:`~.injection.set_fabric` do the same from outside).
     """
 
     # How the agents' NVML loader tells a simulated library without importing this module
@@ -146,6 +150,19 @@ class SimulatedNvml:
         with self._lock, self.node.mutate():
             gpu = self.node.gpus[index]
             gpu.faults = hwfaults.clear(gpu.faults, kind)
+
+    def set_fabric(
+        self, index: int | None = None, *, state: str | None = None, status: str | None = None
+    ) -> None:
+        """Put GPU ``index``'s NVLink fabric (None: every fabric GPU's) in ``state``
+        (``not-started``, ``in-progress``, ``completed``) and/or ``status`` (``success``,
+        ``not-ready``...): what makes one node's fabric fail in a test."""
+        with self._lock, self.node.mutate():
+            gpus = self.node.gpus if index is None else [self.node.gpus[index]]
+            for gpu in gpus:
+                if index is None and gpu.fabric is None:
+                    continue
+                gpu.fabric = fabric.changed(gpu.fabric, state=state, status=status)
 
     def simulated_gpu_reset(self, index: int) -> None:
         """What ``nvidia-smi --gpu-reset`` does: pending MIG mode applies, instances go, the GPU

@@ -9,8 +9,9 @@ re-load the file when its inode, mtime or size moved (a rename makes a new inode
 within one coarse mtime tick are still seen).
 
 The document: ``{"gpus": [{"model", "uuid", "mig_current", "mig_pending", "gis": [...],
-"faults": {...}}]}``, one entry per GPU in index order; ``faults`` is
-:func:`.hwfaults.to_doc` (absent in files from before faults: a healthy GPU).
+"faults": {...}, "fabric": {...}}]}``, one entry per GPU in index order; ``faults`` is
+:func:`.hwfaults.to_doc` (absent in files from before faults: a healthy GPU), ``fabric``
+:func:`.fabric.to_doc` (null: no NVLink fabric).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from . import hwfaults
+from . import fabric, hwfaults
 from .devices import SimCi, SimGi, SimGpu
 from .profiles import SimulationError
 
@@ -47,6 +48,7 @@ def dump(gpus: Sequence[SimGpu]) -> dict[str, Any]:
                     for gi in g.gis
                 ],
                 "faults": hwfaults.to_doc(g.faults),
+                "fabric": fabric.to_doc(g.fabric),
             }
             for g in gpus
         ]
@@ -73,6 +75,8 @@ def load(gpus: Sequence[SimGpu], doc: dict[str, Any]) -> bool:
             for gi in state["gis"]
         ]
         gpu.faults = hwfaults.from_doc(state.get("faults"))
+        if "fabric" in state:  # a file from before fabrics: as booted
+            gpu.fabric = fabric.from_doc(state["fabric"])
     return True
 
 

@@ -1,7 +1,8 @@
 """GPU models with real numbers, read from ``sim/profiles/*.yaml``, and the spec that picks them.
 
 A spec names a node's GPUs as ``PROFILE:COUNT`` items (``"a100-40gb:4,t4:2"``); every simulated
-GPU is one :class:`GpuModel`, immutable and shared by the GPUs of that model.
+GPU is one :class:`GpuModel`, immutable and shared by the GPUs of that model. An item
+``fabric=...`` is not a GPU but the node's NVLink fabric (:mod:`.fabric`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 from importlib import resources
 
 import yaml
+
+FABRIC_ITEM = "fabric="
 
 
 class SimulationError(ValueError):
@@ -55,6 +58,8 @@ class GpuModel:
     compute_slices: int = 0
     memory_slices: int = 0
     gi_profiles: tuple[GiProfileSpec, ...] = ()
+    # A multi-node NVLink fabric (GB200/GB300 NVL72): NVML's fabric info and the IMEX channels.
+    nvlink_fabric: bool = False
 
     @property
     def mig_capable(self) -> bool:
@@ -100,6 +105,7 @@ def load_model(key: str) -> GpuModel:
         row_remapping=bool(doc["row_remapping"]),
         encoder=bool(doc["encoder"]),
         ecc=bool(doc.get("ecc", True)),
+        nvlink_fabric=bool(doc.get("nvlink_fabric", False)),
         mig_mode_change=mig.get("mode_change"),
         compute_slices=int(mig.get("compute_slices", 0)),
         memory_slices=int(mig.get("memory_slices", 0)),
@@ -122,13 +128,14 @@ def load_model(key: str) -> GpuModel:
 
 
 def parse_spec(spec: str | Sequence[str]) -> list[GpuModel]:
-    """``"a100-40gb:8"``, ``"a100-40gb:4,t4:2"`` or ``["h100-80gb:8"]`` -> one model per GPU."""
+    """``"a100-40gb:8"``, ``"a100-40gb:4,t4:2"`` or ``["h100-80gb:8"]`` -> one model per GPU
+    (a ``fabric=`` item is passed over: :func:`.fabric.fabric_of_spec` reads it)."""
     items = spec.split(",") if isinstance(spec, str) else list(spec)
     models: list[GpuModel] = []
     cache: dict[str, GpuModel] = {}
     for raw in items:
         item = raw.strip()
-        if not item:
+        if not item or item.startswith(FABRIC_ITEM):
             continue
         key, _, count_text = item.partition(":")
         try:

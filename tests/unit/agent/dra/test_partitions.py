@@ -20,7 +20,7 @@ from gpu_operator.sim.nvml import install_simulated_nvml, mig, uninstall_simulat
 from gpu_operator.sim.nvml.devices import SimGpu, new_gpus
 from gpu_operator.sim.nvml.profiles import GpuModel, load_model
 
-MIG_MODELS = ("a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "b200-180gb")
+MIG_MODELS = ("a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "b200-180gb", "gb200", "gb300")
 SLICES = [f"memory-slice-{i}" for i in range(8)]
 NAME = re.compile(r"^gpu-(\d+)-mig-(.+)-(\d+)-(\d+)$")
 UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
