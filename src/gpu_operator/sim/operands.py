@@ -109,6 +109,7 @@ def install_driver(
         simulate=spec,
         seed=seed,
         pci=pci,
+        imex_channels=1 if any(g.fabric is not None for g in sim.node.gpus) else 0,
     )
     # Whole or absent: the manifest's presence is what says the install is done.
     replace_file(driver_root / MANIFEST, json.dumps(created).encode(), 0o644)

@@ -508,3 +508,20 @@ def test_mig_device_caps() -> None:
     )
     with pytest.raises(KeyError, match="gpu8/gi0/access"):
         mig_device_caps(minors, 8, 0, 0)
+
+
+def test_proc_devices_gives_character_majors_and_imex_channel_paths() -> None:
+    from gpu_operator.agent.driverroot import IMEX_CHANNELS_DEVICE, char_device_majors
+    from gpu_operator.agent.driverroot.devices import imex_channel_path
+
+    text = (
+        "Character devices:\n  1 mem\n195 nvidia-frontend\n234 nvidia-caps-imex-channels\n"
+        "236 nvidia-caps\n511 nvidia-uvm\n\nBlock devices:\n  7 loop\n259 blkext\n"
+    )
+    majors = char_device_majors(text)
+    assert majors[IMEX_CHANNELS_DEVICE] == 234
+    assert majors["nvidia-frontend"] == 195 and "loop" not in majors
+    assert char_device_majors("Character devices:\n195 nvidia-frontend\n") == {
+        "nvidia-frontend": 195
+    }
+    assert imex_channel_path(5) == "/dev/nvidia-caps-imex-channels/channel5"

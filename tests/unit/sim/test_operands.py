@@ -24,9 +24,10 @@ import pytest
 
 from gpu_operator import labels
 from gpu_operator.agent import validate
+from gpu_operator.agent.driverroot import char_device_majors
 from gpu_operator.sim import operands as sim
 from gpu_operator.sim.nvml import build_simulated_nvml
-from gpu_operator.sim.stubdriver import build_stubs
+from gpu_operator.sim.stubdriver import PROC_DEVICES, build_stubs
 from tests import prerequisites
 
 LIB = "usr/lib/x86_64-linux-gnu"
@@ -95,6 +96,23 @@ def test_install_lays_out_the_stub_driver_and_a_manifest(stub: Path, tmp_path: P
     assert sim.uninstall_driver(root)
     assert not (root / LIB).exists() and not (root / sim.MANIFEST).exists()
     assert not sim.uninstall_driver(root)  # nothing there: nothing to undo
+
+
+@pytest.mark.parametrize(("spec", "imex"), [("gb200:4", True), ("h100-80gb:2", False)])
+def test_install_gives_imex_channels_only_to_gpus_with_an_nvlink_fabric(
+    stub: Path, tmp_path: Path, spec: str, imex: bool
+) -> None:
+    root = tmp_path / "driver"
+    sim.install_driver(spec, root, seed="node-1")
+    manifest = set(json.loads((root / sim.MANIFEST).read_text()))
+    majors = char_device_majors((root / PROC_DEVICES).read_text())
+    assert ("nvidia-caps-imex-channels" in majors) is imex
+    assert PROC_DEVICES in manifest
+    if os.geteuid() == 0:
+        channel0 = root / "dev/nvidia-caps-imex-channels/channel0"
+        assert channel0.is_char_device() is imex
+        assert ("dev/nvidia-caps-imex-channels/channel0" in manifest) is imex
+    assert sim.uninstall_driver(root)
 
 
 def test_driver_installs_then_unloads_when_stopped(

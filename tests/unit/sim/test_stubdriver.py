@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu_operator.agent.driverroot import char_device_majors
 from gpu_operator.sim import stubdriver as sd
 from gpu_operator.sim.stubdriver import StubDriverError, StubGpu, StubTable, lay_out
 from tests import prerequisites
@@ -139,6 +140,29 @@ def test_plan_puts_each_style_where_its_distribution_does() -> None:
     assert f"nvidia-caps/nvidia-cap{3 + 135 * 2}" not in caps  # no GPU of minor 2
     plan = sd.plan_layout(version=VERSION, cuda_version=CUDA, gpus=GPUS, device_nodes=False)
     assert not [e for e in plan if e.kind == "node"]
+
+
+def test_only_a_node_with_an_nvlink_fabric_has_the_imex_channels_device() -> None:
+    plain = sd.plan_layout(version=VERSION, cuda_version=CUDA, gpus=GPUS)
+    fabric = sd.plan_layout(version=VERSION, cuda_version=CUDA, gpus=GPUS, imex_channels=1)
+    assert not [e for e in plain if "imex" in e.path]
+    channels = [e for e in fabric if e.path.startswith("dev/nvidia-caps-imex-channels/")]
+    assert [(e.kind, e.path, e.device) for e in channels] == [
+        ("node", "dev/nvidia-caps-imex-channels/channel0", (sd.IMEX_CHANNELS_MAJOR, 0))
+    ]
+    texts = {e.path: e.text for e in fabric if e.kind == "text"}
+    majors = char_device_majors(texts[sd.PROC_DEVICES])
+    assert majors == {
+        "nvidia-frontend": 195,
+        "nvidia-caps": 236,
+        "nvidia-caps-imex-channels": sd.IMEX_CHANNELS_MAJOR,
+    }
+    plain_text = next(e.text for e in plain if e.path == sd.PROC_DEVICES)
+    assert "nvidia-caps-imex-channels" not in char_device_majors(plain_text)
+    without_nodes = sd.plan_layout(
+        version=VERSION, cuda_version=CUDA, gpus=GPUS, device_nodes=False, imex_channels=1
+    )
+    assert not [e for e in without_nodes if e.kind == "node"]
 
 
 def test_the_nvml_loader_knows_the_stub_by_its_marker() -> None:
@@ -328,7 +352,8 @@ def test_remove_undoes_all_but_device_nodes(tmp_path: Path, artefacts: Path) -> 
     assert created[0] == "usr" and (root / "README.SIMULATED").is_file()
     sd.remove(root, created)
     left = sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
-    nodes = sorted(p for p in created if p.startswith("dev/"))  # none unless root
+    sim_dir = sd.PROC_DEVICES.rsplit("/", 1)[0]  # its text goes, and its folder with it
+    nodes = sorted(p for p in created if p.startswith("dev/") and not p.startswith(sim_dir))
     assert left == (["dev", *nodes] if nodes else [])
 
 

@@ -14,6 +14,11 @@ its ``access`` followed by the ``access`` of its 8 compute instances. So::
     gpu<G>/gi<I>/ci<C>/access  = 4 + 135*G + 9*I + C
 
 and ``/proc/driver/nvidia-caps/mig-minors`` lists them all, whatever GPUs are present.
+
+IMEX channels (multi-node NVLink, GB200/GB300) are ``/dev/nvidia-caps-imex-channels/channel<N>``,
+minor N, of the dynamic major ``/proc/devices`` names ``nvidia-caps-imex-channels``. The driver
+makes only ``channel0`` (with ``NVreg_CreateImexChannel0=1``); whoever hands out others makes
+their nodes from that major.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ CONTROL_NODES = (
     "/dev/nvidia-modeset",
 )
 CAPS_DIR = "/dev/nvidia-caps"
+IMEX_CHANNELS_DEVICE = "nvidia-caps-imex-channels"  # its name in /proc/devices
+IMEX_CHANNELS_DIR = f"/dev/{IMEX_CHANNELS_DEVICE}"
 GPU_NODE = re.compile(r"nvidia(\d+)")
 CAP_NODE = re.compile(r"nvidia-cap(\d+)")
 
@@ -101,6 +108,22 @@ def parse_mig_minors(text: str) -> dict[str, int]:
         if len(fields) == 2 and fields[1].isdigit():
             minors[fields[0]] = int(fields[1])
     return minors
+
+
+def char_device_majors(text: str) -> dict[str, int]:
+    """The character devices of a ``/proc/devices`` text, name -> major (``nvidia-caps-imex-
+    channels`` -> 234); block devices and lines that are not "<major> <name>" are skipped."""
+    majors: dict[str, int] = {}
+    for line in text.split("\nBlock devices:", 1)[0].splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[0].isdigit():
+            majors.setdefault(fields[1], int(fields[0]))
+    return majors
+
+
+def imex_channel_path(channel: int) -> str:
+    """``/dev/nvidia-caps-imex-channels/channel<channel>``."""
+    return f"{IMEX_CHANNELS_DIR}/channel{channel}"
 
 
 def gi_key(gpu: int, gi: int) -> str:

@@ -25,7 +25,16 @@ A GPU is visible when ``<device dir>/nvidia<minor>`` exists; indices follow asce
 
 from .build import NO_COMPILER, build_stubs, default_cache_dir, source_hash
 from .compute import ComputePolicy, read_compute_policy, write_compute_policy
-from .layout import Entry, lay_out, plan_layout, remove, replace_file
+from .layout import (
+    IMEX_CHANNELS_MAJOR,
+    PROC_DEVICES,
+    Entry,
+    lay_out,
+    plan_layout,
+    proc_devices_text,
+    remove,
+    replace_file,
+)
 from .libraries import BIN_DIRS, LIB_DIRS, LIBRARIES, PROBE, PROGRAMS, STYLES, Library, Style
 from .migstate import MigRow, read_mig_state, write_mig_state
 from .mps import MpsState, read_mps_state
@@ -46,10 +55,12 @@ from .table import (
 __all__ = [
     "BIN_DIRS",
     "DRIVER_MARKER",
+    "IMEX_CHANNELS_MAJOR",
     "LIBRARIES",
     "LIB_DIRS",
     "NO_COMPILER",
     "PROBE",
+    "PROC_DEVICES",
     "PROGRAMS",
     "STUB_MARKER",
     "STYLES",
@@ -71,6 +82,7 @@ __all__ = [
     "parse_table",
     "patch_table",
     "plan_layout",
+    "proc_devices_text",
     "read_compute_policy",
     "read_mig_state",
     "read_mps_state",

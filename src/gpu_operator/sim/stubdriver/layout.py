@@ -6,7 +6,9 @@ in), the soname link (``libcuda.so.1 ->``) and, for libcuda and libnvidia-ml, th
 link (``libcuda.so -> libcuda.so.1``). Programs: ``nvidia-smi`` and ``gpu-operator-cuda-probe``.
 GSP firmware files (they say SIMULATED), a ``README.SIMULATED``, and device nodes under
 ``<root>/dev``: ``nvidia<minor>`` (195:minor), ``nvidiactl`` (195:255), ``nvidia-uvm`` and
-``nvidia-uvm-tools`` (openable: /dev/null's numbers, see UVM), made only as root.
+``nvidia-uvm-tools`` (openable: /dev/null's numbers, see UVM), the MIG capabilities and, on a
+node with an NVLink fabric, ``nvidia-caps-imex-channels/channel0``, made only as root; and
+``dev/gpu-operator-sim/proc-devices``, the majors ``/proc/devices`` would list.
 
 Every file and link is written beside its place and renamed over it, so laying out again (the
 same or another version, other GPUs) never leaves a half-written library, and a process that has
@@ -24,9 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from gpu_operator.agent.driverroot import mig_minors_text, parse_mig_minors
+from gpu_operator.agent.driverroot import (
+    IMEX_CHANNELS_DEVICE,
+    imex_channel_path,
+    mig_minors_text,
+    parse_mig_minors,
+)
 
 from .build import build_stubs
+from .compute import SIM_DIR
 from .libraries import (
     BIN_DIRS,
     FIRMWARE_DIR,
@@ -48,6 +56,12 @@ CTL_MINOR = 255
 # does); no process reads or writes it.
 UVM = (1, 3)
 CAPS_MAJOR = 236  # nvidia-caps: dynamic too
+IMEX_CHANNELS_MAJOR = 234  # nvidia-caps-imex-channels: dynamic too
+# The character devices /proc/devices would list for this driver, beside the GPUs' simulated
+# state (a container's /proc/devices is the host's: this is what NVIDIA's DRA driver reads as
+# ALT_PROC_DEVICES_PATH on nodes without its kernel module). nvidia-uvm is not listed: its node
+# has /dev/null's numbers here.
+PROC_DEVICES = f"dev/{SIM_DIR}/proc-devices"
 README = "README.SIMULATED"
 FIRMWARE_TEXT = "gpu-operator SIMULATED stub driver {version}: not NVIDIA GSP firmware ({name})\n"
 
@@ -74,8 +88,11 @@ def plan_layout(
     gpus: Sequence[StubGpu],
     style: Style = "ubuntu",
     device_nodes: bool = True,
+    imex_channels: int = 0,
 ) -> list[Entry]:
-    """What :func:`lay_out` writes, in order (files before the links to them)."""
+    """What :func:`lay_out` writes, in order (files before the links to them). ``imex_channels``:
+    how many IMEX channel nodes the driver made (1: ``channel0``, as NVIDIA's driver does with
+    ``NVreg_CreateImexChannel0=1``), on a node with an NVLink fabric; 0: no IMEX channels device."""
     StubTable(version, cuda_version, tuple(gpus)).validate()
     lib_dir, bin_dir = LIB_DIRS[style], BIN_DIRS[style]
     plan: list[Entry] = []
@@ -92,6 +109,7 @@ def plan_layout(
         text = FIRMWARE_TEXT.format(version=version, name=name)
         plan.append(Entry("text", f"{FIRMWARE_DIR}/{version}/{name}", text=text))
     plan.append(Entry("text", README, text=_readme(version, cuda_version, gpus, style)))
+    plan.append(Entry("text", PROC_DEVICES, text=proc_devices_text(imex_channels > 0)))
     if device_nodes:
         for gpu in sorted(gpus, key=lambda g: g.minor):
             plan.append(Entry("node", f"dev/nvidia{gpu.minor}", device=(NVIDIA_MAJOR, gpu.minor)))
@@ -99,7 +117,20 @@ def plan_layout(
         plan.append(Entry("node", "dev/nvidia-uvm", device=UVM))
         plan.append(Entry("node", "dev/nvidia-uvm-tools", device=UVM))
         plan.extend(_mig_cap_nodes(gpus))
+        for channel in range(imex_channels):
+            path = imex_channel_path(channel).lstrip("/")
+            plan.append(Entry("node", path, device=(IMEX_CHANNELS_MAJOR, channel), mode=0o666))
     return plan
+
+
+def proc_devices_text(imex: bool) -> str:
+    """``/proc/devices`` as far as this driver goes: its character devices and their majors,
+    ``nvidia-caps-imex-channels`` only where the GPUs have an NVLink fabric."""
+    rows = [(NVIDIA_MAJOR, "nvidia-frontend"), (CAPS_MAJOR, "nvidia-caps")]
+    if imex:
+        rows.append((IMEX_CHANNELS_MAJOR, IMEX_CHANNELS_DEVICE))
+    lines = ["Character devices:", *(f"{major:3d} {name}" for major, name in sorted(rows))]
+    return "\n".join(lines) + "\n"
 
 
 def _mig_cap_nodes(gpus: Sequence[StubGpu]) -> list[Entry]:
@@ -128,18 +159,24 @@ def lay_out(
     simulate: str = "",
     seed: str | None = None,
     pci: bool = False,
+    imex_channels: int = 0,
 ) -> list[str]:
     """Write a stub driver root at ``root``; return what it wrote, root-relative, in order:
     every file, link and device node it wrote or kept, each directory it made listed before
     what is in it. Device nodes need root; without it (or ``device_nodes=False``), none.
     ``simulate`` and ``seed`` go into the GPU table as they are (see :class:`StubTable`).
     ``pci``: also the GPUs' PCI functions in sysfs and ``/dev/vfio`` (:mod:`gpu_operator.sim.pci`),
-    for passthrough."""
+    for passthrough. ``imex_channels``: see :func:`plan_layout`."""
     table = StubTable(version, cuda_version, tuple(gpus), simulate, seed)
     table.validate()
     nodes = device_nodes and os.geteuid() == 0
     plan = plan_layout(
-        version=version, cuda_version=cuda_version, gpus=gpus, style=style, device_nodes=nodes
+        version=version,
+        cuda_version=cuda_version,
+        gpus=gpus,
+        style=style,
+        device_nodes=nodes,
+        imex_channels=imex_channels,
     )
     built = artefacts if artefacts is not None else build_stubs()
     by_artefact = {lib.artefact: lib for lib in LIBRARIES}
