@@ -144,9 +144,16 @@ def pick_slot(used_addresses: Sequence[str], used_links: Sequence[str]) -> int:
     raise NodeConfigError("no free 10.213.X.0/24 network for the real nodes' bridge")
 
 
+# A spec item that names the node's NVLink fabric, not GPUs (gpu_operator.sim.nvml.profiles'
+# FABRIC_ITEM: testenv sits below the simulation in the layers; a test keeps them equal).
+FABRIC_ITEM = "fabric="
+
+
 def parse_gpus(text: str | None, known_profiles: Sequence[str]) -> list[str]:
     """`--real-node-gpus`: one simulation spec per node, comma-separated (`a100-40gb:8,t4:1`);
-    `+` joins several models on one node (`a100-40gb:4+t4:2`). Nodes beyond the list cycle it."""
+    `+` joins several models on one node (`a100-40gb:4+t4:2`), or a node's NVLink fabric to its
+    GB200/GB300 GPUs (`gb200:4+fabric=<cluster uuid>.<clique id>`, see
+    :mod:`gpu_operator.sim.nvml.fabric`). Nodes beyond the list cycle it."""
     if text is None or not text.strip():
         return list(DEFAULT_GPUS)
     specs = []
@@ -155,6 +162,8 @@ def parse_gpus(text: str | None, known_profiles: Sequence[str]) -> list[str]:
         if not parts:
             raise NodeConfigError(f"--real-node-gpus {text!r}: empty entry; e.g. a100-40gb:8,t4:1")
         for part in parts:
+            if part.startswith(FABRIC_ITEM):
+                continue  # the simulated NVML checks it when the node's agents start
             name, _, count = part.partition(":")
             if name not in known_profiles:
                 raise NodeConfigError(

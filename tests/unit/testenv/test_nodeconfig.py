@@ -78,10 +78,20 @@ def test_plan_rejects_bad_counts() -> None:
         ("", list(nodeconfig.DEFAULT_GPUS)),
         ("a100-40gb:8,h100-80gb:8", ["a100-40gb:8", "h100-80gb:8"]),
         ("a100-40gb:4+t4:2, t4", ["a100-40gb:4,t4:2", "t4"]),
+        (
+            "gb200:4+fabric=6f2e2f0a-5d4c-4b7e-9a51-0c2d4e6f8a10.1,gb200:4",
+            ["gb200:4,fabric=6f2e2f0a-5d4c-4b7e-9a51-0c2d4e6f8a10.1", "gb200:4"],
+        ),
     ],
 )
 def test_parse_gpus(text: str | None, expected: list[str]) -> None:
     assert nodeconfig.parse_gpus(text, available_profiles()) == expected
+
+
+def test_the_fabric_item_is_spelled_as_the_simulation_spells_it() -> None:
+    from gpu_operator.sim.nvml.profiles import FABRIC_ITEM
+
+    assert nodeconfig.FABRIC_ITEM == FABRIC_ITEM
 
 
 @pytest.mark.parametrize(
