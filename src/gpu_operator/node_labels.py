@@ -43,7 +43,7 @@ from gpu_operator.views import NodeView, derived
 _STACK_LABEL = re.compile(
     r"^nvidia\.com/("
     r"gpu\.(product|count|memory|family|compute\.(major|minor)|machine|replicas|sharing-strategy"
-    r"|multiprocessors|slices\.[a-z]+|engines\.[a-z]+)"
+    r"|multiprocessors|slices\.[a-z]+|engines\.[a-z]+|clique)"
     r"|cuda\..+|mig\.(capable|strategy|config\.state)|mps\.capable|gfd\.timestamp"
     r"|mig-[0-9]+g\.[0-9]+gb(\.[a-z]+)*\..+"
     r"|vgpu\.(config\.state|present|host-driver-(version|branch))|cc\.(mode|ready)\.state"

@@ -13,7 +13,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 from gpu_operator.agent import nodeapi
 from gpu_operator.agent.deviceplugin.config_file import DevicePluginConfig, MigStrategy, Sharing
 from gpu_operator.agent.inventory import Gpu, Inventory, MigDevice
+from gpu_operator.agent.nvml import FabricError, GpuFabric, NvmlError, node_clique
+from gpu_operator.labels import GPU_CLIQUE
 
 if TYPE_CHECKING:
     from gpu_operator.agent.deviceplugin.configs import ConfigDir
@@ -40,7 +42,7 @@ _ATTRS = (
 _OWNED = re.compile(
     r"^nvidia\.com/("
     r"gfd\.timestamp|mig\.strategy|mig\.capable|mps\.capable|cuda\.[a-z.-]+"
-    rf"|gpu\.({_ATTRS[1:-1]}|family|compute\.major|compute\.minor|machine|mode)"
+    rf"|gpu\.({_ATTRS[1:-1]}|family|compute\.major|compute\.minor|machine|mode|clique)"
     rf"|mig-[A-Za-z0-9._-]+\.{_ATTRS}"
     r")$"
 )
@@ -193,6 +195,26 @@ def _resource_labels(
     return labels
 
 
+def clique_label(fabrics: Sequence[GpuFabric | None]) -> str | None:
+    """The ``nvidia.com/gpu.clique`` value from the GPUs' fabrics; None (no label) without a
+    fabric, and, logged, when the fabric is not ready: a node whose NVLink registration has
+    not completed must not be placed in a clique."""
+    try:
+        return node_clique(fabrics)
+    except FabricError as exc:
+        log.warning("no %s label: %s", GPU_CLIQUE, exc)
+        return None
+
+
+def read_clique(fabrics: Callable[[], Sequence[GpuFabric | None]]) -> str | None:
+    """:func:`clique_label` of what ``fabrics`` reads; None, logged, when NVML fails."""
+    try:
+        return clique_label(fabrics())
+    except NvmlError as exc:
+        log.warning("no %s label: reading the GPU fabric failed: %s", GPU_CLIQUE, exc)
+        return None
+
+
 def labels_for(
     inventory: Inventory,
     mig_strategy: MigStrategy,
@@ -200,8 +222,10 @@ def labels_for(
     machine: str,
     *,
     timestamp: int | None = None,
+    clique: str | None = None,
 ) -> dict[str, str]:
-    """All feature-discovery labels for a node with this inventory (empty without GPUs)."""
+    """All feature-discovery labels for a node with this inventory (empty without GPUs);
+    ``clique``: the node's NVLink clique (:func:`clique_label`), labelled when there is one."""
     if not inventory.gpus:
         return {}
     sharing = sharing or Sharing()
@@ -230,6 +254,8 @@ def labels_for(
     mps = sharing.strategy == "mps" and not any(g.mig_current for g in inventory.gpus)
     labels["nvidia.com/mps.capable"] = str(mps).lower()
     labels.update(_resource_labels(inventory, mig_strategy, sharing))
+    if clique is not None:
+        labels[GPU_CLIQUE] = clique
     if timestamp is not None:
         labels[TIMESTAMP] = str(timestamp)
     return labels
@@ -309,8 +335,10 @@ def run_discover(
     machine_file: Path = MACHINE_TYPE_FILE,
     with_timestamp: bool = True,
     stop: threading.Event | None = None,
+    read_fabrics: Callable[[], Sequence[GpuFabric | None]] | None = None,
 ) -> int:
-    """Label the node (or print/write ``key=value`` lines) once or every ``interval_s``."""
+    """Label the node (or print/write ``key=value`` lines) once or every ``interval_s``;
+    ``read_fabrics``: the GPUs' NVLink fabrics, for the clique label (None: no such label)."""
     stop = stop or threading.Event()
     while True:
         node = None
@@ -325,6 +353,7 @@ def run_discover(
             chosen.sharing,
             machine_type(machine_file),
             timestamp=int(time.time()) if with_timestamp else None,
+            clique=read_clique(read_fabrics) if read_fabrics is not None else None,
         )
         if output == "-":
             sys.stdout.write(format_labels(labels))

@@ -458,3 +458,75 @@ def test_without_a_config_directory_the_settings_are_the_files() -> None:
     choose = discovery.Settings.chooser(None, config, None)
     assert choose({"nvidia.com/device-plugin.config": "x"}).mig_strategy == "mixed"
     assert discovery.Settings.chooser("single", config, None)({}).mig_strategy == "single"
+
+
+CLUSTER = "6f2e2f0a-5d4c-4b7e-9a51-0c2d4e6f8a10"
+
+
+def test_a_gb200_node_in_a_completed_clique_is_labelled_with_it(simulate: Simulate) -> None:
+    from gpu_operator.agent.nvml import Nvml
+
+    simulate(f"gb200:4,fabric={CLUSTER}.3")
+    with Nvml() as nvml:
+        clique = discovery.clique_label(nvml.gpu_fabrics())
+        labels = labels_for(nvml.inventory(), "none", None, MACHINE, clique=clique)
+    assert labels["nvidia.com/gpu.clique"] == f"{CLUSTER}.3"
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-GB200"
+    assert labels["nvidia.com/gpu.family"] == "blackwell"
+
+
+def test_gpus_without_a_fabric_get_no_clique_label(simulate: Simulate) -> None:
+    from gpu_operator.agent.nvml import Nvml
+
+    simulate("h100-80gb:8")
+    with Nvml() as nvml:
+        assert discovery.clique_label(nvml.gpu_fabrics()) is None
+        assert "nvidia.com/gpu.clique" not in labels_for(nvml.inventory(), "none", None, MACHINE)
+
+
+def test_the_clique_label_follows_the_fabric_and_goes_when_it_fails(
+    simulate: Simulate, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from gpu_operator.agent.nvml import Nvml
+
+    sim = simulate(f"gb200:4,fabric={CLUSTER}.3")
+    api = node_n1({"team": "ml"})
+
+    def one_pass() -> dict[str, str]:
+        discovery.run_discover(
+            nvml.inventory,
+            settings=lambda _: discovery.Settings(),
+            node_name="n1",
+            api=api,
+            oneshot=True,
+            machine_file=tmp_path / "missing",
+            read_fabrics=nvml.gpu_fabrics,
+        )
+        return labels_of(api)
+
+    with Nvml() as nvml:
+        assert one_pass()["nvidia.com/gpu.clique"] == f"{CLUSTER}.3"
+        sim.set_fabric(1, state="not-started")
+        labels = one_pass()
+        assert "nvidia.com/gpu.clique" not in labels and labels["team"] == "ml"
+        assert "GPU fabric state not-started on GPU 1" in caplog.text
+        sim.set_fabric(1, state="completed")
+        assert one_pass()["nvidia.com/gpu.clique"] == f"{CLUSTER}.3"
+
+
+def test_a_failing_fabric_read_gives_no_clique_rather_than_failing_discovery() -> None:
+    from gpu_operator.agent.nvml import GpuLost
+
+    def lost() -> tuple[None, ...]:
+        raise GpuLost(15, "nvmlDeviceGetGpuFabricInfoV")
+
+    assert discovery.read_clique(lost) is None
+
+
+def test_the_clique_label_is_discoverys_and_the_stacks() -> None:
+    from gpu_operator.node_labels import is_stack_label
+
+    assert discovery.is_discovery_label("nvidia.com/gpu.clique")
+    assert is_stack_label("nvidia.com/gpu.clique")
+    patch = label_patch({"nvidia.com/gpu.clique": f"{CLUSTER}.3", "team": "ml"}, {})
+    assert patch == {"nvidia.com/gpu.clique": None}

@@ -59,6 +59,7 @@ def cmd_discover(args: argparse.Namespace) -> int:
             oneshot=oneshot,
             machine_file=Path(args.machine_type_file),
             with_timestamp=not env_bool("GFD_NO_TIMESTAMP"),
+            read_fabrics=nvml.gpu_fabrics,
         )
     finally:
         nvml.close()

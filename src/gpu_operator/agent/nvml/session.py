@@ -343,6 +343,12 @@ class Nvml:
                 return from_nvml(info.clusterUuid, info.cliqueId, info.state, info.status)
             return None
 
+    def gpu_fabrics(self) -> tuple[GpuFabric | None, ...]:
+        """:meth:`gpu_fabric` of every GPU, in index order: what
+        :func:`~.fabric.node_clique` takes."""
+        with self._session():
+            return tuple(self.gpu_fabric(i) for i in range(int(call(pynvml.nvmlDeviceGetCount))))
+
     # -- health ------------------------------------------------------------------------------
     def health_readings(self, inventory: Inventory) -> tuple[HealthReading, ...]:
         """One health reading of every GPU in ``inventory`` (see :mod:`.health`)."""
