@@ -20,11 +20,11 @@ import argparse
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
-from gpu_operator.agent.cli import cdi, discover, mig, monitor, plugins
+from gpu_operator.agent.cli import cdi, computedomain, discover, mig, monitor, plugins
 from gpu_operator.argtree import leaves
 from gpu_operator.logsetup import add_log_format_option
 
-MODULES = (discover, mig, monitor, plugins, cdi)
+MODULES = (discover, mig, monitor, plugins, cdi, computedomain)
 
 
 def add_agent_commands(

@@ -44,6 +44,7 @@ NVML_COMMANDS = (
     ("nvml-info",),
     ("cdi", "generate"),
     ("cdi", "list"),
+    ("compute-domain-daemon", "run"),
 )
 
 
@@ -254,6 +255,7 @@ def test_each_module_registers_its_commands_and_imports_only_what_is_light() -> 
         "dra-plugin",
         "mps-claim-daemon",
         "cdi",
+        "compute-domain-daemon",
     }  # and the simulation's own, which the command line adds (tests/unit/sim/test_commands.py)
     assert all(callable(module.register) for module in MODULES)
     heavy = (
