@@ -55,3 +55,20 @@ def test_metrics_read(nvml: Nvml, inventory: Inventory) -> None:
         assert reading.power_w is not None and reading.power_w > 0
         assert reading.gpu_temp_c is not None and 0 < reading.gpu_temp_c < 120
         assert reading.sm_clock_mhz is not None and reading.sm_clock_mhz > 0
+
+
+def test_the_fabric_reads_and_gives_a_clique_or_none(nvml: Nvml, inventory: Inventory) -> None:
+    """Read-only: each GPU's fabric info from the real driver is one NVML state, and the node's
+    clique is decided from them (None on a GPU without multi-node NVLink, such as an H200)."""
+    from gpu_operator.agent.nvml import FabricError, node_clique
+    from gpu_operator.agent.nvml.fabric import STATES
+
+    fabrics = nvml.gpu_fabrics()
+    assert len(fabrics) == len(inventory.gpus)
+    for index, fabric in enumerate(fabrics):
+        print(f"GPU {index}: fabric {fabric}")
+        assert fabric is None or fabric.state in STATES.values()
+    try:
+        print(f"clique: {node_clique(fabrics)}")
+    except FabricError as exc:  # a fabric GPU whose registration is not done: said, not raised
+        print(f"no clique: {exc}")
