@@ -39,8 +39,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def existing_slices(kube: Kube, node: str) -> list[dict[str, Any]]:
-    return kube.list_objects("ResourceSlice", field_selector=slices.field_selector(node))
+def existing_slices(
+    kube: Kube, node: str, driver: str = dra_devices.DRIVER
+) -> list[dict[str, Any]]:
+    """``driver``'s slices of ``node`` (the GPUs' by default)."""
+    return kube.list_objects("ResourceSlice", field_selector=slices.field_selector(node, driver))
 
 
 def node_owner(kube: Kube, node: str) -> dict[str, str] | None:

@@ -1,11 +1,15 @@
 """Prepared claims, checkpointed on the node so a restarted plugin answers as before.
 
-One JSON file, rewritten atomically (rename) after every change: a plugin killed between two
-writes finds either the old or the new state, never half of one.
+One JSON file per plugin directory, rewritten atomically (rename) after every change: a plugin
+killed between two writes finds either the old or the new state, never half of one.
+:class:`ClaimFile` keeps each claim's entry as plain JSON; :class:`Checkpoint` is the GPU
+plugin's, whose entries are its prepared devices (the compute-domain plugin has its own entries
+in its own directory, :mod:`gpu_operator.agent.dra.computedomain.plugin`).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import threading
@@ -18,7 +22,9 @@ FILE = "checkpoint.json"
 VERSION = 1
 
 
-class Checkpoint:
+class ClaimFile:
+    """Each prepared claim's entry (a JSON object) by claim UID, in ``directory``/``FILE``."""
+
     def __init__(self, directory: Path) -> None:
         self.path = directory / FILE
         self._lock = threading.Lock()
@@ -29,20 +35,14 @@ class Checkpoint:
                 raise ValueError(f"{self.path}: checkpoint version {data.get('version')!r}")
             self._claims = dict(data.get("claims") or {})
 
-    def get(self, uid: str) -> tuple[PreparedDevice, ...] | None:
+    def entry(self, uid: str) -> dict[str, Any] | None:
         with self._lock:
-            entry = self._claims.get(uid)
-        if entry is None:
-            return None
-        return tuple(PreparedDevice.from_json(d) for d in entry["devices"])
+            found = self._claims.get(uid)
+            return copy.deepcopy(found) if found is not None else None
 
-    def put(self, uid: str, namespace: str, name: str, devices: tuple[PreparedDevice, ...]) -> None:
+    def set_entry(self, uid: str, entry: dict[str, Any]) -> None:
         with self._lock:
-            self._claims[uid] = {
-                "namespace": namespace,
-                "name": name,
-                "devices": [d.to_json() for d in devices],
-            }
+            self._claims[uid] = copy.deepcopy(entry)
             self._save()
 
     def remove(self, uid: str) -> bool:
@@ -61,3 +61,18 @@ class Checkpoint:
         tmp = self.path.with_name(f".{FILE}.tmp")
         tmp.write_text(json.dumps({"version": VERSION, "claims": self._claims}, sort_keys=True))
         os.replace(tmp, self.path)
+
+
+class Checkpoint(ClaimFile):
+    """The GPU plugin's: each claim's namespace, name and prepared devices."""
+
+    def get(self, uid: str) -> tuple[PreparedDevice, ...] | None:
+        entry = self.entry(uid)
+        if entry is None:
+            return None
+        return tuple(PreparedDevice.from_json(d) for d in entry["devices"])
+
+    def put(self, uid: str, namespace: str, name: str, devices: tuple[PreparedDevice, ...]) -> None:
+        self.set_entry(
+            uid, {"namespace": namespace, "name": name, "devices": [d.to_json() for d in devices]}
+        )

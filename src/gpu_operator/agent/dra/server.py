@@ -5,6 +5,9 @@ The kubelet watches ``plugins_registry/`` for sockets, calls ``GetInfo`` on each
 endpoint it names and reports back with ``NotifyRegistrationStatus``. Prepare and unprepare are
 idempotent: a claim already prepared (in the checkpoint) gets the same answer without reading
 the API again, and unpreparing an unknown claim succeeds.
+
+:class:`KubeletServer` serves any driver's :class:`Preparer` (the GPUs' :class:`DraPlugin`, the
+compute-domain plugin), each under its own name, sockets and plugin directory.
 """
 
 from __future__ import annotations
@@ -14,12 +17,12 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -58,7 +61,7 @@ log = logging.getLogger(__name__)
 PLUGIN_TYPE = "DRAPlugin"
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 PLUGIN_SOCKET = "dra.sock"
-REGISTRATION_SOCKET = f"{DRIVER}-reg.sock"
+REGISTRATION_SOCKET = f"{DRIVER}-reg.sock"  # the GPUs'; each driver's is <driver>-reg.sock
 
 ClaimReader = Callable[[str, str], Mapping[str, Any] | None]
 
@@ -75,6 +78,7 @@ class PluginPaths:
     # The plugin socket as the kubelet names it, when the kubelet sees the directories under
     # other paths than this process (a node in its own mount namespace); default: the same.
     kubelet_plugin_dir: Path | None = None
+    driver: str = DRIVER  # the DRA driver served from here (its registration socket's name)
 
     @property
     def plugin_socket(self) -> Path:
@@ -86,7 +90,7 @@ class PluginPaths:
 
     @property
     def registration_socket(self) -> Path:
-        return self.registry_dir / REGISTRATION_SOCKET
+        return self.registry_dir / f"{self.driver}-reg.sock"
 
 
 @dataclass
@@ -100,6 +104,63 @@ class Registrations:
         with self.cond:
             self.statuses.append((registered, error))
             self.cond.notify_all()
+
+
+class Prepared(Protocol):
+    """One prepared device as the kubelet is told of it."""
+
+    @property
+    def requests(self) -> tuple[str, ...]: ...
+    @property
+    def pool(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def cdi_ids(self) -> tuple[str, ...]: ...
+
+
+class Preparer(Protocol):
+    """What a driver does with the kubelet's two calls, independent of the wire version."""
+
+    def prepare(self, namespace: str, name: str, uid: str) -> Sequence[Prepared]: ...
+    def unprepare(self, uid: str) -> None: ...
+
+
+class KubeletServer:
+    """One driver's DRA service on its plugin socket, then its registration socket (so the
+    kubelet never finds a registration whose endpoint is not there yet)."""
+
+    def __init__(
+        self, paths: PluginPaths, preparer: Preparer, registrations: Registrations
+    ) -> None:
+        self.paths = paths
+        self.preparer = preparer
+        self.registrations = registrations
+        self._servers: list[Any] = []
+
+    def start(self) -> KubeletServer:
+        for path in (self.paths.plugin_socket, self.paths.registration_socket):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.unlink(missing_ok=True)
+        plugin = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        v1_grpc.add_DRAPluginServicer_to_server(_Service(self.preparer, v1), plugin)  # type: ignore[no-untyped-call]
+        v1beta1_grpc.add_DRAPluginServicer_to_server(_Service(self.preparer, v1beta1), plugin)  # type: ignore[no-untyped-call]
+        plugin.add_insecure_port(f"unix://{self.paths.plugin_socket}")
+        plugin.start()
+        registration = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        reg_grpc.add_RegistrationServicer_to_server(_Registration(self), registration)  # type: ignore[no-untyped-call]
+        registration.add_insecure_port(f"unix://{self.paths.registration_socket}")
+        registration.start()
+        self._servers = [registration, plugin]
+        log.info("DRA plugin %s serving %s", self.paths.driver, self.paths.plugin_socket)
+        return self
+
+    def stop(self) -> None:
+        for server in self._servers:
+            server.stop(grace=None).wait()
+        self._servers = []
+        for path in (self.paths.registration_socket, self.paths.plugin_socket):
+            path.unlink(missing_ok=True)
 
 
 class DraPlugin:
@@ -132,7 +193,7 @@ class DraPlugin:
         self.checkpoint = Checkpoint(paths.plugin_dir)
         self.registrations = Registrations()
         self._lock = threading.Lock()
-        self._servers: list[Any] = []
+        self._server = KubeletServer(paths, self, self.registrations)
 
     # -- the two calls, independent of the wire version -----------------------------------
     def prepare(self, namespace: str, name: str, uid: str) -> tuple[PreparedDevice, ...]:
@@ -349,30 +410,12 @@ class DraPlugin:
 
     # -- serving ------------------------------------------------------------------------
     def start(self) -> DraPlugin:
-        """Serve the DRA service, then the registration socket (so the kubelet never finds a
-        registration whose endpoint is not there yet)."""
-        for path in (self.paths.plugin_socket, self.paths.registration_socket):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.unlink(missing_ok=True)
-        plugin = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-        v1_grpc.add_DRAPluginServicer_to_server(_Service(self, v1), plugin)  # type: ignore[no-untyped-call]
-        v1beta1_grpc.add_DRAPluginServicer_to_server(_Service(self, v1beta1), plugin)  # type: ignore[no-untyped-call]
-        plugin.add_insecure_port(f"unix://{self.paths.plugin_socket}")
-        plugin.start()
-        registration = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        reg_grpc.add_RegistrationServicer_to_server(_Registration(self), registration)  # type: ignore[no-untyped-call]
-        registration.add_insecure_port(f"unix://{self.paths.registration_socket}")
-        registration.start()
-        self._servers = [registration, plugin]
-        log.info("DRA plugin %s serving %s", DRIVER, self.paths.plugin_socket)
+        """Serve the DRA service and the registration socket (:class:`KubeletServer`)."""
+        self._server.start()
         return self
 
     def stop(self) -> None:
-        for server in self._servers:
-            server.stop(grace=None).wait()
-        self._servers = []
-        for path in (self.paths.registration_socket, self.paths.plugin_socket):
-            path.unlink(missing_ok=True)
+        self._server.stop()
 
     def __enter__(self) -> DraPlugin:
         return self.start()
@@ -393,7 +436,7 @@ def _daemons(prepared: tuple[PreparedDevice, ...] | None) -> list[MpsDaemon]:
 class _Service:
     """``DRAPlugin`` for one generated API version (v1 and v1beta1 have the same messages)."""
 
-    def __init__(self, plugin: DraPlugin, pb: ModuleType) -> None:
+    def __init__(self, plugin: Preparer, pb: ModuleType) -> None:
         self.plugin = plugin
         self.pb = pb
 
@@ -438,23 +481,24 @@ class _Service:
 
 
 class _Registration(reg_grpc.RegistrationServicer):
-    def __init__(self, plugin: DraPlugin) -> None:
-        self.plugin = plugin
+    def __init__(self, server: KubeletServer) -> None:
+        self.server = server
 
     def GetInfo(self, request: reg.InfoRequest, context: Any) -> reg.PluginInfo:
         return reg.PluginInfo(
             type=PLUGIN_TYPE,
-            name=DRIVER,
-            endpoint=str(self.plugin.paths.kubelet_endpoint),
+            name=self.server.paths.driver,
+            endpoint=str(self.server.paths.kubelet_endpoint),
             supported_versions=list(SUPPORTED_VERSIONS),
         )
 
     def NotifyRegistrationStatus(
         self, request: reg.RegistrationStatus, context: Any
     ) -> reg.RegistrationStatusResponse:
+        driver = self.server.paths.driver
         if request.plugin_registered:
-            log.info("the kubelet registered DRA driver %s", DRIVER)
+            log.info("the kubelet registered DRA driver %s", driver)
         else:
-            log.error("the kubelet refused DRA driver %s: %s", DRIVER, request.error)
-        self.plugin.registrations.record(request.plugin_registered, request.error)
+            log.error("the kubelet refused DRA driver %s: %s", driver, request.error)
+        self.server.registrations.record(request.plugin_registered, request.error)
         return reg.RegistrationStatusResponse()

@@ -24,13 +24,14 @@ MAX_DEVICES_PER_SLICE = 128
 MANAGED_BY = "gpu-operator"
 
 
-def slice_name(node: str, index: int) -> str:
-    return f"{node}-{DRIVER}-{index}"
+def slice_name(node: str, index: int, driver: str = DRIVER) -> str:
+    return f"{node}-{driver}-{index}"
 
 
-def field_selector(node: str) -> str:
-    """The API server's field selector for this driver's slices of ``node``."""
-    return f"spec.nodeName={node},spec.driver={DRIVER}"
+def field_selector(node: str, driver: str = DRIVER) -> str:
+    """The API server's field selector for ``driver``'s slices of ``node`` (the GPUs' by
+    default; every function here takes the driver, so one publisher serves each plugin)."""
+    return f"spec.nodeName={node},spec.driver={driver}"
 
 
 Content = tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]]  # devices, counter sets
@@ -80,6 +81,7 @@ def desired_slices(
     owner: Mapping[str, str] | None = None,
     counter_sets: Sequence[dict[str, Any]] = (),
     shape: str = CHUNKS,
+    driver: str = DRIVER,
 ) -> list[dict[str, Any]]:
     """The pool's slices at ``generation``; ``owner`` is the Node's name and uid, when known;
     ``counter_sets`` and ``shape`` as :func:`layout` takes them."""
@@ -87,7 +89,7 @@ def desired_slices(
     slices = []
     for i, (chunk, sets) in enumerate(chunks):
         metadata: dict[str, Any] = {
-            "name": slice_name(node, i),
+            "name": slice_name(node, i, driver),
             "labels": {"app.kubernetes.io/managed-by": MANAGED_BY},
         }
         if owner:
@@ -95,7 +97,7 @@ def desired_slices(
                 {"apiVersion": "v1", "kind": "Node", "name": owner["name"], "uid": owner["uid"]}
             ]
         spec: dict[str, Any] = {
-            "driver": DRIVER,
+            "driver": driver,
             "nodeName": node,
             "pool": {"name": node, "generation": generation, "resourceSliceCount": len(chunks)},
         }
@@ -166,13 +168,14 @@ def plan(
     owner: Mapping[str, str] | None = None,
     counter_sets: Sequence[dict[str, Any]] = (),
     shape: str = CHUNKS,
+    driver: str = DRIVER,
 ) -> SlicePlan:
     """The writes that turn ``existing`` (this driver's slices of ``node``) into the pool of
     ``devices`` (and ``counter_sets``, laid out as :func:`layout`): none when it already
     publishes exactly them."""
     current = generation_of(existing)
     names = {str(s["metadata"]["name"]) for s in existing}
-    wanted = desired_slices(node, devices, current, owner, counter_sets, shape)
+    wanted = desired_slices(node, devices, current, owner, counter_sets, shape, driver)
     same_devices = published_devices(existing) == published_devices(wanted)
     consistent = (
         names == {s["metadata"]["name"] for s in wanted}
@@ -182,7 +185,7 @@ def plan(
     if existing and same_devices and consistent:
         return SlicePlan(apply=(), delete=(), generation=current)
     generation = current + 1
-    wanted = desired_slices(node, devices, generation, owner, counter_sets, shape)
+    wanted = desired_slices(node, devices, generation, owner, counter_sets, shape, driver)
     keep = {s["metadata"]["name"] for s in wanted}
     return SlicePlan(
         apply=tuple(wanted),
