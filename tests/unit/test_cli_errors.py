@@ -230,6 +230,10 @@ CASES = [
     ("agent mig-parted plan --simulate a100-40gb:1", USAGE, {}),
     ("agent dra-plugin", USAGE, {}),
     ("agent dra-plugin --node-name n --feature-gates Bogus=true", USAGE, {}),
+    ("agent compute-domain-plugin", USAGE, {}),
+    ("agent compute-domain-plugin --node-name n --healthcheck-port 70000", USAGE, {}),
+    ("agent compute-domain-plugin --node-name n", USAGE, {"HEALTHCHECK_PORT": "http"}),
+    ("agent compute-domain-plugin --node-name n --prepare-timeout 0", USAGE, {}),
     ("agent mps-claim-daemon --driver-root=", USAGE, {}),  # the default is /: only given empty
     ("agent device-plugin --kwok-capacity", USAGE, {}),
     ("agent device-plugin --kwok-capacity --simulate t4:1", USAGE, {}),

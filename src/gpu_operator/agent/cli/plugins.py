@@ -1,6 +1,6 @@
 """``agent device-plugin`` (with ``--kwok-capacity`` for simulated kwok nodes), the SIMULATED
-``agent mps-control-daemon``, ``agent dra-plugin`` and its ``agent mps-claim-daemon``: what
-hands GPUs to pods."""
+``agent mps-control-daemon``, ``agent dra-plugin`` and its ``agent mps-claim-daemon``, and
+``agent compute-domain-plugin``: what hands GPUs and IMEX channels to pods."""
 
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CDI_ROOT_HELP = "where CDI specs are written for the container runtime (env CDI_ROOT)"
+DEFAULT_PROC_DEVICES = "/proc/devices"
 
 
 # -- device-plugin ------------------------------------------------------------------------------
@@ -329,13 +330,85 @@ def _dra_health(
     return monitor.health
 
 
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "dra-plugin",
-        help="DRA kubelet plugin: publish GPUs as ResourceSlices, prepare claims with CDI",
-        description="The node's GPUs as DRA ResourceSlices, and the kubelet plugin that "
-        "prepares claims for them with CDI specs (NVIDIA's DRA driver's names and gates).",
+# -- compute-domain-plugin ------------------------------------------------------------------------
+HEALTH_PORT_FIX = (
+    "give 1-65535, 0 for any free port, or a negative number for no health service "
+    "(--healthcheck-port, env HEALTHCHECK_PORT)"
+)
+
+
+def health_port(text: str) -> int:
+    """``--healthcheck-port`` (env HEALTHCHECK_PORT) as a port; UsageProblem names the fix."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise UsageProblem(f"health port {text!r} is not a number", HEALTH_PORT_FIX) from None
+    if port > 65535:
+        raise UsageProblem(f"health port {port} is not a port", HEALTH_PORT_FIX)
+    return port
+
+
+def cmd_compute_domain_plugin(args: argparse.Namespace) -> int:
+    from gpu_operator.agent.dra.agent import find_driver
+    from gpu_operator.agent.dra.computedomain import agent as domains
+    from gpu_operator.agent.dra.computedomain.decide import DRIVER, IMEX_MGMT_CAPABILITY
+    from gpu_operator.agent.dra.computedomain.plugin import HostFiles, Waiting
+    from gpu_operator.agent.dra.server import PluginPaths
+    from gpu_operator.agent.driverroot.rootfs import host_path
+    from gpu_operator.agent.nvml import current_driver_root, node_clique
+
+    setup(args)
+    node = node_name(args)
+    if not node:
+        raise UsageProblem(
+            "compute-domain-plugin needs the node's name", "--node-name or env NODE_NAME"
+        )
+    port = health_port(args.healthcheck_port)
+    if not args.prepare_timeout > 0:
+        raise UsageProblem(
+            f"--prepare-timeout {args.prepare_timeout} is not a time to wait",
+            "give the seconds (above 0) one prepare call waits for a domain's IMEX daemon",
+        )
+    # As NVIDIA's: another /proc/devices (a simulated node's) means the driver's /proc files
+    # are under the driver root too.
+    mgmt = IMEX_MGMT_CAPABILITY
+    if args.proc_devices != DEFAULT_PROC_DEVICES:
+        mgmt = host_path(current_driver_root() or "/", IMEX_MGMT_CAPABILITY)
+    paths = PluginPaths(
+        plugin_dir=Path(args.kubelet_plugins_directory_path) / DRIVER,
+        registry_dir=Path(args.kubelet_registrar_directory_path),
+        cdi_dir=Path(args.cdi_root),
+        host_driver_root=args.host_driver_root,
+        dev_root=args.dev_root,
+        driver=DRIVER,
     )
+    stop = stop_on_signals()
+    nvml = Nvml().open()
+
+    def read_clique() -> str | None:
+        return node_clique([nvml.gpu_fabric(i) for i in range(nvml.device_count())])
+
+    try:
+        return domains.run(
+            nodeapi.connect(*credentials(args)),
+            read_clique,
+            domains.DomainPluginOptions(
+                node=node,
+                paths=paths,
+                healthcheck_port=port,
+                files=HostFiles(Path(args.proc_devices), Path(mgmt)),
+                waiting=Waiting(timeout_s=args.prepare_timeout),
+            ),
+            stop,
+            lambda: find_driver(paths),
+        )
+    finally:
+        nvml.close()
+
+
+def _add_kubelet_plugin_args(p: argparse.ArgumentParser) -> None:
+    """What every DRA kubelet plugin takes: where NVML and the driver are, the node, the
+    kubelet's directories and the CDI root, under NVIDIA's plugins' environment names."""
     add_common(p)
     add_node_name(p)
     p.add_argument(
@@ -363,6 +436,16 @@ def register(sub: Any) -> None:
         default=os.environ.get("NVIDIA_DEV_ROOT") or None,
         help="where /dev/nvidia* are on the host (env NVIDIA_DEV_ROOT); default: with the driver",
     )
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "dra-plugin",
+        help="DRA kubelet plugin: publish GPUs as ResourceSlices, prepare claims with CDI",
+        description="The node's GPUs as DRA ResourceSlices, and the kubelet plugin that "
+        "prepares claims for them with CDI specs (NVIDIA's DRA driver's names and gates).",
+    )
+    _add_kubelet_plugin_args(p)
     p.add_argument(
         "--interval", type=float, default=2.0, help="seconds between inventory reads (2)"
     )
@@ -403,6 +486,38 @@ def register(sub: Any) -> None:
         "unknown gate or a pair NVIDIA's driver refuses together stops the plugin",
     )
     p.set_defaults(func=cmd_dra_plugin)
+
+    p = sub.add_parser(
+        "compute-domain-plugin",
+        help="DRA kubelet plugin compute-domain.nvidia.com: IMEX channels and daemons of "
+        "ComputeDomains",
+        description="NVIDIA's compute-domain kubelet plugin: publish the node's IMEX channel "
+        "and daemon devices, label the node's NVLink clique (nvidia.com/gpu.clique), and "
+        "prepare ComputeDomain claims with CDI specs.",
+    )
+    _add_kubelet_plugin_args(p)
+    add_cluster_options(p)
+    p.add_argument(
+        "--healthcheck-port",
+        default=os.environ.get("HEALTHCHECK_PORT") or "51515",
+        help="the gRPC health service's port (env HEALTHCHECK_PORT; default 51515); 0: any "
+        "free port, negative: none",
+    )
+    p.add_argument(
+        "--proc-devices",
+        default=os.environ.get("ALT_PROC_DEVICES_PATH") or DEFAULT_PROC_DEVICES,
+        help="the kernel's device majors, for the IMEX channels' device nodes (env "
+        "ALT_PROC_DEVICES_PATH, NVIDIA's; default /proc/devices; another one, a simulated "
+        "node's, also means the driver's /proc files are under the driver root)",
+    )
+    p.add_argument(
+        "--prepare-timeout",
+        type=float,
+        default=40.0,
+        help="seconds one prepare call waits for the domain's IMEX daemon before the kubelet "
+        "is told to ask again (40: under the kubelet's 45 s call timeout)",
+    )
+    p.set_defaults(func=cmd_compute_domain_plugin)
 
     p = sub.add_parser(
         "device-plugin",
