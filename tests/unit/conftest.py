@@ -1,9 +1,13 @@
 """Fixtures shared by the agents' and the simulation's unit tests: the simulation registered
-with the agents' NVML loader, as the command line registers it, and a simulated NVML per test."""
+with the agents' NVML loader, as the command line registers it, a simulated NVML per test, and
+a short temporary directory for unix sockets."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,3 +38,12 @@ def simulate() -> Iterator[Simulate]:
 
     yield install
     uninstall_simulated_nvml()
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A directory for unix sockets, whose paths the kernel limits to 107 bytes: pytest's
+    ``tmp_path`` under xdist, with a long test name, is longer than that."""
+    path = Path(tempfile.mkdtemp(prefix="gpuop-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

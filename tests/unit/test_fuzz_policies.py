@@ -85,7 +85,7 @@ POLICY_KINDS = frozenset(
 )
 DRIVER_KINDS = frozenset(RBAC | {"ConfigMap", "DaemonSet"})
 GPUCLUSTER_KINDS = frozenset(
-    RBAC | {"DaemonSet", "Service", "DeviceClass", "ResourceClaimTemplate",
+    RBAC | {"DaemonSet", "Deployment", "Service", "DeviceClass", "ResourceClaimTemplate",
             "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 )  # fmt: skip
 KINDS = (

@@ -66,6 +66,13 @@ PLUGIN_RULES = [
     # the Node's uid, so its slices are garbage-collected with it
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
 ]
+# With computeDomains, what the compute-domain plugin beside it does as well: find a claim's
+# domain, and label its node for the domain's IMEX daemon (and with its NVLink clique).
+DOMAIN_PLUGIN_RULES = [
+    {"apiGroups": ["resource.nvidia.com"], "resources": ["computedomains"], "verbs": ["list"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]},
+]
+DOMAIN_HEALTH_PORT = 51515  # NVIDIA's
 # In its own namespace only: one MPS control daemon per claim that shares with MPS, and the
 # state of the daemon's pod while Prepare waits for it.
 PLUGIN_NAMESPACE_RULES = [
@@ -254,6 +261,42 @@ def _driver_validation(spec: GPUClusterSpec, facts: Facts, install_dir: str) -> 
     }
 
 
+def _domains_container(
+    spec: GPUClusterSpec, facts: Facts, gpus_env: list[dict[str, Any]], mounts: list[Any]
+) -> dict[str, Any]:
+    """NVIDIA's ``compute-domains`` container: the compute-domain.nvidia.com kubelet plugin
+    (``gpu-operator agent compute-domain-plugin``), beside the GPUs' in the same pod as
+    NVIDIA's, with the same directories, NVIDIA's gRPC health probes on its health port, and
+    ``computeDomains.kubeletPlugin``'s env and resources."""
+    domains = spec.dra_driver.compute_domains
+    plugin = domains.kubelet_plugin if domains else None
+    health = plugin.healthcheck if plugin else None
+    port = (health.port if health else None) or DOMAIN_HEALTH_PORT
+    shared = ("NODE_NAME", "NAMESPACE", "CDI_ROOT", "KUBELET_REGISTRAR_DIRECTORY_PATH",
+              "KUBELET_PLUGINS_DIRECTORY_PATH", "HOST_ROOT", "DRIVER_READY_FILE",
+              "NVIDIA_VISIBLE_DEVICES")  # fmt: skip
+    env = [e for e in gpus_env if e["name"] in shared]
+    env.append({"name": "HEALTHCHECK_PORT", "value": str(port)})
+    env += _env(plugin.env if plugin else None)
+    container: dict[str, Any] = {
+        "name": "compute-domains",
+        "image": facts.operator_image,
+        "imagePullPolicy": spec.dra_driver.image_pull_policy or "IfNotPresent",
+        "args": ["agent", "compute-domain-plugin"],
+        "env": env,
+        "securityContext": {"privileged": True, "runAsUser": 0},
+        "volumeMounts": [dict(m) for m in mounts],
+    }
+    if health is None or health.enabled is not False:
+        probe = {"grpc": {"port": port, "service": "liveness"}, "timeoutSeconds": 10}
+        container["startupProbe"] = {**probe, "periodSeconds": 1, "failureThreshold": 600}
+        container["livenessProbe"] = {**probe, "periodSeconds": 10, "failureThreshold": 3}
+    resources = _resources(plugin.resources if plugin else None)
+    if resources:
+        container["resources"] = resources
+    return container
+
+
 def plugin_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:
     ns = facts.namespace
     kubelet_dir = spec.host_paths.kubelet_root_dir or "/var/lib/kubelet"
@@ -303,6 +346,9 @@ def plugin_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:
     resources = _resources(gpus.resources if gpus else None)
     if resources:
         container["resources"] = resources
+    containers = [container]
+    if spec.compute_domains_enabled:
+        containers.append(_domains_container(spec, facts, env, container["volumeMounts"]))
     passthrough = bool(gates.get("PassthroughSupport"))
     if passthrough:  # NVIDIA's mounts: vfio-pci's module, the PCI bus in sysfs, host processes
         container["volumeMounts"] += [
@@ -311,7 +357,7 @@ def plugin_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:
     pod: dict[str, Any] = {
         "serviceAccountName": PLUGIN_ACCOUNT,
         "initContainers": [_driver_validation(spec, facts, install_dir)],
-        "containers": [container],
+        "containers": containers,
         "volumes": [
             _host_volume("plugins-registry", f"{kubelet_dir}/plugins_registry"),
             _host_volume("plugins", f"{kubelet_dir}/plugins"),
@@ -332,7 +378,7 @@ def plugin_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
         "metadata": {"name": PLUGIN_ACCOUNT, "labels": dict(MANAGED)},
-        "rules": PLUGIN_RULES,
+        "rules": PLUGIN_RULES + (DOMAIN_PLUGIN_RULES if spec.compute_domains_enabled else []),
     }
     binding = {
         "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -6,11 +6,17 @@ Deliberate differences (also in the README):
   ``agent exporter``, ``agent validate``), as the ClusterPolicy stack's agents do; the plugin's
   container runs as root (the image's user is not) and reads NVIDIA's driver-ready file itself
   (``DRIVER_READY_FILE``) instead of a shell sourcing it;
-- the kubelet plugin's ClusterRole is smaller: no ComputeDomains (not implemented), no pod
-  reads, nodes only ``get``; ResourceSlices ``patch`` instead of ``update`` (server-side apply);
+- the kubelet plugin's ClusterRole is smaller: ComputeDomains only listed (with them on), no
+  pod reads, nodes ``get`` (and ``patch`` with ComputeDomains, for the domain and clique
+  labels); ResourceSlices ``patch`` instead of ``update`` (server-side apply);
 - the MPS Role (NVIDIA's name) grants only what the plugin does with its daemons' Deployments
   (no update, patch or watch) and lists their pods; no driver-validation Role, no
-  gRPC health probes; not NVIDIA's
+  gRPC health probes on the ``gpus`` container (the ``compute-domains`` one has NVIDIA's);
+- the ComputeDomain controller runs this project's loop (``gpu-operator
+  compute-domain-controller``) with an HTTP liveness probe, patches where NVIDIA's updates,
+  and keeps its Lease as the operator does (no LEADER_ELECTION_* variables); no
+  ``computedomaincliques`` rules (daemons are listed in the domain's ``status.nodes``, NVIDIA's
+  behaviour with the ComputeDomainCliques gate off); not NVIDIA's
   ResourceSlice node-restriction ValidatingAdmissionPolicy (a follow-up), but two of this
   project's that check GPU claim configs at admission, which NVIDIA's driver does in a webhook;
 - the plugin's rolling update also says ``maxSurge: 0`` (two plugin pods on one node would fight
@@ -273,3 +279,72 @@ def test_the_mps_role_is_nvidias_less_what_the_plugin_never_does(
     (plugin,) = pod(ours[("DaemonSet", "nvidia-dra-driver-kubelet-plugin")])["containers"]
     mounts = {m["name"]: m for m in plugin["volumeMounts"]}
     assert mounts["plugins"]["mountPropagation"] == "Bidirectional"  # the daemons' shm
+
+
+@pytest.fixture(scope="module")
+def with_domains() -> dict[tuple[str, str], dict[str, Any]]:
+    doc = example_document()
+    doc["spec"]["draDriver"]["computeDomains"] = {"enabled": True}
+    objs = render_gpucluster(parse_gpucluster(doc), FACTS)
+    return {(o["kind"], o["metadata"]["name"]): o for o in objs}
+
+
+def test_compute_domains_bring_nvidias_objects_by_nvidias_names(
+    with_domains: dict[tuple[str, str], dict[str, Any]],
+    ours: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    theirs = golden("gpucluster-dra-driver-full-spec.yaml")
+    wanted = {
+        ("ServiceAccount", "nvidia-dra-driver-controller"),
+        ("ClusterRole", "nvidia-dra-driver-controller"),
+        ("ClusterRoleBinding", "nvidia-dra-driver-controller"),
+        ("Role", "nvidia-dra-driver-controller"),
+        ("RoleBinding", "nvidia-dra-driver-controller"),
+        ("ServiceAccount", "compute-domain-daemon-service-account"),
+        ("ClusterRole", "compute-domain-daemon"),
+        ("ClusterRoleBinding", "compute-domain-daemon"),
+        ("DeviceClass", "compute-domain-daemon.nvidia.com"),
+        ("DeviceClass", "compute-domain-default-channel.nvidia.com"),
+        ("Deployment", "nvidia-dra-driver-controller"),
+    }
+    assert wanted <= set(theirs)
+    assert wanted <= set(with_domains)
+    assert not wanted & set(ours)  # the example leaves them off
+    for obj in with_domains.values():
+        assert validate_kubernetes(obj), obj["kind"]
+    for key in wanted:
+        if key[0] == "DeviceClass":
+            assert with_domains[key]["spec"] == theirs[key]["spec"], key
+        if key[0] in ("ServiceAccount", "Role", "Deployment"):
+            same(with_domains[key], theirs[key], "metadata.namespace")
+    deployment = with_domains[("Deployment", "nvidia-dra-driver-controller")]
+    (c,) = pod(deployment)["containers"]
+    (n,) = pod(theirs[("Deployment", "nvidia-dra-driver-controller")])["containers"]
+    assert c["name"] == n["name"] == "compute-domain"
+    assert c["args"] == ["compute-domain-controller"]
+    for name in ("NAMESPACE", "POD_NAME", "NVIDIA_VISIBLE_DEVICES"):
+        assert env(c)[name] == env(n)[name], name
+    assert pod(deployment)["serviceAccountName"] == "nvidia-dra-driver-controller"
+
+
+def test_the_compute_domains_container_beside_the_gpus_one_is_nvidias(
+    with_domains: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    theirs = golden("gpucluster-dra-driver-full-spec.yaml")
+    key = ("DaemonSet", "nvidia-dra-driver-kubelet-plugin")
+    mine = {c["name"]: c for c in pod(with_domains[key])["containers"]}
+    nvidia = {c["name"]: c for c in pod(theirs[key])["containers"]}
+    assert set(mine) == set(nvidia) == {"gpus", "compute-domains"}
+    c, n = mine["compute-domains"], nvidia["compute-domains"]
+    assert c["args"] == ["agent", "compute-domain-plugin"]
+    for name in ("NODE_NAME", "NAMESPACE", "CDI_ROOT", "KUBELET_REGISTRAR_DIRECTORY_PATH",
+                 "KUBELET_PLUGINS_DIRECTORY_PATH", "HEALTHCHECK_PORT",
+                 "NVIDIA_VISIBLE_DEVICES"):  # fmt: skip
+        assert env(c)[name] == env(n)[name], name
+    for probe in ("startupProbe", "livenessProbe"):
+        assert c[probe]["grpc"] == n[probe]["grpc"], probe
+    assert {m["name"]: m["mountPath"] for m in c["volumeMounts"]} == {
+        m["name"]: m["mountPath"] for m in n["volumeMounts"]
+    }
+    role = with_domains[("ClusterRole", "nvidia-dra-driver-kubeletplugin")]
+    assert ("resource.nvidia.com", "computedomains", "list") in verbs(role["rules"])

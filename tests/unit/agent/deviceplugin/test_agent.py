@@ -6,11 +6,9 @@ on the wire. NVML is the simulated library under the real pynvml wrappers."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -44,14 +42,6 @@ TIME_SLICED = (
     "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n"
     "    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
 )
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    """Unix socket paths must stay under ~100 characters."""
-    path = Path(tempfile.mkdtemp(prefix="gpuop-dp-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @dataclass

@@ -8,10 +8,8 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -245,13 +243,6 @@ def test_processes_unknown_means_no_reset(sim: SimulatedNvml, nvml: Nvml, monito
 
 
 # -- in the device plugin: ListAndWatch ----------------------------------------------------------
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="gpuop-gh-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def test_gpus_the_monitor_finds_unhealthy_are_unhealthy_in_list_and_watch(
     sim: SimulatedNvml, nvml: Nvml, short_tmp: Path
 ) -> None:

@@ -104,11 +104,11 @@ def kube() -> FakeKube:
 
 
 @pytest.fixture
-def paths(tmp_path: Path) -> PluginPaths:
+def paths(short_tmp: Path) -> PluginPaths:
     return PluginPaths(
-        plugin_dir=tmp_path / "plugins" / DRIVER,
-        registry_dir=tmp_path / "registry",
-        cdi_dir=tmp_path / "cdi",
+        plugin_dir=short_tmp / "plugins" / DRIVER,
+        registry_dir=short_tmp / "registry",
+        cdi_dir=short_tmp / "cdi",
         driver=DRIVER,
     )
 
