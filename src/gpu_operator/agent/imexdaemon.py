@@ -11,11 +11,12 @@ and keeps both current until SIGTERM, exiting with a reason if the fabric fails 
 ``nvidia-imex-ctl -N`` lists them.
 
 What it does not do: it starts no ``nvidia-imex``, connects to no peer and exports no memory,
-so a peer listed is configured, never known to be connected. Its peers are not learnt from the
-ComputeDomain's status as NVIDIA's daemon learns them: they are read from a file,
-``<domain dir>/peers`` by default (one IP a line, ``#`` comments), re-read every pass, with this
-pod's own IP always among them. The pure decisions (:func:`start_decision`,
-:func:`nodes_config`, :func:`check_report`) are apart from the loop (:func:`run_daemon`).
+so a peer listed is configured, never known to be connected. Its peers are the daemons of its
+clique that the ComputeDomain's ``status.nodes`` lists (:func:`peers_from_domain`, read each
+pass where the pod can reach the API server), or else a file, ``<domain dir>/peers`` by default
+(one IP a line, ``#`` comments); this pod's own IP is always among them. The pure decisions
+(:func:`start_decision`, :func:`nodes_config`, :func:`check_report`) are apart from the loop
+(:func:`run_daemon`).
 """
 
 from __future__ import annotations
@@ -137,6 +138,18 @@ def parse_peers(text: str) -> list[str]:
     return peers
 
 
+def peers_from_domain(domain: Mapping[str, object] | None, clique: str | None) -> list[str]:
+    """The IPs of the daemons the domain's ``status.nodes`` lists in ``clique`` (an IMEX domain
+    never spans two cliques), those without an address yet left out."""
+    status = (domain or {}).get("status")
+    nodes = status.get("nodes") if isinstance(status, Mapping) else None
+    peers = []
+    for node in nodes if isinstance(nodes, list) else ():
+        if isinstance(node, Mapping) and node.get("cliqueID") == clique and node.get("ipAddress"):
+            peers.append(str(node["ipAddress"]))
+    return peers
+
+
 def nodes_config(own_ip: str, peers: Sequence[str], max_nodes: int) -> tuple[str, ...]:
     """The IMEX domain's node IPs: this pod's and its peers', each once, in address order so
     that every daemon of the domain writes the same node map (``nvidia-imex`` refuses peers
@@ -224,11 +237,15 @@ def _peers(path: Path) -> list[str]:
         return []
 
 
+PeersOf = Callable[[str], list[str] | None]  # a clique -> its peers, None when unknown
+
+
 def run_pass(
     read_fabrics: Callable[[], Sequence[GpuFabric | None]],
     identity: Identity,
     domain_dir: Path,
     peers_file: Path,
+    read_peers: PeersOf | None = None,
 ) -> Status:
     """One pass of ``run``: the fabric decided, and when it serves, nodes.cfg and the status
     file written (nodes.cfg only when it changed). The status says NOT_READY with the reason
@@ -239,7 +256,9 @@ def run_pass(
         clique, reason = None, f"reading the GPU fabric failed: {exc}: {CANNOT_START}"
     nodes: tuple[str, ...] = ()
     if reason is None and clique is not None:
-        nodes = nodes_config(identity.pod_ip, _peers(peers_file), identity.max_nodes)
+        known = read_peers(clique) if read_peers is not None else None
+        peers = known if known is not None else _peers(peers_file)
+        nodes = nodes_config(identity.pod_ip, peers, identity.max_nodes)
         text = nodes_config_text(nodes)
         config = domain_dir / NODES_CONFIG
         if not config.is_file() or config.read_text() != text:
@@ -266,6 +285,7 @@ def run_daemon(
     *,
     domain_dir: Path = DOMAIN_DIR,
     peers_file: Path | None = None,
+    read_peers: PeersOf | None = None,
     termination_log: Path = TERMINATION_LOG,
     interval_s: float = 5.0,
     stop: threading.Event | None = None,
@@ -277,7 +297,7 @@ def run_daemon(
     domain_dir.mkdir(parents=True, exist_ok=True)
     peers = peers_file if peers_file is not None else domain_dir / PEERS_FILE
     while True:
-        status = run_pass(read_fabrics, identity, domain_dir, peers)
+        status = run_pass(read_fabrics, identity, domain_dir, peers, read_peers)
         if status.state != READY:
             log.error("%s", status.reason)
             write_termination_message(termination_log, status.reason)

@@ -153,6 +153,37 @@ def test_a_pass_on_a_gb200_node_writes_nodes_config_and_status(
     assert imexd.read_status(tmp_path) == done and done.pid == os.getpid()
 
 
+def test_peers_are_the_domains_daemons_of_its_own_clique() -> None:
+    domain = {"status": {"nodes": [
+        {"name": "n1", "ipAddress": "10.0.0.12", "cliqueID": CLIQUE},
+        {"name": "n2", "ipAddress": "10.0.0.13", "cliqueID": CLIQUE},
+        {"name": "n3", "ipAddress": "", "cliqueID": CLIQUE},  # no address yet
+        {"name": "n4", "ipAddress": "10.0.1.4", "cliqueID": f"{CLUSTER}.4"},  # another clique
+    ]}}  # fmt: skip
+    assert imexd.peers_from_domain(domain, CLIQUE) == ["10.0.0.12", "10.0.0.13"]
+    assert imexd.peers_from_domain({"status": {}}, CLIQUE) == []
+    assert imexd.peers_from_domain(None, CLIQUE) == []
+
+
+def test_peers_read_from_the_domain_win_over_the_file_unless_unknown(
+    simulate: Simulate, tmp_path: Path
+) -> None:
+    simulate(f"gb200:4,fabric={CLIQUE}")
+    (tmp_path / imexd.PEERS_FILE).write_text("10.0.0.99\n")
+    asked: list[str] = []
+
+    def from_domain(clique: str) -> list[str]:
+        asked.append(clique)
+        return ["10.0.0.13"]
+
+    with Nvml() as nvml:
+        imexd.run_pass(nvml.gpu_fabrics, ME, tmp_path, tmp_path / imexd.PEERS_FILE, from_domain)
+        assert asked == [CLIQUE]
+        assert (tmp_path / imexd.NODES_CONFIG).read_text() == "10.0.0.12\n10.0.0.13\n"
+        imexd.run_pass(nvml.gpu_fabrics, ME, tmp_path, tmp_path / imexd.PEERS_FILE, lambda _: None)
+    assert (tmp_path / imexd.NODES_CONFIG).read_text() == "10.0.0.12\n10.0.0.99\n"
+
+
 def test_run_refuses_a_failed_fabric_and_says_why(simulate: Simulate, tmp_path: Path) -> None:
     sim = simulate(f"gb200:4,fabric={CLIQUE}")
     sim.set_fabric(1, state="not-started")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu_operator.agent.dra.computedomain.decide import capability_device
 from gpu_operator.agent.driverroot import char_device_majors
 from gpu_operator.sim import stubdriver as sd
 from gpu_operator.sim.stubdriver import StubDriverError, StubGpu, StubTable, lay_out
@@ -146,6 +147,7 @@ def test_only_a_node_with_an_nvlink_fabric_has_the_imex_channels_device() -> Non
     plain = sd.plan_layout(version=VERSION, cuda_version=CUDA, gpus=GPUS)
     fabric = sd.plan_layout(version=VERSION, cuda_version=CUDA, gpus=GPUS, imex_channels=1)
     assert not [e for e in plain if "imex" in e.path]
+    assert not [e for e in plain if e.path.endswith(f"nvidia-cap{sd.IMEX_MGMT_MINOR}")]
     channels = [e for e in fabric if e.path.startswith("dev/nvidia-caps-imex-channels/")]
     assert [(e.kind, e.path, e.device) for e in channels] == [
         ("node", "dev/nvidia-caps-imex-channels/channel0", (sd.IMEX_CHANNELS_MAJOR, 0))
@@ -157,6 +159,10 @@ def test_only_a_node_with_an_nvlink_fabric_has_the_imex_channels_device() -> Non
         "nvidia-caps": 236,
         "nvidia-caps-imex-channels": sd.IMEX_CHANNELS_MAJOR,
     }
+    # The capability the IMEX daemon is given, as the DRA plugin reads it from /proc.
+    mgmt = capability_device(texts[sd.IMEX_MGMT_FILE], majors["nvidia-caps"])
+    nodes = {e.path: e.device for e in fabric if e.kind == "node"}
+    assert nodes[mgmt.path.lstrip("/")] == (mgmt.major, mgmt.minor)
     plain_text = next(e.text for e in plain if e.path == sd.PROC_DEVICES)
     assert "nvidia-caps-imex-channels" not in char_device_majors(plain_text)
     without_nodes = sd.plan_layout(

@@ -4,12 +4,16 @@ pods run (:mod:`gpu_operator.agent.imexdaemon`), under the names its DaemonSet r
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gpu_operator.agent.cli.common import add_common, setup
+
+log = logging.getLogger(__name__)
 
 
 def _domain_dir(args: argparse.Namespace) -> Path:
@@ -37,12 +41,35 @@ def cmd_run(args: argparse.Namespace) -> int:
             identity,
             domain_dir=_domain_dir(args),
             peers_file=Path(args.peers_file) if args.peers_file else None,
+            read_peers=_domain_peers(identity),
             termination_log=Path(args.termination_log),
             interval_s=parse_duration(args.interval),
             stop=stop_on_signals(),
         )
     finally:
         nvml.close()
+
+
+def _domain_peers(identity: Any) -> Callable[[str], list[str] | None] | None:
+    """Peers from the domain's status, in a pod that can reach the API server (its
+    ServiceAccount may read ComputeDomains); None elsewhere: the peers file is used then."""
+    if not (os.environ.get("KUBERNETES_SERVICE_HOST") and identity.domain_name):
+        return None
+    from kubernetes.client.exceptions import ApiException
+
+    from gpu_operator.agent import imexdaemon, nodeapi
+
+    api = nodeapi.connect()
+
+    def read(clique: str) -> list[str] | None:
+        try:
+            doc = api.get("ComputeDomain", identity.domain_name, identity.domain_namespace)
+        except (ApiException, OSError) as exc:  # the file, this pass; again the next
+            log.warning("reading ComputeDomain %s: %s", identity.domain_name, exc)
+            return None
+        return imexdaemon.peers_from_domain(doc, clique)
+
+    return read
 
 
 def cmd_check(args: argparse.Namespace) -> int:

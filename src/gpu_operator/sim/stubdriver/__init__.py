@@ -27,6 +27,8 @@ from .build import NO_COMPILER, build_stubs, default_cache_dir, source_hash
 from .compute import ComputePolicy, read_compute_policy, write_compute_policy
 from .layout import (
     IMEX_CHANNELS_MAJOR,
+    IMEX_MGMT_FILE,
+    IMEX_MGMT_MINOR,
     PROC_DEVICES,
     Entry,
     lay_out,
@@ -56,6 +58,8 @@ __all__ = [
     "BIN_DIRS",
     "DRIVER_MARKER",
     "IMEX_CHANNELS_MAJOR",
+    "IMEX_MGMT_FILE",
+    "IMEX_MGMT_MINOR",
     "LIBRARIES",
     "LIB_DIRS",
     "NO_COMPILER",

@@ -57,6 +57,11 @@ CTL_MINOR = 255
 UVM = (1, 3)
 CAPS_MAJOR = 236  # nvidia-caps: dynamic too
 IMEX_CHANNELS_MAJOR = 234  # nvidia-caps-imex-channels: dynamic too
+# The fabric-imex-mgmt capability an IMEX daemon is given: its /proc file (read by the DRA
+# plugin, under the driver root on a simulated node) and the nvidia-caps minor it names, one
+# above every MIG minor (a choice of this simulation, not a number taken from NVIDIA's table).
+IMEX_MGMT_FILE = "proc/driver/nvidia/capabilities/fabric-imex-mgmt"
+IMEX_MGMT_MINOR = 4094
 # The character devices /proc/devices would list for this driver, beside the GPUs' simulated
 # state (a container's /proc/devices is the host's: this is what NVIDIA's DRA driver reads as
 # ALT_PROC_DEVICES_PATH on nodes without its kernel module). nvidia-uvm is not listed: its node
@@ -120,6 +125,12 @@ def plan_layout(
         for channel in range(imex_channels):
             path = imex_channel_path(channel).lstrip("/")
             plan.append(Entry("node", path, device=(IMEX_CHANNELS_MAJOR, channel), mode=0o666))
+        if imex_channels:
+            cap = f"dev/nvidia-caps/nvidia-cap{IMEX_MGMT_MINOR}"
+            plan.append(Entry("node", cap, device=(CAPS_MAJOR, IMEX_MGMT_MINOR), mode=0o400))
+    if imex_channels:
+        text = f"DeviceFileMinor: {IMEX_MGMT_MINOR}\nDeviceFileMode: 256\nDeviceFileModify: 1\n"
+        plan.append(Entry("text", IMEX_MGMT_FILE, text=text))
     return plan
 
 
