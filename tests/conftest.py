@@ -47,6 +47,9 @@ OWN_REAL_CLUSTERS = frozenset(
         "test_real_canary.py",
     }
 )
+# Real-node modules that start a cluster of their own and run as a group of their own, so they
+# overlap with the three groups above instead of queueing behind one of them.
+SOLO_REAL_CLUSTERS = frozenset({"test_real_computedomain.py"})
 # The longest groups, longest first, handed out before the rest (which come in the seed's
 # order): a long group left for last ran alone at the end. Minutes of each in a fresh-clone CI
 # run (2 cores, 5 workers) in the comments, from the summary's "longest groups" line. Replaying
@@ -56,6 +59,7 @@ REAL_NODE_GROUPS = (REAL_NODES_DRIVER, REAL_NODES, REAL_NODES_OWN)
 UNIT_TESTS = "tests/unit/"
 LONGEST_FIRST = (
     *REAL_NODE_GROUPS,  # 7.6, 14.6, 13.2 before test_real_helm_default (4.9) moved
+    *(f"tests/e2e/{name}" for name in sorted(SOLO_REAL_CLUSTERS)),
     "tests/chaos/test_chaos_outage.py",  # 7.8
     "tests/e2e/test_install_rbac.py",  # 7.0
     "tests/chaos/test_chaos.py",  # 7.6
@@ -86,7 +90,7 @@ def xdist_group(nodeid: str) -> str:
     (each cluster starts once, on its own worker), and those that start their own are another."""
     module = nodeid.split("::", 1)[0]
     name = Path(module).name
-    if not name.startswith(REAL_NODE_MODULES):
+    if not name.startswith(REAL_NODE_MODULES) or name in SOLO_REAL_CLUSTERS:
         return module
     if name in OWN_REAL_CLUSTERS:
         return REAL_NODES_OWN
@@ -138,7 +142,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     misplaced = [
         i.nodeid
         for i in items
-        if i.get_closest_marker("real_nodes") and xdist_group(i.nodeid) not in REAL_NODE_GROUPS
+        if i.get_closest_marker("real_nodes")
+        and xdist_group(i.nodeid) not in REAL_NODE_GROUPS
+        and Path(i.nodeid.split("::", 1)[0]).name not in SOLO_REAL_CLUSTERS
     ]
     if misplaced:
         raise pytest.UsageError(

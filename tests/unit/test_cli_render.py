@@ -7,15 +7,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 
+from gpu_operator.api.crd import computedomain_crd
 from gpu_operator.cli import main
 from gpu_operator.render.components import REGISTRY
 from gpu_operator.render.driver import POOL_LABEL
 from tests import prerequisites
 from tests.paths import REPO
-from tests.schema import validate_kubernetes
+from tests.schema import prune_nulls, strict, validate_kubernetes
 
 POLICY = """\
 apiVersion: nvidia.com/v1
@@ -191,6 +193,10 @@ def rendered(argv: list[str], capsys: pytest.CaptureFixture[str]) -> list[dict[s
     assert all(line.startswith("note: ") for line in err.splitlines()), err
     docs = list(yaml.safe_load_all(out))
     for doc in docs:
+        if doc["kind"] == "ComputeDomain":  # NVIDIA's custom resource: its CRD's schema
+            schema = computedomain_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+            jsonschema.validate(prune_nulls(doc), strict(schema))
+            continue
         assert validate_kubernetes(doc), f"no schema for {doc['kind']}"
     return docs
 

@@ -60,6 +60,8 @@ NOT_RUN = {
         "kubectl apply -f examples/clusterpolicy.yaml",
         "kubectl apply -f examples/gpucluster.yaml",
         "kubectl apply -f examples/dra-pod.yaml",
+        "kubectl apply -f examples/computedomain-job.yaml",
+        "kubectl get computedomain -n imex-job",
         "kubectl apply -f - <<'EOF'",
         "kubectl logs pod/cuda-smoke",
         "kubectl get nvidiadrivers",

@@ -8,6 +8,7 @@ from tests.conftest import (
     REAL_NODES,
     REAL_NODES_DRIVER,
     REAL_NODES_OWN,
+    SOLO_REAL_CLUSTERS,
     hand_out_order,
     xdist_group,
 )
@@ -21,16 +22,18 @@ def test_real_node_modules_split_by_whose_cluster_they_use() -> None:
     assert xdist_group("tests/e2e/test_real_driver.py::test_x") == REAL_NODES_DRIVER
     assert xdist_group("tests/e2e/test_real_demo.py::test_x") == REAL_NODES_OWN
     assert xdist_group("tests/e2e/test_upgrade.py::test_x") == "tests/e2e/test_upgrade.py"
+    for name in SOLO_REAL_CLUSTERS:  # a group of its own
+        assert xdist_group(f"tests/e2e/{name}::test_x") == f"tests/e2e/{name}"
 
 
 def test_the_modules_grouped_apart_really_start_their_own_clusters() -> None:
     """A module in the second group must not use the session's real-node cluster: that one
     lives on the first group's worker, and a second would start beside it."""
-    for name in OWN_REAL_CLUSTERS:
+    for name in OWN_REAL_CLUSTERS | SOLO_REAL_CLUSTERS:
         text = (E2E / name).read_text()
         assert "real_cluster" not in text, name
     shared = {p.name for p in E2E.glob("test_real_*.py") if "real_cluster" in p.read_text()}
-    assert shared and not shared & OWN_REAL_CLUSTERS
+    assert shared and not shared & (OWN_REAL_CLUSTERS | SOLO_REAL_CLUSTERS)
     assert shared > DRIVER_REAL_CLUSTER, "the driver group's modules exist and share a cluster"
 
 

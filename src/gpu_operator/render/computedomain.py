@@ -148,7 +148,7 @@ def daemonset(domain: ComputeDomain, settings: DaemonSettings) -> dict[str, Any]
     """The domain's IMEX daemons: one pod on each node its workloads run on (the nodes the
     kubelet plugin labels with the domain's uid), each holding a daemon claim.
 
-    As NVIDIA's: every taint tolerated (a workload there needs its daemon), DNS with ndots 1
+    As NVIDIA's: root, every taint tolerated (a workload there needs its daemon), DNS with ndots 1
     (daemons find their peers by short names), a startup probe patient for 20 minutes (a
     daemon waits for its peers without being restarted), and the domain's identity in the
     environment, which NVIDIA's plugin also injects through CDI when it prepares the claim.
@@ -177,6 +177,11 @@ def daemonset(domain: ComputeDomain, settings: DaemonSettings) -> dict[str, Any]
         "command": list(settings.command),
         "env": env,
         "resources": {"claims": [{"name": DAEMON_CONTAINER}]},
+        # As root, as NVIDIA's image runs: the daemon writes its IMEX config into the domain
+        # directory the kubelet plugin made on the host. A crash before its own termination
+        # message (a traceback, a refused write) is reported by its last log lines.
+        "securityContext": {"runAsUser": 0},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "startupProbe": {**_probe(settings.check_command, 1, 1200), "initialDelaySeconds": 0},
         "livenessProbe": _probe(settings.check_command, 60, 20),
         "readinessProbe": _probe(settings.check_command, 10, 1),

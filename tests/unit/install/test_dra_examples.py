@@ -1,5 +1,5 @@
-"""examples/gpucluster.yaml, dra-pod.yaml, dra-time-slicing.yaml, dra-mps.yaml and
-dra-vfio.yaml: valid, and they do what they say."""
+"""examples/gpucluster.yaml, dra-pod.yaml, dra-time-slicing.yaml, dra-mps.yaml, dra-vfio.yaml
+and computedomain-job.yaml: valid, and they do what they say."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from gpu_operator.api import draconfig
-from gpu_operator.api.crd import gpucluster_crd
+from gpu_operator.api.computedomain import parse_computedomain
+from gpu_operator.api.crd import computedomain_crd, gpucluster_crd
 from gpu_operator.api.dragates import Gates, resolve
 from gpu_operator.api.gpucluster import parse_gpucluster
 from gpu_operator.render.facts import Facts
@@ -109,3 +110,22 @@ def test_the_vfio_example_asks_for_a_vfio_device_with_nvidias_config() -> None:
         draconfig.claim_configs(devices["config"], Gates.defaults(), "spec.devices.config")
     (claim,) = pod["spec"]["resourceClaims"]
     assert claim["resourceClaimTemplateName"] == template["metadata"]["name"]
+
+
+def test_the_computedomain_job_claims_its_domains_channel_one_pod_a_node() -> None:
+    docs = {d["kind"]: d for d in documents("computedomain-job.yaml")}
+    domain_doc = docs["ComputeDomain"]
+    schema = strict(computedomain_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    jsonschema.validate(prune_nulls(domain_doc), schema)
+    domain = parse_computedomain({**domain_doc, "metadata": {**domain_doc["metadata"],
+                                                             "uid": "u-1"}})  # fmt: skip
+    job = docs["StatefulSet"]
+    assert validate_kubernetes(job)
+    assert job["metadata"]["namespace"] == domain.namespace == docs["Namespace"]["metadata"]["name"]
+    pod = job["spec"]["template"]["spec"]
+    (claim,) = pod["resourceClaims"]
+    assert claim["resourceClaimTemplateName"] == domain.template_name
+    (spread,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"  # a node publishes one channel
+    (together,) = pod["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert together["podAffinityTerm"]["topologyKey"] == "nvidia.com/gpu.clique"

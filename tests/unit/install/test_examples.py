@@ -26,6 +26,7 @@ from tests.schema import prune_nulls, strict, validate_kubernetes
 
 EXAMPLES = REPO / "examples"
 DRA_EXAMPLES = [
+    "computedomain-job.yaml",
     "dra-mps.yaml",
     "dra-pod.yaml",
     "dra-time-slicing.yaml",
