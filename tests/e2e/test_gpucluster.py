@@ -189,3 +189,51 @@ def test_the_sample_renders_the_dra_stack_and_then_a_device_plugin_conflict_is_r
         timeout=60,
     )
     kube.delete("ClusterPolicy", name)
+
+
+def test_a_deleted_gpucluster_waits_for_the_compute_domains_first(
+    env: tuple[testenv.Cluster, Kube],
+) -> None:
+    """A ComputeDomain's finalizer is its controller's, and the controller goes with the
+    GPUCluster: a deleted GPUCluster waits, naming the domains left, and goes once they have."""
+    _, kube = env
+    doc = copy.deepcopy(gpucluster_doc())
+    doc["spec"]["draDriver"]["computeDomains"] = {"enabled": True}
+    if kube.get("GPUCluster", "gpu-cluster") is None:
+        kube.create(doc)
+    else:  # the other test's, left for the module
+        kube.merge_patch("GPUCluster", "gpu-cluster", {"spec": {"draDriver": {
+            "computeDomains": {"enabled": True}}}})  # fmt: skip
+    wait_for("the ComputeDomain API served", lambda: _domains_served(kube), timeout=90)
+    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "imex"}})
+    kube.create({
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "ComputeDomain",
+        # kwok runs no controller process: this finalizer stands for its
+        "metadata": {"name": "job", "namespace": "imex", "finalizers": ["e2e.test/hold"]},
+        "spec": {"channel": {"resourceClaimTemplate": {"name": "job-channel"}}},
+    })  # fmt: skip
+    kube.delete("GPUCluster", "gpu-cluster")
+
+    def waiting() -> str | NotYet:
+        ready = conditions(kube.get("GPUCluster", "gpu-cluster")).get("Ready") or {}
+        message = str(ready.get("message") or "")
+        return message if "ComputeDomains imex/job" in message else NotYet(ready)
+
+    wait_for("the GPUCluster waiting for the domain", waiting, timeout=90)
+    assert kube.get("DaemonSet", PLUGIN, NS) is not None  # the plugin stays meanwhile
+    kube.delete("ComputeDomain", "job", "imex")
+    kube.merge_patch("ComputeDomain", "job", {"metadata": {"finalizers": None}}, namespace="imex")
+    wait_for(
+        "the GPUCluster gone once the domain is",
+        lambda: (left := kube.get("GPUCluster", "gpu-cluster")) is None or NotYet(left["status"]),
+        timeout=120,
+    )
+
+
+def _domains_served(kube: Kube) -> bool | NotYet:
+    try:
+        kube.list_objects("ComputeDomain")
+        return True
+    except ApiException as exc:
+        return NotYet(f"listing ComputeDomains: {exc.status} {exc.reason}")

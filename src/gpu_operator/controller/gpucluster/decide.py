@@ -11,10 +11,12 @@ DaemonSets' deploy labels say ``false`` there, the GPUCluster's status and the C
 name the nodes, and each node gets a Warning Event once.
 
 A deleted GPUCluster is torn down in order, under a finalizer: the DaemonSets whose pods hold
-ResourceClaims (validator, exporter) go first, deleted in the foreground; the kubelet plugin
-(and its deploy label) only once they are gone. The kubelet must call the plugin to release a
-pod's claim, and keeps a pod Terminating for as long as it cannot (kubernetes#129402): all at
-once, those pods never finish.
+ResourceClaims (validator, exporter) go first, deleted in the foreground; then, while any
+ComputeDomain is left, everything else waits (its controller removes a deleted domain's daemons
+and labels under the domain's finalizer, which nothing would lift once the controller is gone);
+the kubelet plugin (and its deploy label) only once they are gone. The kubelet must call the
+plugin to release a pod's claim, and keeps a pod Terminating for as long as it cannot
+(kubernetes#129402): all at once, those pods never finish.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ CONFLICT_REASON = "DevicePluginAndDRA"
 DEVICE_PLUGIN_LABEL = DEPLOY_PREFIX + "device-plugin"
 FINALIZER = DRA_TEARDOWN_FINALIZER
 CLAIM_HOLDERS = (VALIDATOR, EXPORTER)  # their pods hold ResourceClaims of the plugin's driver
+DOMAINS_RECHECK_S = 10.0  # how soon a teardown waiting for ComputeDomains looks again
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,9 @@ class GpuClusterSnapshot:
     policies: tuple[Mapping[str, Any], ...]
     nodes: tuple[NodeView, ...]
     daemonsets: tuple[Mapping[str, Any], ...] = ()
+    # ``namespace/name`` of each ComputeDomain, read only while the GPUCluster is deleted
+    domains: tuple[str, ...] = ()
+    now: float = 0.0  # epoch seconds of the pass
 
 
 @dataclass(frozen=True)
@@ -83,11 +89,9 @@ class GpuClusterDecision:
     removes: tuple[tuple[str, str, str], ...] = ()
     # name -> the merge patch to its new status, for those that differ from the status read
     status_patches: Mapping[str, dict[str, Any]] = field(default_factory=dict)
-
-    @property
-    def requeue_at(self) -> float | None:
-        """Never: nothing in a GPUCluster pass waits for a time; the watches wake the loop."""
-        return None
+    # When to look again though nothing watched changes: only while a teardown waits for
+    # ComputeDomains, which this loop reads but does not watch; else the watches wake it.
+    requeue_at: float | None = None
 
 
 def _device_plugin_wanted(policies: Sequence[Mapping[str, Any]]) -> bool:
@@ -190,7 +194,8 @@ def _decide(
     removes: tuple[tuple[str, str, str], ...] = ()
     if spec.compute_domains_enabled:
         # Unowned: deleting the GPUCluster must not take every user's ComputeDomain with it.
-        applies += tuple(stamp([computedomain_crd()], None))
+        # First: the controller finds its kind served when it starts.
+        applies = tuple(stamp([computedomain_crd()], None)) + applies
     else:
         removes = tuple(
             (o["kind"], o["metadata"].get("namespace") or "", o["metadata"]["name"])
@@ -245,6 +250,23 @@ def _teardown(
         if d["metadata"].get("namespace") == namespace and d["metadata"]["name"] in CLAIM_HOLDERS
     }
     holders = {k: v for k, v in DEPLOY_LABELS.items() if k in CLAIM_HOLDERS}
+    if not left and snap.domains:
+        shown = ", ".join(snap.domains[:10]) + (
+            f" and {len(snap.domains) - 10} more" if len(snap.domains) > 10 else ""
+        )
+        msg = (
+            f"deleting: waiting for ComputeDomains {shown} to be deleted first (the "
+            "ComputeDomain controller and the kubelet plugin take their IMEX daemons and node "
+            "labels down, and stay until then)"
+        )
+        statuses[SINGLETON] = _status(
+            cluster, "notReady", namespace, snap.stamp, [(READY, "False", "Deleting", msg)]
+        )
+        return GpuClusterDecision(
+            statuses=statuses,
+            labels=_drop_labels(snap.nodes, holders),
+            requeue_at=snap.now + DOMAINS_RECHECK_S,
+        )
     if left:
         deletes = tuple(
             sorted(n for n, d in left.items() if not d["metadata"].get("deletionTimestamp"))

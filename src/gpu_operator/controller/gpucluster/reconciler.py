@@ -3,14 +3,16 @@
 It runs on the generic :class:`~gpu_operator.controller.runtime.loop.Loop` over the shared
 indexes: GPUClusters (watched as an optional kind, so the operator also runs where only the
 ClusterPolicy CRD is installed or granted), Nodes, ClusterPolicies and DaemonSets. It passes when
-one of them changes, and never polls. It performs its decisions itself, in order in a worker
-thread, rather than as the executor's stages.
+one of them changes, and polls only while a deleted GPUCluster waits for ComputeDomains (read,
+not watched). It performs its decisions itself, in order in a worker thread, rather than as the
+executor's stages.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -59,12 +61,29 @@ class GPUClusterController:
         self.loop = Loop("gpucluster", partial(run_pass, self), config, metrics)
 
     async def observe(self, resync: bool) -> GpuClusterSnapshot:
+        clusters = tuple(self.values("gpuclusters"))
+        deleting = any(c["metadata"].get("deletionTimestamp") for c in clusters)
         return GpuClusterSnapshot(
             stamp=now_iso(),
-            clusters=tuple(self.values("gpuclusters")),
+            clusters=clusters,
             policies=tuple(self.values("clusterpolicies")),
             nodes=tuple(self.values("nodes")),
             daemonsets=tuple(self.values("daemonsets")),
+            domains=await asyncio.to_thread(self._domains) if deleting else (),
+            now=time.time(),
+        )
+
+    def _domains(self) -> tuple[str, ...]:
+        """Every ComputeDomain, read while the GPUCluster is deleted (its teardown waits for
+        them; nothing watches them here); none where their CRD is not served."""
+        try:
+            found = self.kube.list_objects("ComputeDomain")
+        except ApiException as exc:
+            if exc.status in (403, 404):
+                return ()
+            raise
+        return tuple(
+            sorted(f"{d['metadata'].get('namespace')}/{d['metadata']['name']}" for d in found)
         )
 
     def decide(self, snapshot: GpuClusterSnapshot) -> GpuClusterDecision:

@@ -61,6 +61,7 @@ def decide(**kwargs: Any) -> Any:
         policies=tuple(kwargs.pop("policies", ())),
         nodes=tuple(kwargs.pop("nodes", (node("gpu-a"), node("gpu-b")))),
         daemonsets=tuple(kwargs.pop("daemonsets", ())),
+        domains=tuple(kwargs.pop("domains", ())),
     )
     return decide_gpucluster(snap, NS, IMAGE, **kwargs)
 
@@ -131,6 +132,26 @@ def test_a_deleted_gpucluster_removes_the_claim_holders_before_the_plugin() -> N
     assert d.deletes == () and not d.finalizers
 
 
+def test_a_deleted_gpucluster_waits_for_the_compute_domains_after_the_claim_holders() -> None:
+    """A domain's finalizer is lifted by its controller, which goes with the GPUCluster: while
+    one is left, the plugin and the controller stay and the status names the domains."""
+    dra = {label: "true" for label in DEPLOY_LABELS.values()}
+    nodes = (node("gpu-a", **dra),)
+    plugin = (ds("nvidia-dra-driver-kubelet-plugin"),)
+    d = decide(clusters=(deleting(),), nodes=nodes, daemonsets=plugin, domains=("team/job",))
+    assert not d.finalizers and not d.deletes
+    assert d.requeue_at is not None  # nothing watched says when they are gone
+    assert DRA_LABEL not in d.labels.get("gpu-a", {})  # the plugin stays on the node
+    ready = conditions(d.statuses["gpu-cluster"])["Ready"]
+    assert ready["reason"] == "Deleting" and "ComputeDomains team/job" in ready["message"]
+    # The claim holders still go first.
+    holders = (*plugin, ds("nvidia-dra-validator"))
+    d = decide(clusters=(deleting(),), nodes=nodes, daemonsets=holders, domains=("team/job",))
+    assert d.deletes == ("nvidia-dra-validator",)
+    gone = decide(clusters=(deleting(),), nodes=nodes, daemonsets=plugin)
+    assert gone.finalizers and gone.requeue_at is None
+
+
 def test_once_the_claim_holders_are_gone_the_plugin_label_and_the_finalizer_go() -> None:
     dra = {DRA_LABEL: "true"}
     d = decide(
@@ -184,6 +205,7 @@ def test_compute_domains_bring_the_controller_its_crd_and_classes_and_take_them_
     on = decide(clusters=(cluster(compute_domains=True),))
     kinds = {(o["kind"], o["metadata"]["name"]): o for o in on.applies}
     crd = kinds[("CustomResourceDefinition", "computedomains.resource.nvidia.com")]
+    assert on.applies[0] is crd  # served before the controller starts
     # never owned by the GPUCluster: its deletion must not take the users' domains along
     assert "ownerReferences" not in crd["metadata"]
     controller = kinds[("Deployment", "nvidia-dra-driver-controller")]
