@@ -373,10 +373,7 @@ def render_document(
         summary = object_table(objects) + "".join(f"not rendered: {n}\n" for n in notes)
         return Rendered(doc, objects, summary, notes)
     objects = render_gpucluster(doc.spec, facts)
-    summary = object_table(objects)
-    if doc.spec.compute_domains_enabled:
-        summary += "not implemented, ignored: draDriver.computeDomains\n"
-    return Rendered(doc, objects, summary)
+    return Rendered(doc, objects, object_table(objects))
 
 
 def _fail(message: str) -> int:

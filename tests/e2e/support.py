@@ -78,15 +78,20 @@ def wait_for(
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last saw: {last!r}")
 
 
-def policy_api_served(kube: Kube) -> bool | NotYet:
-    """True once ClusterPolicies can be listed: the CRD object appears before its API is served."""
+def api_served(kube: Kube, kind: str) -> bool | NotYet:
+    """True once ``kind`` can be listed: a CRD object appears before its API is served."""
     try:
-        kube.list_objects("ClusterPolicy")
+        kube.list_objects(kind)
     except ApiException as exc:
         if exc.status == 404:
-            return NotYet("listing ClusterPolicies: 404, the CRD's API not served yet")
+            return NotYet(f"listing {kind}s: 404, the CRD's API not served yet")
         raise
     return True
+
+
+def policy_api_served(kube: Kube) -> bool | NotYet:
+    """True once ClusterPolicies can be listed."""
+    return api_served(kube, "ClusterPolicy")
 
 
 def still_there(obj: Mapping[str, Any]) -> NotYet:

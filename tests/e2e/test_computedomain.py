@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 
 from gpu_operator.agent.dra.agent import node_owner
 from gpu_operator.agent.dra.computedomain import agent as domain_agent
@@ -34,7 +33,13 @@ from gpu_operator.render.computedomain import DaemonSettings, daemon_name
 from gpu_operator.render.facts import Facts
 from gpu_operator.render.gpucluster import CONTROLLER, compute_domain_objects
 from gpu_operator.testenv import nodes as testenv_nodes
-from tests.e2e.support import NotYet, private_cluster, service_account_config, wait_for
+from tests.e2e.support import (
+    NotYet,
+    api_served,
+    private_cluster,
+    service_account_config,
+    wait_for,
+)
 
 NS = "gpu-operator"
 RACK_A, RACK_B = "aaaaaaaa-0000-4000-8000-000000000001", "bbbbbbbb-0000-4000-8000-000000000002"
@@ -77,14 +82,6 @@ class ControllerThread:
         self._thread.join(30)
 
 
-def _served(kube: Kube) -> bool | NotYet:
-    try:
-        kube.list_objects("ComputeDomain")
-        return True
-    except ApiException as exc:
-        return NotYet(f"listing ComputeDomains: {exc.status} {exc.reason}")
-
-
 def _rack_node(name: str, clique: str | None) -> dict[str, Any]:
     labels = {GPU_CLIQUE: clique} if clique else {}
     return testenv_nodes.node_manifest(name, gpu=True, extra_labels=labels)
@@ -100,7 +97,9 @@ def racks(testenv_bin_dir: Path) -> Iterator[Kube]:
             + [_rack_node(n, None) for n in NO_PLUGIN]
         )
         kube.apply(computedomain_crd())
-        wait_for("the ComputeDomain API served", lambda: _served(kube), timeout=60)
+        wait_for(
+            "the ComputeDomain API served", lambda: api_served(kube, "ComputeDomain"), timeout=60
+        )
         doc = example_document()
         doc["spec"]["draDriver"]["computeDomains"] = {"enabled": True}
         objects = compute_domain_objects(parse_gpucluster(doc), Facts(namespace=NS))

@@ -20,6 +20,7 @@ from gpu_operator.install import manifests
 from gpu_operator.kube import Kube
 from tests.e2e.support import (
     NotYet,
+    api_served,
     node_events,
     policy_status,
     private_cluster,
@@ -63,20 +64,12 @@ def env(testenv_bin_dir: Path) -> Iterator[tuple[testenv.Cluster, Kube]]:
         try:
             wait_for(
                 "the GPUCluster API served",
-                lambda: _served(kube),
+                lambda: api_served(kube, "GPUCluster"),
                 timeout=60,
             )
             yield cluster, kube
         finally:
             operator.stop()
-
-
-def _served(kube: Kube) -> bool | NotYet:
-    try:
-        kube.list_objects("GPUCluster")
-        return True
-    except ApiException as exc:
-        return NotYet(f"listing GPUClusters: {exc.status} {exc.reason}")
 
 
 def _plugin_status(kube: Kube) -> dict[str, Any]:
@@ -204,7 +197,7 @@ def test_a_deleted_gpucluster_waits_for_the_compute_domains_first(
     else:  # the other test's, left for the module
         kube.merge_patch("GPUCluster", "gpu-cluster", {"spec": {"draDriver": {
             "computeDomains": {"enabled": True}}}})  # fmt: skip
-    wait_for("the ComputeDomain API served", lambda: _domains_served(kube), timeout=90)
+    wait_for("the ComputeDomain API served", lambda: api_served(kube, "ComputeDomain"), timeout=90)
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "imex"}})
     kube.create({
         "apiVersion": "resource.nvidia.com/v1beta1",
@@ -229,11 +222,3 @@ def test_a_deleted_gpucluster_waits_for_the_compute_domains_first(
         lambda: (left := kube.get("GPUCluster", "gpu-cluster")) is None or NotYet(left["status"]),
         timeout=120,
     )
-
-
-def _domains_served(kube: Kube) -> bool | NotYet:
-    try:
-        kube.list_objects("ComputeDomain")
-        return True
-    except ApiException as exc:
-        return NotYet(f"listing ComputeDomains: {exc.status} {exc.reason}")

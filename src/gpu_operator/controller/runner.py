@@ -25,7 +25,7 @@ from gpu_operator.controller.runtime.config import OperatorConfig
 from gpu_operator.controller.runtime.crd_install import ensure_crd
 from gpu_operator.controller.runtime.health import HealthServer
 from gpu_operator.controller.runtime.informer import Informer
-from gpu_operator.controller.runtime.leader import LeaderElector
+from gpu_operator.controller.runtime.leader import LeaderElector, acquire_unless_stopped
 from gpu_operator.controller.runtime.liveness import OK, Verdict, Watchdog
 from gpu_operator.controller.runtime.metrics import PrometheusMetrics
 from gpu_operator.controller.runtime.process import name_os_thread, named_pool
@@ -121,14 +121,8 @@ async def _run(
             lease_seconds=options.lease_seconds,
             renew_seconds=options.renew_seconds,
         )
-        acquire = asyncio.create_task(elector.acquire())
-        stopping = asyncio.create_task(stop.wait())
-        await asyncio.wait({acquire, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
-        if not acquire.done():
-            acquire.cancel()
+        if not await acquire_unless_stopped(elector, stop):
             return None
-        acquire.result()  # an error while acquiring ends the run: never act without the Lease
     metrics.set_leading(True)
 
     controller = ClusterPolicyController(kube, config, metrics)

@@ -374,45 +374,15 @@ def plugin_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:
     secrets = spec.dra_driver.image_pull_secrets
     if secrets:
         pod["imagePullSecrets"] = [{"name": s} for s in secrets]
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": {"name": PLUGIN_ACCOUNT, "labels": dict(MANAGED)},
-        "rules": PLUGIN_RULES + (DOMAIN_PLUGIN_RULES if spec.compute_domains_enabled else []),
-    }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": PLUGIN_ACCOUNT, "labels": dict(MANAGED)},
-        "roleRef": {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": "ClusterRole",
-            "name": PLUGIN_ACCOUNT,
-        },
-        "subjects": [{"kind": "ServiceAccount", "name": PLUGIN_ACCOUNT, "namespace": ns}],
-    }
-    local_role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": {"name": MPS_ROLE, "namespace": ns, "labels": dict(MANAGED)},
-        "rules": PLUGIN_NAMESPACE_RULES,
-    }
-    local_binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": {"name": MPS_ROLE, "namespace": ns, "labels": dict(MANAGED)},
-        "roleRef": {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": "Role",
-            "name": MPS_ROLE,
-        },
-        "subjects": [{"kind": "ServiceAccount", "name": PLUGIN_ACCOUNT, "namespace": ns}],
-    }
+    rules = PLUGIN_RULES + (DOMAIN_PLUGIN_RULES if spec.compute_domains_enabled else [])
     daemonset = _daemonset(PLUGIN, ns, spec.daemonsets, pod, max_surge_zero=True)
     return [
-        _account(PLUGIN_ACCOUNT, ns), role, binding, local_role, local_binding,
-        *device_classes(), daemonset,
-    ]  # fmt: skip
+        _account(PLUGIN_ACCOUNT, ns),
+        *_rbac("ClusterRole", PLUGIN_ACCOUNT, None, rules, PLUGIN_ACCOUNT, ns),
+        *_rbac("Role", MPS_ROLE, ns, PLUGIN_NAMESPACE_RULES, PLUGIN_ACCOUNT, ns),
+        *device_classes(),
+        daemonset,
+    ]
 
 
 def validator_objects(spec: GPUClusterSpec, facts: Facts) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from gpu_operator.controller.computedomain.reconciler import WATCHED, ComputeDom
 from gpu_operator.controller.runtime.config import OperatorConfig
 from gpu_operator.controller.runtime.health import HealthServer
 from gpu_operator.controller.runtime.informer import Informer
-from gpu_operator.controller.runtime.leader import LeaderElector
+from gpu_operator.controller.runtime.leader import LeaderElector, acquire_unless_stopped
 from gpu_operator.controller.runtime.liveness import OK
 from gpu_operator.controller.runtime.metrics import PrometheusMetrics
 from gpu_operator.controller.runtime.watch import ObjectKey, Stores, Watched
@@ -70,7 +70,7 @@ async def run_controller(
                 lease_seconds=options.lease_seconds,
                 renew_seconds=max(1.0, options.lease_seconds / 6),
             )
-            if not await _first(elector.acquire(), stop):
+            if not await acquire_unless_stopped(elector, stop):
                 return
         metrics.set_leading(True)
         await _lead(options, kube, metrics, stop, elector)
@@ -78,19 +78,6 @@ async def run_controller(
         metrics.set_leading(False)
         if health is not None:
             await health.stop()
-
-
-async def _first(acquire: Any, stop: asyncio.Event) -> bool:
-    """Wait for the Lease or the stop; whether the Lease came first."""
-    acquiring = asyncio.ensure_future(acquire)
-    stopping = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    stopping.cancel()
-    if not acquiring.done():
-        acquiring.cancel()
-        return False
-    acquiring.result()  # an error while acquiring ends the run: never act without the Lease
-    return True
 
 
 async def _lead(

@@ -257,3 +257,17 @@ class LeaderElector:
                 self.kube.merge_patch("Lease", self.name, patch, self.namespace)
             except ApiException as exc:
                 log.warning("could not release the lease: %s", exc)
+
+
+async def acquire_unless_stopped(elector: LeaderElector, stop: asyncio.Event) -> bool:
+    """Wait for the Lease or for ``stop``: whether the Lease came first. An error while
+    acquiring is raised: a replica never acts without the Lease."""
+    acquire = asyncio.create_task(elector.acquire())
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({acquire, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not acquire.done():
+        acquire.cancel()
+        return False
+    acquire.result()
+    return True
