@@ -393,7 +393,8 @@ def daemon_nodes(
     what is wrong where (node, or pod when it has none, -> reason).
 
     An entry per node with a daemon pod, as NVIDIA's: its pod IP (empty until it has one),
-    clique (the daemon's own label, else the node's ``nvidia.com/gpu.clique``) and index, which
+    clique (the daemon's own label, else the node's ``nvidia.com/gpu.clique``; NotReady until
+    the node is seen, as its clique is not known before) and index, which
     a node keeps while it stays in its clique; a new one takes the lowest free index there,
     and a node in no clique has -1. A node labelled for the domain with no daemon pod is a
     problem but no entry (it has no daemon to describe).
@@ -420,11 +421,18 @@ def daemon_nodes(
     for name in sorted(by_node):
         pod = _best(by_node[name])
         clique = _labels(pod).get(COMPUTE_DOMAIN_CLIQUE)
+        # The node's labels come by another watch than its pod: until they are seen, its
+        # clique is not known, and the daemon is not counted ready in a clique it may not be in.
+        unseen = clique is None and name not in node_labels
         if clique is None:
             clique = (node_labels.get(name) or {}).get(GPU_CLIQUE, "")
-        ready = _pod_ready(pod)
-        if not ready:
+        ready = _pod_ready(pod) and not unseen
+        if not _pod_ready(pod):
             problems[name] = daemon_problem(pod)
+        elif unseen:
+            problems[name] = (
+                "its node is not seen labelled for the domain yet (its clique is read there)"
+            )
         entries.append(
             {
                 "name": name,

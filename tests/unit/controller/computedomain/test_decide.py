@@ -327,6 +327,20 @@ def test_a_domain_is_ready_when_every_daemon_is() -> None:
     assert cond["lastTransitionTime"] == STAMP and cond["observedGeneration"] == 1
 
 
+def test_a_daemon_on_a_node_not_seen_yet_is_not_counted_ready_in_no_clique() -> None:
+    """The node's labels (its clique) come by another watch than its daemon pod: a pass that
+    sees the pod first does not list the daemon Ready with an empty clique."""
+    pods = (daemon_pod("n1"), daemon_pod("n2"))
+    early = status_of(decide(snapshot(nodes=(node("n1"),), daemon_pods=pods)))
+    assert early["status"] == "NotReady"
+    entry = {n["name"]: n for n in early["nodes"]}["n2"]
+    assert (entry["status"], entry["cliqueID"]) == ("NotReady", "")
+    assert "n2: its node is not seen labelled" in ready_condition(early)["message"]
+    later = status_of(decide(snapshot(nodes=(node("n1"), node("n2")), daemon_pods=pods)))
+    assert later["status"] == "Ready"
+    assert {n["cliqueID"] for n in later["nodes"]} == {"rack-1.0"}
+
+
 def test_a_domain_no_workload_has_joined_is_ready_as_nvidias() -> None:
     status = status_of(decide())
     assert status["status"] == "Ready" and "nodes" not in status
