@@ -18,6 +18,7 @@ from gpu_operator import testenv
 from gpu_operator.api.gpucluster import parse_gpucluster_spec
 from gpu_operator.install import manifests
 from gpu_operator.kube import Kube
+from gpu_operator.labels import DRA_TEARDOWN_FINALIZER
 from tests.e2e.support import (
     NotYet,
     api_served,
@@ -198,6 +199,12 @@ def test_a_deleted_gpucluster_waits_for_the_compute_domains_first(
         kube.merge_patch("GPUCluster", "gpu-cluster", {"spec": {"draDriver": {
             "computeDomains": {"enabled": True}}}})  # fmt: skip
     wait_for("the ComputeDomain API served", lambda: api_served(kube, "ComputeDomain"), timeout=90)
+
+    def held() -> bool | NotYet:  # deleted before the operator's first pass, it would just go
+        found = (kube.get("GPUCluster", "gpu-cluster") or {}).get("metadata") or {}
+        return DRA_TEARDOWN_FINALIZER in (found.get("finalizers") or ()) or NotYet(found)
+
+    wait_for("the GPUCluster under the operator's finalizer", held, timeout=90)
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "imex"}})
     kube.create({
         "apiVersion": "resource.nvidia.com/v1beta1",

@@ -100,10 +100,19 @@ class GPUClusterController:
             self.on_conflicts(decision.conflicts)
 
     def _write(self, decision: GpuClusterDecision) -> list[Outcome]:
-        """The decision's writes, in order; an outcome per apply (a refused one is logged, and
-        the loop retries it). A finalizer patch refused because the object is gone or changed
-        waits for the next pass; any other refusal raises, and the loop retries the pass."""
+        """The decision's writes, in order, the finalizer first; an outcome per apply (a refused
+        one is logged, and the loop retries it). A finalizer patch refused because the object
+        is gone or changed waits for the next pass; any other refusal raises, and the loop
+        retries the pass."""
         outcomes: list[Outcome] = []
+        # The finalizer before anything it guards: a GPUCluster deleted while its stack was
+        # being applied is still taken down in order.
+        for name, patch in decision.finalizers.items():
+            try:
+                self.kube.merge_patch(KIND, name, patch)
+            except ApiException as exc:  # 409: changed since read; the next pass reads again
+                if exc.status not in (404, 409):
+                    raise
         if decision.applies and decision.applied_hash != self.applied_hash:
             for obj in sorted(decision.applies, key=lambda o: o["kind"] == "DaemonSet"):
                 try:
@@ -123,12 +132,6 @@ class GPUClusterController:
             self.kube.delete("DaemonSet", name, self.config.namespace, propagation="Foreground")
         for node, labels in decision.labels.items():
             self.kube.merge_patch("Node", node, {"metadata": {"labels": dict(labels)}})
-        for name, patch in decision.finalizers.items():
-            try:
-                self.kube.merge_patch(KIND, name, patch)
-            except ApiException as exc:  # 409: changed since read; the next pass reads again
-                if exc.status not in (404, 409):
-                    raise
         for name, body in decision.status_patches.items():
             self.kube.merge_patch(KIND, name, body, subresource="status")
         for event in decision.events:
