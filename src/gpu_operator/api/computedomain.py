@@ -184,18 +184,23 @@ def daemon_config(domain_id: str) -> dict[str, Any]:
     return {"apiVersion": API_VERSION, "kind": DAEMON_CONFIG, "domainID": domain_id}
 
 
-def claim_domain_id(claim: Mapping[str, Any], kind: str = CHANNEL_CONFIG) -> str | None:
-    """The uid of the domain a ResourceClaim's ``kind`` config (a channel's, by default) names
-    for the compute-domain driver, as written in its spec or its allocation; None if none."""
+def claim_configs(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """A ResourceClaim's device configs for the compute-domain driver, as written in its spec
+    and in its allocation."""
     allocation = (claim.get("status") or {}).get("allocation") or {}
     configs = [
         *(((claim.get("spec") or {}).get("devices") or {}).get("config") or ()),
         *((allocation.get("devices") or {}).get("config") or ()),
     ]
-    for config in configs:
-        opaque = (config or {}).get("opaque") or {}
-        params = opaque.get("parameters") or {}
-        if opaque.get("driver") == DRIVER_NAME and params.get("kind") == kind:
+    return [c for c in configs if ((c or {}).get("opaque") or {}).get("driver") == DRIVER_NAME]
+
+
+def claim_domain_id(claim: Mapping[str, Any], kind: str = CHANNEL_CONFIG) -> str | None:
+    """The uid of the domain a ResourceClaim's ``kind`` config (a channel's, by default) names
+    for the compute-domain driver, as written in its spec or its allocation; None if none."""
+    for config in claim_configs(claim):
+        params = config["opaque"].get("parameters") or {}
+        if params.get("kind") == kind:
             domain = params.get("domainID")
             if isinstance(domain, str) and domain:
                 return domain

@@ -28,7 +28,7 @@ from gpu_operator.controller.runtime.informer import Informer
 from gpu_operator.controller.runtime.leader import LeaderElector, acquire_unless_stopped
 from gpu_operator.controller.runtime.liveness import OK
 from gpu_operator.controller.runtime.metrics import PrometheusMetrics
-from gpu_operator.controller.runtime.watch import ObjectKey, Stores, Watched
+from gpu_operator.controller.runtime.watch import Stores
 from gpu_operator.kube import Kube, api_configuration
 from gpu_operator.render.computedomain import DaemonSettings
 
@@ -89,11 +89,8 @@ async def _lead(
 ) -> None:
     controller = ComputeDomainController(kube, options.config, metrics, options.settings)
 
-    def notify(watched: Watched, key: ObjectKey) -> None:
-        controller.notify(watched, key)
-
     stores: Stores = {}
-    informer = Informer(kube, options.config.namespace, WATCHED, stores, notify)
+    informer = Informer(kube, options.config.namespace, WATCHED, stores, controller.notify)
 
     async def filled() -> None:
         await informer.ready.wait()

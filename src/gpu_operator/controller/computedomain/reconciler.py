@@ -54,16 +54,7 @@ def channel_claim(body: Mapping[str, Any]) -> dict[str, Any]:
     }
     if cd.claim_domain_id(body) is None:
         return kept
-    allocation = (body.get("status") or {}).get("allocation") or {}
-    configs = [
-        c
-        for c in (
-            *(((body.get("spec") or {}).get("devices") or {}).get("config") or ()),
-            *((allocation.get("devices") or {}).get("config") or ()),
-        )
-        if ((c or {}).get("opaque") or {}).get("driver") == cd.DRIVER_NAME
-    ]
-    kept["spec"] = {"devices": {"config": configs}}
+    kept["spec"] = {"devices": {"config": cd.claim_configs(body)}}
     reserved = (body.get("status") or {}).get("reservedFor")
     if reserved:
         kept["status"] = {"reservedFor": reserved}
