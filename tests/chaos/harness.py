@@ -12,8 +12,6 @@ import contextlib
 import json
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -29,7 +27,13 @@ from gpu_operator.kube import Kube
 from gpu_operator.labels import MANAGED_SELECTOR
 from gpu_operator.testenv.faults import Fault, FaultProxy, Toxiproxy
 from gpu_operator.testenv.processes import alive
-from tests.e2e.support import NotYet, policy_api_served, service_account_config, wait_for
+from tests.e2e.support import (
+    NotYet,
+    OperatorProcess,
+    policy_api_served,
+    service_account_config,
+    wait_for,
+)
 
 NS = "gpu-operator"
 POLICY = "cluster-policy"
@@ -78,76 +82,6 @@ def policy(version: str, marker: str) -> dict[str, Any]:
 
 def stamp(event: dict[str, Any]) -> datetime:
     return datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
-
-
-class OperatorProcess:
-    """``gpu-operator run`` as its own process, restarted when it exits (as a Deployment's pod
-    would be); exits and their codes are kept."""
-
-    def __init__(self, kubeconfig: Path, log: Path, health_port: int) -> None:
-        self.kubeconfig, self.log, self.health_port = kubeconfig, log, health_port
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.exits: list[int] = []
-        self.kills = 0
-        self._supervise = False
-        self._thread: threading.Thread | None = None
-
-    def _spawn(self) -> None:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gpu_operator", "run", "--kubeconfig", str(self.kubeconfig),
-                 "--namespace", NS, "--health-port", str(self.health_port), "--metrics-port", "0",
-                 "--lease-duration", str(LEASE_SECONDS), "--no-install-crd"],
-                stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-
-    def start(self) -> OperatorProcess:
-        self._spawn()
-        self._supervise = True
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-        return self
-
-    def _watch(self) -> None:
-        while self._supervise:
-            proc = self.proc
-            if proc is not None and proc.poll() is not None and self._supervise:
-                self.exits.append(proc.returncode)
-                time.sleep(1.0)  # a restart backoff
-                if self._supervise:
-                    self._spawn()
-            time.sleep(0.1)
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        """``sig`` to the running process (the supervisor restarts it)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.kills += 1
-            self.proc.send_signal(sig)
-
-    def stop(self) -> None:
-        self._supervise = False
-        if self._thread is not None:
-            self._thread.join(5)
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-    def healthz(self) -> tuple[int, dict[str, Any]]:
-        import urllib.error
-        import urllib.request
-
-        url = f"http://127.0.0.1:{self.health_port}/healthz"
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                return resp.status, json.loads(resp.read())
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"{}")
-        except OSError:
-            return 0, {}
 
 
 class DriverPods:
@@ -261,7 +195,10 @@ class ChaosEnv:
         operator = OperatorProcess(
             self.identity_kubeconfig(replica),
             self.workdir / f"operator-{replica}.log",
-            free_ports(1)[0],
+            NS,
+            health_port=free_ports(1)[0],
+            lease_seconds=LEASE_SECONDS,
+            install_crd=False,
         ).start()
         self.operators[replica] = operator
         return operator
@@ -581,7 +518,7 @@ def kill_at_every_upgrade_state(env: ChaosEnv) -> tuple[Outcome, list[str]]:
             for state in IN_PROGRESS:
                 if state in states and state not in killed_at:
                     killed_at.append(state)
-                    operator.kill(signal.SIGKILL)
+                    operator.kill(signal.SIGKILL, restart=True)
                     break
             time.sleep(0.2)
 

@@ -44,6 +44,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
 
 
+LOG_TAIL_LINES = 40  # of each log a failed test leaves: its warnings first, then its end
+_NOTABLE = re.compile(r" (WARNING|ERROR|CRITICAL) |Traceback|exited|stopping")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed test's report carries the tail of the logs it left in ``tmp_path`` (the
+    operator's, the agents'): CI keeps no files, and a wait that timed out says only what it
+    saw, not why the process behind it stopped moving."""
+    outcome = yield
+    report = outcome.get_result()
+    tmp = getattr(item, "funcargs", {}).get("tmp_path")
+    if report.when != "call" or not report.failed or tmp is None:
+        return
+    for log in sorted(Path(tmp).rglob("*.log"))[:4]:
+        lines = log.read_text(errors="replace").splitlines()
+        notable = [line for line in lines if _NOTABLE.search(line)][-LOG_TAIL_LINES // 2 :]
+        tail = lines[-LOG_TAIL_LINES // 2 :]
+        text = "\n".join([*notable, "...", *tail] if notable else tail)
+        report.sections.append((f"{log.name} ({len(lines)} lines): notable, then last", text))
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build the binaries here, before any test runs, so a cold build (many minutes) is not
     charged to the first test's timeout."""

@@ -7,7 +7,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping
@@ -310,22 +312,65 @@ def hack_testenv(state_dir: Path, bin_dir: Path, *args: str) -> subprocess.Compl
 
 
 class OperatorProcess:
-    """The operator as its own process (out of cluster, as a ServiceAccount through
-    ``kubeconfig``), so a test can really kill it."""
+    """``gpu-operator run`` as its own process (out of cluster, as a ServiceAccount through
+    ``kubeconfig``), so a test can really kill it; restarted when it exits on its own, as the
+    kubelet restarts a Deployment's container (a leader that lost its Lease on a starved CI
+    machine stops acting and exits, by design). Each such exit's code is kept in ``exits``
+    and told in the log."""
 
-    def __init__(self, kubeconfig: Path, log: Path, namespace: str, metrics_port: int = 0) -> None:
+    RESTART_BACKOFF_S = 1.0
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        log: Path,
+        namespace: str,
+        metrics_port: int = 0,
+        *,
+        health_port: int = 0,
+        lease_seconds: int = 6,
+        install_crd: bool = True,
+    ) -> None:
         self.kubeconfig, self.log, self.namespace = kubeconfig, log, namespace
         self.metrics_port = metrics_port  # 0: none
+        self.health_port = health_port  # 0: none
+        self.args = ["--lease-duration", str(lease_seconds)]
+        if not install_crd:
+            self.args.append("--no-install-crd")
         self.proc: subprocess.Popen[bytes] | None = None
+        self.exits: list[int] = []
+        self._supervise = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
+    def _spawn(self) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "gpu_operator", "run", "--kubeconfig", str(self.kubeconfig),
-                 "--namespace", self.namespace, "--health-port", "0",
-                 "--metrics-port", str(self.metrics_port), "--lease-duration", "6"],
+                 "--namespace", self.namespace, "--health-port", str(self.health_port),
+                 "--metrics-port", str(self.metrics_port), *self.args],
                 stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip
+
+    def start(self) -> OperatorProcess:
+        self._spawn()
+        self._supervise.set()
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._watch, daemon=True)
+            self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        while self._supervise.is_set():
+            proc = self.proc
+            if proc is not None and proc.poll() is not None and self._supervise.is_set():
+                self.exits.append(proc.returncode)
+                with self.log.open("a") as out:
+                    out.write(f"test harness: the operator exited ({proc.returncode}); "
+                              "restarting it as the kubelet would\n")  # fmt: skip
+                time.sleep(self.RESTART_BACKOFF_S)
+                if self._supervise.is_set():
+                    self._spawn()
+            time.sleep(0.1)
 
     def metrics(self) -> dict[str, float]:
         """Its Prometheus samples, ``name{labels}`` -> value; empty while it cannot answer."""
@@ -343,8 +388,37 @@ class OperatorProcess:
                 samples[name] = float(value)
         return samples
 
-    def kill(self) -> None:
-        """SIGKILL, no goodbye: a successor waits for the Lease to expire."""
+    def healthz(self) -> tuple[int, dict[str, Any]]:
+        """Its /healthz answer (status, body); (0, {}) while it cannot answer."""
+        url = f"http://127.0.0.1:{self.health_port}/healthz"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+        except OSError:
+            return 0, {}
+
+    def kill(self, sig: int = signal.SIGKILL, *, restart: bool = False) -> None:
+        """``sig`` to the running process, no goodbye: a successor waits for the Lease to
+        expire. With ``restart`` the supervisor starts that successor, else :meth:`start`
+        does."""
+        if not restart:
+            self._supervise.clear()
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
+            self.proc.send_signal(sig)
+            if not restart:
+                self.proc.wait(10)
+
+    def stop(self) -> None:
+        """A graceful stop (SIGTERM: the Lease is handed over), not restarted."""
+        self._supervise.clear()
+        if self._thread is not None:
+            self._thread.join(5)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
