@@ -58,6 +58,9 @@ DEVICE_PLUGIN_LABEL = DEPLOY_PREFIX + "device-plugin"
 FINALIZER = DRA_TEARDOWN_FINALIZER
 CLAIM_HOLDERS = (VALIDATOR, EXPORTER)  # their pods hold ResourceClaims of the plugin's driver
 DOMAINS_RECHECK_S = 10.0  # how soon a teardown waiting for ComputeDomains looks again
+DRA_API = "resource.k8s.io/v1"  # GA in Kubernetes 1.34; every DRA object here is of it
+DRA_MIN_RELEASE = "1.34"
+TOO_OLD = "KubernetesTooOld"
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,9 @@ class GpuClusterSnapshot:
     # ``namespace/name`` of each ComputeDomain, read only while the GPUCluster is deleted
     domains: tuple[str, ...] = ()
     now: float = 0.0  # epoch seconds of the pass
+    # Whether the API server serves DRA's GA API, and its version (``v1.33.13``) to say so
+    dra_served: bool = True
+    server_version: str = ""
 
 
 @dataclass(frozen=True)
@@ -171,6 +177,11 @@ def _decide(
             active, "notReady", namespace, snap.stamp, [(READY, "False", "InvalidSpec", msg)]
         )
         return GpuClusterDecision(statuses=statuses)
+    if not snap.dra_served:
+        statuses[SINGLETON] = _status(
+            active, "notReady", namespace, snap.stamp, [(READY, "False", TOO_OLD, _too_old(snap))]
+        )
+        return GpuClusterDecision(statuses=statuses)
 
     gpu_nodes = [n for n in snap.nodes if is_gpu_node(n)]
     device_plugin = _device_plugin_wanted(snap.policies)
@@ -234,6 +245,16 @@ def _decide(
         events=events,
         conflicts=conflicts,
         finalizers=finalizers,
+    )
+
+
+def _too_old(snap: GpuClusterSnapshot) -> str:
+    """Why nothing is applied on a cluster without DRA's GA API, and what to do."""
+    release = f"Kubernetes {snap.server_version}" if snap.server_version else "this cluster"
+    return (
+        f"{release} does not serve {DRA_API}, which the DRA driver needs (Kubernetes "
+        f"{DRA_MIN_RELEASE} or newer): nothing applied; upgrade the cluster, or give GPUs to "
+        "pods with the ClusterPolicy's device plugin"
     )
 
 

@@ -21,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpu_operator.api.gpucluster import KIND
 from gpu_operator.controller.gpucluster.decide import (
+    DRA_API,
     GpuClusterDecision,
     GpuClusterSnapshot,
     decide_gpucluster,
@@ -59,10 +60,14 @@ class GPUClusterController:
         self.reported: frozenset[str] = frozenset()
         self.conflicts: frozenset[str] = frozenset()
         self.loop = Loop("gpucluster", partial(run_pass, self), config, metrics)
+        self.dra: tuple[bool, str] | None = None  # DRA's API served, the server's version
 
     async def observe(self, resync: bool) -> GpuClusterSnapshot:
         clusters = tuple(self.values("gpuclusters"))
         deleting = any(c["metadata"].get("deletionTimestamp") for c in clusters)
+        if clusters and (self.dra is None or (resync and not self.dra[0])):
+            self.dra = await asyncio.to_thread(self._dra_api)
+        served, version = self.dra or (True, "")
         return GpuClusterSnapshot(
             stamp=now_iso(),
             clusters=clusters,
@@ -71,7 +76,23 @@ class GPUClusterController:
             daemonsets=tuple(self.values("daemonsets")),
             domains=await asyncio.to_thread(self._domains) if deleting else (),
             now=time.time(),
+            dra_served=served,
+            server_version=version,
         )
+
+    def _dra_api(self) -> tuple[bool, str]:
+        """Whether the API server serves DRA's GA API, and its version: asked at the first
+        pass with a GPUCluster, and while it is not served, again at each resync (a cluster
+        upgraded under the operator); two reads, never per pass."""
+        try:
+            self.kube.request("GET", f"/apis/{DRA_API}")
+            served = True
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            served = False
+        info = self.kube.request("GET", "/version") or {}
+        return served, str(info.get("gitVersion") or "")
 
     def _domains(self) -> tuple[str, ...]:
         """Every ComputeDomain, read while the GPUCluster is deleted (its teardown waits for

@@ -10,6 +10,7 @@ from gpu_operator.controller.clusterpolicy.status import Observation, compute_st
 from gpu_operator.controller.gpucluster.decide import (
     CONFLICT,
     FINALIZER,
+    TOO_OLD,
     GpuClusterSnapshot,
     decide_gpucluster,
 )
@@ -62,6 +63,8 @@ def decide(**kwargs: Any) -> Any:
         nodes=tuple(kwargs.pop("nodes", (node("gpu-a"), node("gpu-b")))),
         daemonsets=tuple(kwargs.pop("daemonsets", ())),
         domains=tuple(kwargs.pop("domains", ())),
+        dra_served=kwargs.pop("dra_served", True),
+        server_version=kwargs.pop("server_version", ""),
     )
     return decide_gpucluster(snap, NS, IMAGE, **kwargs)
 
@@ -190,6 +193,21 @@ def test_a_gpucluster_renders_the_dra_stack_owned_by_it() -> None:
 def test_a_cpu_node_gets_nothing() -> None:
     cpu = NodeView.from_k8s({"metadata": {"name": "cpu", "labels": {}}})
     assert "cpu" not in decide(nodes=(cpu,)).labels
+
+
+def test_a_cluster_without_dras_ga_api_gets_nothing_and_a_condition_saying_why() -> None:
+    """Kubernetes 1.33 serves no ``resource.k8s.io/v1``: no object, label or finalizer is
+    written (each apply would be refused), and the condition names the release and the way
+    out."""
+    d = decide(dra_served=False, server_version="v1.33.13")
+    assert not d.applies and not d.labels and not d.finalizers and not d.conflicts
+    status = d.statuses["gpu-cluster"]
+    assert status["state"] == "notReady"
+    ready = conditions(status)["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", TOO_OLD)
+    assert "Kubernetes v1.33.13 does not serve resource.k8s.io/v1" in ready["message"]
+    assert "1.34 or newer" in ready["message"] and "device plugin" in ready["message"]
+    assert decide(dra_served=True).applies  # the same GPUCluster, where the API is served
 
 
 def test_status_follows_the_plugin_daemonset() -> None:
