@@ -202,9 +202,42 @@ def refreshing_at_most_every(
     return refresh
 
 
+# RFC 7234 warn-code, agent, "text": how the API server tells of a deprecated API or field.
+_WARNING = re.compile(r'^\s*\d{3}\s+\S+\s+"(?P<text>(?:[^"\\]|\\.)*)"')
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def api_warnings(headers: Any) -> list[str]:
+    """The texts of a response's ``Warning`` headers (none: an empty list)."""
+    if headers is None:
+        return []
+    getlist = getattr(headers, "getlist", None)
+    values = getlist("Warning") if getlist else [headers.get("Warning")]
+    found = []
+    for value in values:
+        if value:
+            match = _WARNING.match(value)
+            found.append(match.group("text").replace('\\"', '"') if match else value.strip())
+    return found
+
+
+def _log_warnings(resp: Any, method: str, path: str) -> None:
+    """Log each warning the API server gives (a deprecated API or field, a value it will
+    refuse one day) once per process: what an operator must fix before the next upgrade of
+    the cluster, said before that upgrade breaks it."""
+    for text in api_warnings(getattr(resp, "headers", None)):
+        with _warned_lock:
+            if text in _warned:
+                continue
+            _warned.add(text)
+        log.warning("the API server warns about %s %s: %s", method, path, text)
+
+
 def _body(resp: Any, method: str, path: str) -> bytes:
     """The whole body of a response; an ApiException for an error status, with the headers
     (Retry-After) and ``request_line`` (``GET /api/v1/nodes``: what was refused, for people)."""
+    _log_warnings(resp, method, path)
     data: bytes = resp.read()
     if resp.status >= 400:
         exc = ApiException(
