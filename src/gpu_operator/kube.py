@@ -379,6 +379,22 @@ class Kube:
             raise ValueError(f"the API server's /version says {info}: no major and minor")
         return int(major.group()), int(minor.group())
 
+    def release(self) -> str:
+        """The API server's release as it names it (``v1.33.13``); "" when it says none."""
+        info = self.request("GET", "/version") or {}
+        return str(info.get("gitVersion") or "")
+
+    def serves(self, api_version: str) -> bool:
+        """Whether the API server serves ``api_version`` (``resource.k8s.io/v1``): one
+        discovery read."""
+        try:
+            self.request("GET", f"/apis/{api_version}")
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         try:
             obj: dict[str, Any] = self.request("GET", KINDS[kind].item(name, namespace))

@@ -91,6 +91,9 @@ class FakeKube:
     on_write: Hook | None = None
     # Set when the operator stops leading: the real wrapper then refuses every write.
     fence: threading.Event = field(default_factory=threading.Event)
+    # What discovery says: the release, and the API versions it does not serve.
+    server_release: str = "v1.37.2"
+    unserved: frozenset[str] = frozenset()
     _version: int = 0
     _names: int = 0
     # The executor calls the wrapper from worker threads: one request at a time, as a server
@@ -142,6 +145,16 @@ class FakeKube:
         return [o for (k, _, _), o in sorted(self.objects.items()) if k == kind]
 
     # -- the wrapper's verbs -----------------------------------------------------------------
+
+    def release(self) -> str:
+        with self._lock:  # a read of /version, not of a kind: recorded, never refused
+            self.calls.append(Call("get", "version", "", ""))
+        return self.server_release
+
+    def serves(self, api_version: str) -> bool:
+        with self._lock:  # a discovery read, as release()
+            self.calls.append(Call("get", "discovery", api_version, ""))
+        return api_version not in self.unserved
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         self._ask("get", kind, name, namespace)

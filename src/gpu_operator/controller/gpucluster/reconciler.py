@@ -84,15 +84,7 @@ class GPUClusterController:
         """Whether the API server serves DRA's GA API, and its version: asked at the first
         pass with a GPUCluster, and while it is not served, again at each resync (a cluster
         upgraded under the operator); two reads, never per pass."""
-        try:
-            self.kube.request("GET", f"/apis/{DRA_API}")
-            served = True
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            served = False
-        info = self.kube.request("GET", "/version") or {}
-        return served, str(info.get("gitVersion") or "")
+        return self.kube.serves(DRA_API), self.kube.release()
 
     def _domains(self) -> tuple[str, ...]:
         """Every ComputeDomain, read while the GPUCluster is deleted (its teardown waits for

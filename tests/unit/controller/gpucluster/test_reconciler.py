@@ -32,3 +32,23 @@ def test_a_refused_apply_is_retried_by_itself_and_not_again_once_applied() -> No
     assert retry is not None and start + REFUSED_RETRY_S <= retry <= end + REFUSED_RETRY_S
     assert asyncio.run(run_pass(controller, False)) is None
     assert kube.obj("DeviceClass", "gpu.nvidia.com") is not None
+
+
+def test_without_dras_api_nothing_is_applied_and_discovery_is_asked_again_only_at_resync() -> None:
+    kube = FakeKube(unserved=frozenset({"resource.k8s.io/v1"}), server_release="v1.33.13")
+    kube.add(cluster())
+    stores: dict[str, list[Any]] = {
+        "gpuclusters": [cluster()], "nodes": [node("gpu-a")], "clusterpolicies": [],
+        "daemonsets": [],
+    }  # fmt: skip
+    controller = GPUClusterController(
+        kube, CONFIG, PrometheusMetrics(), lambda index: stores[index], lambda nodes: None
+    )
+    for resync in (False, False, True):
+        asyncio.run(run_pass(controller, resync))
+    asked = [c for c in kube.calls if c.kind == "discovery"]
+    assert [c.name for c in asked] == ["resource.k8s.io/v1"] * 2  # the first pass, the resync
+    assert [w for w in kube.writes if w[0] == "apply"] == []
+    ready = {c["type"]: c for c in kube.obj("GPUCluster", "gpu-cluster")["status"]["conditions"]}
+    assert ready["Ready"]["reason"] == "KubernetesTooOld"
+    assert "v1.33.13" in ready["Ready"]["message"]
