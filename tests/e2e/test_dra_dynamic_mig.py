@@ -1,4 +1,4 @@
-"""DynamicMIG pools against the real API server (1.34, DRAPartitionableDevices on) and the real
+"""DynamicMIG pools against the real API server (partitionable devices on) and the real
 kube-scheduler: the partitions of a GPU no one has cut yet are published with their counter
 set, claims selecting a profile by CEL are placed on partitions that do not overlap, and a
 claim the GPU's remaining counters cannot hold stays Pending with the scheduler's reason
@@ -93,18 +93,28 @@ def cluster_kube(testenv_bin_dir: Any) -> Iterator[Kube]:
         yield kube
 
 
-def test_the_api_server_takes_each_gpu_with_its_counter_set_in_one_slice(
+def h100_slices(kube: Kube) -> list[dict[str, Any]]:
+    return kube.list_objects("ResourceSlice", field_selector=dra_slices.field_selector("dyn-h100"))
+
+
+def test_the_api_server_takes_each_gpu_with_its_counter_set_as_the_release_wants(
     cluster_kube: Kube,
 ) -> None:
+    """1.34 takes a GPU's counter set in the slice of its devices; from 1.35 a slice holding
+    counter sets holds nothing else, so they have one of their own."""
     kube = cluster_kube
-    assert dra_slices.dynamic_layout(kube.server_version()) == dra_slices.COMBINED
-    (h100,) = kube.list_objects(
-        "ResourceSlice", field_selector=dra_slices.field_selector("dyn-h100")
-    )
-    (counter_set,) = h100["spec"]["sharedCounters"]
+    layout = dra_slices.dynamic_layout(kube.server_version())
+    slices = h100_slices(kube)
+    if layout == dra_slices.COMBINED:
+        assert len(slices) == 1
+    else:
+        assert layout == dra_slices.SPLIT and len(slices) == 2
+        assert sorted(bool(s["spec"].get("devices")) for s in slices) == [False, True]
+        assert sorted(bool(s["spec"].get("sharedCounters")) for s in slices) == [False, True]
+    (counter_set,) = [c for s in slices for c in s["spec"].get("sharedCounters") or []]
     assert counter_set["name"] == "gpu-0-counter-set"
     assert {f"memory-slice-{i}" for i in range(8)} <= set(counter_set["counters"])
-    names = [d["name"] for d in h100["spec"]["devices"]]
+    names = [d["name"] for s in slices for d in s["spec"].get("devices") or []]
     assert "gpu-0" in names and "gpu-0-mig-1g10gb-19-6" in names and "gpu-0-mig-7g80gb-0-0" in names
     assert len(names) == 26  # the whole GPU and every H100 profile x placement
     (a100,) = kube.list_objects(
@@ -120,13 +130,7 @@ def test_partitions_are_placed_apart_and_one_too_many_waits_with_the_schedulers_
     cluster_kube: Kube,
 ) -> None:
     kube = cluster_kube
-    devices = {
-        d["name"]: d
-        for s in kube.list_objects(
-            "ResourceSlice", field_selector=dra_slices.field_selector("dyn-h100")
-        )
-        for d in s["spec"]["devices"]
-    }
+    devices = {d["name"]: d for s in h100_slices(kube) for d in s["spec"].get("devices") or []}
     wanted = {"small": "1g.10gb", "medium": "3g.40gb"}
     for name, profile in wanted.items():
         kube.create(claim(name, "mig.nvidia.com", f"{A}.profile == '{profile}'"))

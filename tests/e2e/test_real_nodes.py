@@ -28,7 +28,7 @@ from gpu_operator import testenv
 from gpu_operator.agent import podresources
 from gpu_operator.kubelet_api.deviceplugin.v1beta1 import api_pb2 as dp
 from gpu_operator.kubelet_api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
-from gpu_operator.testenv import nodeconfig
+from gpu_operator.testenv import nodeconfig, releases
 
 from .support import NotYet, wait_for
 
@@ -94,7 +94,7 @@ def test_real_nodes_are_ready_labelled_and_told_their_gpus(
         assert marker.read_text().strip() == planned.gpus
         info = node.status.node_info
         assert info.container_runtime_version == "containerd://2.4.2"
-        assert info.kubelet_version == "v1.34.4"
+        assert info.kubelet_version == releases.release_of(real_cluster.bin_dir)
         addresses = {a.type: a.address for a in node.status.addresses}
         assert addresses["InternalIP"] == planned.ip
     kwok = by_name["gpu-node-0"].metadata.labels

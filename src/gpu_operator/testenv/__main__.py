@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 import time
 from pathlib import Path
 
 from kubernetes import client
 
-from . import binaries, nodeconfig, nodes, realnodes
+from . import binaries, nodeconfig, nodes, realnodes, releases
 from .cluster import TestenvError, default_state_dir, load, start, stop
 from .processes import alive
 
@@ -118,6 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--state-dir", type=Path, default=None, help="default: $TESTENV_STATE_DIR or .testenv/"
     )
+    parser.add_argument(
+        "--kubernetes",
+        metavar="vX.Y.Z",
+        default=None,
+        help="the Kubernetes release to build and run, each cached apart (default: "
+        f"$K8S_VERSION or {binaries.versions()['K8S_VERSION']}; the oldest the project claims "
+        f"is {releases.OLDEST})",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser(
         "build",
@@ -145,6 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("down", help="stop the cluster and every process it started")
     sub.add_parser("status", help="show processes, readiness and nodes")
     args = parser.parse_args(argv)
+    if args.kubernetes is not None:
+        if not re.fullmatch(r"v1\.\d+\.\d+", args.kubernetes):
+            _say(f"error: --kubernetes {args.kubernetes!r}: give a release as vX.Y.Z, e.g. "
+                 f"{releases.OLDEST}")  # fmt: skip
+            return 2
+        os.environ["K8S_VERSION"] = args.kubernetes  # read by binaries.versions()
     args.state_dir = (args.state_dir or default_state_dir()).resolve()
     handlers = {
         "build": cmd_build,

@@ -27,7 +27,7 @@ NODE_IMAGES = ("pause", "shell")
 
 # Fallbacks for when the package runs outside a checkout; keep in step with the script.
 _DEFAULT_VERSIONS = {
-    "K8S_VERSION": "v1.34.4",
+    "K8S_VERSION": "v1.37.2",
     "ETCD_VERSION": "v3.6.16",
     "KWOK_VERSION": "v0.7.0",
     "CONTAINERD_VERSION": "v2.4.2",
@@ -61,8 +61,9 @@ def build_script() -> Path | None:
     return root / "hack" / "build-components.sh" if root else None
 
 
-def versions() -> dict[str, str]:
-    """Pinned versions: environment overrides, else the script's defaults, else ours."""
+def versions(release: str | None = None) -> dict[str, str]:
+    """Pinned versions: environment overrides, else the script's defaults, else ours;
+    ``release`` (``v1.33.13``) names the Kubernetes release over all of them."""
     found = dict(_DEFAULT_VERSIONS)
     script = build_script()
     if script is not None:
@@ -73,6 +74,8 @@ def versions() -> dict[str, str]:
                 found[key] = match.group(1)
     for key in found:
         found[key] = os.environ.get(key, found[key])
+    if release is not None:
+        found["K8S_VERSION"] = release
     return found
 
 
@@ -81,9 +84,10 @@ def _cache_root() -> Path:
     return Path(os.environ.get("TESTENV_CACHE") or Path(xdg) / "gpu-operator-testenv")
 
 
-def cache_bin_dir() -> Path:
-    """The versioned cache directory the build script writes to."""
-    v = versions()
+def cache_bin_dir(release: str | None = None) -> Path:
+    """The versioned cache directory the build script writes to (for ``release``: that
+    Kubernetes release's)."""
+    v = versions(release)
     key = f"k8s-{v['K8S_VERSION']}_etcd-{v['ETCD_VERSION']}_kwok-{v['KWOK_VERSION']}"
     return _cache_root() / key / "bin"
 
@@ -113,33 +117,37 @@ def missing_node_parts(directory: Path) -> list[str]:
     return absent + [str(p.name) for p in node_image_archives(directory) if not p.is_file()]
 
 
-def cached_bin_dir() -> Path | None:
-    """The bin dir if every binary is already there ($TESTENV_BIN_DIR wins), else None."""
-    env = os.environ.get("TESTENV_BIN_DIR")
-    bin_dir = Path(env) if env else cache_bin_dir()
+def cached_bin_dir(release: str | None = None) -> Path | None:
+    """The bin dir if every binary is already there ($TESTENV_BIN_DIR wins, but for a
+    ``release`` named), else None."""
+    env = None if release else os.environ.get("TESTENV_BIN_DIR")
+    bin_dir = Path(env) if env else cache_bin_dir(release)
     return bin_dir if not missing(bin_dir) else None
 
 
-def why_unbuildable() -> str | None:
+def why_unbuildable(release: str | None = None) -> str | None:
     """A one-line reason the binaries can be neither found nor built, or None if they can."""
-    if cached_bin_dir() is not None:
+    if cached_bin_dir(release) is not None:
         return None
     if shutil.which("go") is None:
         return (
             "Go toolchain not found on PATH and the control-plane binaries are not cached in "
-            f"{cache_bin_dir()}; install Go (or set TESTENV_BIN_DIR) and run `hack/testenv build`"
+            f"{cache_bin_dir(release)}; install Go (or set TESTENV_BIN_DIR) and run "
+            "`hack/testenv build`"
         )
     if build_script() is None:
         return "hack/build-components.sh not found (run from the gpu-operator checkout)"
     return None
 
 
-def _run_script(target: str, log: IO[str] | None) -> Path:
+def _run_script(target: str, log: IO[str] | None, release: str | None = None) -> Path:
     script = build_script()
     assert script is not None
     # The stand-ins' list comes from this package: the script runs it with this Python (its
     # own default, the checkout's .venv, is absent in a git worktree or another venv).
     env = {**os.environ, "PYTHON": os.environ.get("PYTHON") or sys.executable}
+    if release is not None:
+        env["K8S_VERSION"] = release
     proc = subprocess.run(
         ["bash", str(script), target],
         stdout=subprocess.PIPE,
@@ -186,18 +194,19 @@ def ensure_project_images(
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def ensure_binaries(log: IO[str] | None = None) -> Path:
-    """Return the bin dir, building the components first if any is missing (slow when cold).
+def ensure_binaries(log: IO[str] | None = None, release: str | None = None) -> Path:
+    """Return the bin dir (of ``release``, else the default one), building the components
+    first if any is missing (slow when cold).
 
     Build output goes to `log` when given (else inherits stderr); raises BinariesError.
     """
-    cached = cached_bin_dir()
+    cached = cached_bin_dir(release)
     if cached is not None:
         return cached
-    reason = why_unbuildable()
+    reason = why_unbuildable(release)
     if reason:
         raise BinariesError(reason)
-    bin_dir = _run_script("all", log)
+    bin_dir = _run_script("all", log, release)
     absent = missing(bin_dir)
     if absent:
         raise BinariesError(f"build finished but {', '.join(absent)} missing in {bin_dir}")

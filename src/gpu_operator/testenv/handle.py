@@ -26,7 +26,7 @@ from typing import Any
 
 from kubernetes import client
 
-from . import binaries, nodes, pki, realnodes
+from . import binaries, nodes, pki, realnodes, releases
 from .processes import (
     ProcessRecord,
     alive,
@@ -209,9 +209,13 @@ class Cluster:
         wait: bool = True,
         timeout: float = 120.0,
     ) -> list[str]:
-        """Create many Nodes concurrently, then (by default) wait until kwok has them Ready."""
+        """Create many Nodes concurrently, then (by default) wait until kwok has them Ready.
+        Their kubelet version is the cluster's release, as a real node's would be."""
+        release = releases.release_of(self.bin_dir)
         with self.api_client() as api:
-            names = nodes.create_nodes(api, manifests)
+            names = nodes.create_nodes(
+                api, [nodes.with_kubelet_version(m, release) for m in manifests]
+            )
             if wait:
                 nodes.wait_nodes_ready(api, names, timeout=timeout)
         return names

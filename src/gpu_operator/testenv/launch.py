@@ -53,11 +53,17 @@ class Starter:
         # Processes to record and stop that this object did not spawn (real nodes' inits).
         self.adopted: list[ProcessRecord] = []
 
-    def spawn(self, name: str, args: Sequence[str], *, restart: bool = False) -> None:
+    def spawn(
+        self,
+        name: str,
+        args: Sequence[str],
+        *,
+        restart: bool = False,
+        death_signal: int = signal.SIGTERM,
+    ) -> None:
         argv = [str(self.bin_dir / name), *args]
-        self.spawn_argv(
-            name, restarted(argv) if restart else argv, self.state_dir / "logs" / f"{name}.log"
-        )
+        log = self.state_dir / "logs" / f"{name}.log"
+        self.spawn_argv(name, restarted(argv) if restart else argv, log, death_signal=death_signal)
 
     def spawn_argv(
         self,

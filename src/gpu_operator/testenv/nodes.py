@@ -17,6 +17,8 @@ from kubernetes import client
 
 from gpu_operator.labels import KWOK_NODE, KWOK_NODE_FAKE
 
+from . import binaries
+
 KWOK_ANNOTATION = KWOK_NODE
 GPU_PRESENT_LABEL = "feature.node.kubernetes.io/pci-10de.present"
 NFD_PREFIX = "feature.node.kubernetes.io/"
@@ -34,7 +36,7 @@ OS_RELEASES: dict[tuple[str, str], tuple[str, str]] = {
     ),
 }
 CONTAINER_RUNTIME = "containerd://1.7.27"
-KUBELET_VERSION = "v1.34.4"
+KUBELET_VERSION = binaries.versions()["K8S_VERSION"]  # Cluster.create_nodes: the cluster's
 
 
 def _internal_ip(name: str) -> str:
@@ -164,6 +166,17 @@ def create_cpu_node(
     manifest = node_manifest(name, gpu=False, extra_labels=extra_labels, **kwargs)
     create_node(api, manifest)
     return manifest
+
+
+def with_kubelet_version(manifest: Mapping[str, Any], release: str) -> Mapping[str, Any]:
+    """``manifest`` with ``release`` as its kubelet and kube-proxy versions (a copy, where it
+    says another)."""
+    info = (manifest.get("status") or {}).get("nodeInfo") or {}
+    if info.get("kubeletVersion") in (None, release):
+        return manifest
+    status = {**manifest["status"], "nodeInfo": {**info, "kubeletVersion": release,
+                                                   "kubeProxyVersion": release}}  # fmt: skip
+    return {**manifest, "status": status}
 
 
 def create_nodes(

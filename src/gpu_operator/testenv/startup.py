@@ -11,6 +11,7 @@ import base64
 import functools
 import json
 import shutil
+import signal
 import ssl
 import threading
 import time
@@ -23,7 +24,7 @@ from pathlib import Path
 import yaml
 from kubernetes import client
 
-from . import binaries, nodeconfig, pki, realnodes
+from . import binaries, nodeconfig, pki, realnodes, releases
 from .handle import Cluster, https_ok, stop
 from .kwokconfig import AUDIT_POLICY, KWOK_CONFIG
 from .launch import Starter
@@ -33,11 +34,6 @@ from .statedir import STATE_FILE, TestenvError, default_state_dir
 SERVICE_CIDR = nodeconfig.SERVICE_CIDR
 POD_CIDR = "10.128.0.1/14"
 START_TIMEOUT = 120.0
-# Alpha on 1.34, off by default, and what DRA device health (taints in ResourceSlices, honoured
-# by the scheduler) and partitionable devices (counter sets: MIG made on demand) need; the API
-# server drops the fields they add while they are off. Given to the API server, the
-# controller manager and the scheduler alike.
-FEATURE_GATES = "DRADeviceTaints=true,DRAPartitionableDevices=true"
 
 
 def start(
@@ -141,6 +137,11 @@ def _start_once(
     # tie the components' lifetime to the process; other threads rely on stop()/strays.
     die_with_parent = not detach and threading.current_thread() is threading.main_thread()
     starter = Starter(state_dir, bin_dir, die_with_parent, cluster.timings)
+    # What this release needs turned on (the same gates for every component): releases.py.
+    gates = releases.feature_gates(bin_dir)
+    gate_flags = [f"--feature-gates={gates}"] if gates else []
+    api = releases.runtime_config(releases.release_of(bin_dir), gates)
+    release_flags = [*gate_flags, *([f"--runtime-config={api}"] if api else [])]
     etcd_url = f"http://127.0.0.1:{ports['etcd']}"
     peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
 
@@ -206,12 +207,12 @@ def _start_once(
                 # audit.log miss (a 2,000-node benchmark writes more than that).
                 "--audit-log-maxsize=1000000",
                 "--audit-log-maxbackup=0",
-                f"--feature-gates={FEATURE_GATES}",
-                # DeviceTaintRule, which the scheduler watches once DRADeviceTaints is on: not
-                # served, its informer never syncs and the scheduler places nothing.
-                "--runtime-config=resource.k8s.io/v1alpha3=true",
+                *release_flags,
                 "--profiling=false",
             ],
+            # Killed with its starter: SIGTERM's graceful shutdown waits on etcd, which dies
+            # with the starter too (1.37 keeps retrying it past 15 s); nothing here needs it.
+            death_signal=signal.SIGKILL,
         )
         record_state()
         admin_ctx = cluster.ssl_context()
@@ -245,7 +246,7 @@ def _start_once(
                 # kubelet would report its pods Ready again after one; kwok does not).
                 "--node-monitor-grace-period=10m",
                 "--controllers=*",
-                f"--feature-gates={FEATURE_GATES}",
+                *gate_flags,
                 "--profiling=false",
             ],
             restart=True,
@@ -263,7 +264,7 @@ def _start_once(
                 "--leader-elect=true",  # and restarted: see restarted()
                 "--kube-api-qps=200",
                 "--kube-api-burst=400",
-                f"--feature-gates={FEATURE_GATES}",
+                *gate_flags,
                 "--profiling=false",
             ],
             restart=True,

@@ -68,8 +68,9 @@ def layout(
     groups: dict[str, list[dict[str, Any]]] = {}
     for device in devices:
         groups.setdefault(_counter_set_of(device) or str(device["name"]), []).append(device)
-    if shape == SPLIT:
-        return [((), tuple(counter_sets)), *((tuple(g), ()) for g in groups.values())]
+    if shape == SPLIT:  # the counter sets' slice only where there are some; never no slice
+        head: list[Content] = [((), tuple(counter_sets))] if counter_sets else []
+        return [*head, *((tuple(g), ()) for g in groups.values())] or [((), ())]
     by_name = {str(c["name"]): c for c in counter_sets}
     return [(tuple(g), (by_name[k],) if k in by_name else ()) for k, g in groups.items()]
 

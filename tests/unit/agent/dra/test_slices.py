@@ -139,6 +139,12 @@ def test_from_1_35_counter_sets_have_a_slice_of_their_own() -> None:
     assert {s["spec"]["pool"]["resourceSliceCount"] for s in [first, *per_gpu]} == {3}
     assert slices.dynamic_layout((1, 34)) == slices.COMBINED
     assert slices.dynamic_layout((1, 35)) == slices.dynamic_layout((2, 0)) == slices.SPLIT
+    # No counter set (no GPU in MIG reach): no empty slice for them; no device: one empty slice
+    whole, _ = node_pool("a100-40gb", gpus=1)
+    (only,) = slices.desired_slices("node-a", whole[:1], 1, OWNER, (), slices.SPLIT)
+    assert "sharedCounters" not in only["spec"] and only["spec"]["devices"] == whole[:1]
+    (empty,) = slices.desired_slices("node-a", [], 1, OWNER, (), slices.SPLIT)
+    assert empty["spec"]["pool"]["resourceSliceCount"] == 1
 
 
 def test_an_unchanged_dynamic_mig_pool_writes_nothing_and_a_changed_counter_set_rewrites() -> None:
