@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from gpu_operator.testenv.releases import OLDEST
 from tests.prerequisites import REASONS
 
 REAL_NODES = "real-nodes"
@@ -64,6 +65,7 @@ LONGEST_FIRST = (
     "tests/e2e/test_install_rbac.py",  # 7.0
     "tests/chaos/test_chaos.py",  # 7.6
     "tests/e2e/test_operator.py",  # 5.0
+    f"tests/e2e/test_operator.py@{OLDEST}",
     "tests/e2e/test_testenv_lifecycle.py",  # 2.7
     "tests/e2e/test_helm.py",  # 2.5
     "tests/unit/test_fuzz_policies.py",  # 2.1
@@ -86,10 +88,13 @@ def hand_out_order(groups: list[str]) -> list[str]:
 
 def xdist_group(nodeid: str) -> str:
     """Which worker-sized unit a test belongs to: its module (a module-scoped cluster starts
-    once), except that the real-node tests sharing a session's real-node cluster are two units
-    (each cluster starts once, on its own worker), and those that start their own are another."""
+    once; its tests on the oldest release are a unit of their own), except that the real-node
+    tests sharing a session's real-node cluster are two units (each cluster starts once, on its
+    own worker), and those that start their own are another."""
     module = nodeid.split("::", 1)[0]
     name = Path(module).name
+    if OLDEST in nodeid:  # a module's tests on the oldest release: a unit beside its default's
+        return f"{module}@{OLDEST}"
     if not name.startswith(REAL_NODE_MODULES) or name in SOLO_REAL_CLUSTERS:
         return module
     if name in OWN_REAL_CLUSTERS:

@@ -17,14 +17,15 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 from kubernetes import client
 
 from gpu_operator import testenv
+from gpu_operator.testenv.releases import OLDEST
 
 E2E_DIR = Path(__file__).resolve().parent
 SESSION_GPU_NODES = 2
@@ -32,10 +33,40 @@ SESSION_CPU_NODES = 1
 SESSION_REAL_NODES = 2
 
 _UNAVAILABLE = pytest.StashKey[str]()  # why the binaries cannot be had, if they cannot
+_OLDEST_UNAVAILABLE = pytest.StashKey[str]()  # the same, of the oldest release's
 _REAL_UNAVAILABLE = pytest.StashKey[str]()  # why real nodes cannot run, if they cannot
 
 
 in_ci = testenv.binaries.in_ci
+
+
+# The kwok modules that run on the oldest release the README claims (releases.OLDEST) as well
+# as on the default one: each of their tests that starts a control plane runs once on each.
+# The real-node modules run on the default release only.
+OLDEST_RELEASE_MODULES = frozenset(
+    {
+        "test_operator.py",
+        "test_upgrade.py",
+        "test_canary.py",
+        "test_health_remediation.py",
+        "test_nvidiadriver.py",
+        "test_helm.py",
+        "test_kubernetes_releases.py",
+    }
+)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Each test of OLDEST_RELEASE_MODULES that starts a control plane, on both releases."""
+    if (
+        metafunc.module.__name__.rpartition(".")[2] + ".py" in OLDEST_RELEASE_MODULES
+        and "testenv_bin_dir" in metafunc.fixturenames
+        and metafunc.definition.get_closest_marker("no_cluster") is None
+    ):
+        default = testenv.binaries.versions()["K8S_VERSION"]
+        metafunc.parametrize(
+            "kubernetes_release", [default, OLDEST], indirect=True, scope="session"
+        )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -74,6 +105,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     _prepare_control_plane(session, selected, reporter)
+    oldest = [i for i in selected if _release_of(i) == OLDEST]
+    if oldest and session.config.stash.get(_UNAVAILABLE, None) is None:
+        _prepare_oldest_release(session, oldest, reporter)
     real = [i for i in selected if i.get_closest_marker("real_nodes")]
     if real and session.config.stash.get(_UNAVAILABLE, None) is None:
         _prepare_real_nodes(session, real, reporter)
@@ -105,41 +139,96 @@ def _prepare_control_plane(
         item.add_marker(pytest.mark.skip(reason=reason))
 
 
+def _release_of(item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("kubernetes_release") if callspec else None
+
+
+def _prepare_oldest_release(
+    session: pytest.Session, items: list[pytest.Item], reporter: Any
+) -> None:
+    """The oldest release's binaries (as many minutes cold as the default's)."""
+    missing = testenv.binaries.cached_bin_dir(OLDEST) is None
+    _prepare(
+        session, items, reporter, _OLDEST_UNAVAILABLE,
+        reason=testenv.binaries.why_unbuildable(OLDEST), skipped=f"tests on {OLDEST}",
+        build=(lambda out: testenv.binaries.ensure_binaries(log=out, release=OLDEST))
+        if missing else None,
+        log_name=f"build-{OLDEST}.log", building=f"Kubernetes {OLDEST}",
+    )  # fmt: skip
+
+
 def _prepare_real_nodes(session: pytest.Session, items: list[pytest.Item], reporter: Any) -> None:
-    """Build the node runtime (containerd, images: about a minute cold) before any test runs;
-    skip (or in CI fail) the real-node tests with one line when this machine cannot run them."""
+    """The node runtime (containerd, images: about a minute cold)."""
+    missing = testenv.binaries.missing_node_parts(testenv.binaries.node_dir())
+    _prepare(
+        session, items, reporter, _REAL_UNAVAILABLE,
+        reason=testenv.realnodes.why_unavailable(testenv.default_state_dir()),
+        skipped="real-node tests",
+        build=(lambda out: testenv.binaries.ensure_node_runtime(log=out)) if missing else None,
+        log_name="build-nodes.log", building="the real nodes' runtime",
+    )  # fmt: skip
+
+
+def _prepare(
+    session: pytest.Session,
+    items: list[pytest.Item],
+    reporter: Any,
+    key: pytest.StashKey[str],
+    *,
+    reason: str | None,
+    skipped: str,
+    build: Callable[[IO[str]], object] | None,
+    log_name: str,
+    building: str,
+) -> None:
+    """What ``items`` need, built (``build``, when something is missing) before any test runs;
+    where ``reason`` says it cannot be had here, they are skipped with one line, and under CI
+    fail (``key`` keeps why, for their fixture)."""
     if all(i.get_closest_marker("skip") for i in items):
         return
-    reason = testenv.realnodes.why_unavailable(testenv.default_state_dir())
     if reason and in_ci():
-        session.config.stash[_REAL_UNAVAILABLE] = f"CI is set and {reason}"
+        session.config.stash[key] = f"CI is set and {reason}"
         return
     if reason:
         if reporter:
-            reporter.write_line(f"testenv: skipping {len(items)} real-node tests: {reason}")
+            reporter.write_line(f"testenv: skipping {len(items)} {skipped}: {reason}")
         for item in items:
             item.add_marker(pytest.mark.skip(reason=reason))
         return
-    if testenv.binaries.missing_node_parts(testenv.binaries.node_dir()):
-        log = testenv.default_state_dir() / "build-nodes.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        if reporter:
-            reporter.write_line(f"testenv: building the real nodes' runtime (log: {log})")
-        try:
-            with log.open("w") as out:
-                testenv.binaries.ensure_node_runtime(log=out)
-        except testenv.BinariesError as exc:
-            session.config.stash[_REAL_UNAVAILABLE] = f"{exc} (see {log})"
+    if build is None:
+        return
+    log = testenv.default_state_dir() / log_name
+    log.parent.mkdir(parents=True, exist_ok=True)
+    if reporter:
+        reporter.write_line(f"testenv: building {building} (log: {log})")
+    try:
+        with log.open("w") as out:
+            build(out)
+    except testenv.BinariesError as exc:
+        session.config.stash[key] = f"{exc} (see {log})"
 
 
 @pytest.fixture(scope="session")
-def testenv_bin_dir(pytestconfig: pytest.Config) -> Path:
-    """The control-plane binaries; fails (never skips) when they could not be built."""
+def kubernetes_release(request: pytest.FixtureRequest) -> str | None:
+    """The release a test's control plane runs: the default (None) unless the test is
+    parametrized over releases (OLDEST_RELEASE_MODULES)."""
+    release: str | None = getattr(request, "param", None)
+    default = testenv.binaries.versions()["K8S_VERSION"]
+    return None if release == default else release
+
+
+@pytest.fixture(scope="session")
+def testenv_bin_dir(pytestconfig: pytest.Config, kubernetes_release: str | None) -> Path:
+    """The control-plane binaries (of ``kubernetes_release``); fails (never skips) when they
+    could not be built."""
     problem = pytestconfig.stash.get(_UNAVAILABLE, None)
+    if kubernetes_release is not None:
+        problem = problem or pytestconfig.stash.get(_OLDEST_UNAVAILABLE, None)
     if problem:
         pytest.fail(f"testenv unavailable: {problem}", pytrace=False)
     try:
-        return testenv.ensure_binaries()
+        return testenv.ensure_binaries(release=kubernetes_release)
     except testenv.BinariesError as exc:
         pytest.fail(f"testenv unavailable: {exc}", pytrace=False)
 

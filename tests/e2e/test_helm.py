@@ -51,6 +51,8 @@ from gpu_operator.install.helm_values import MOVES, handled
 from gpu_operator.install.uninstall_plan import CRDS, RESOURCE_KINDS
 from gpu_operator.kube import Kube
 from gpu_operator.labels import DRIVER_POOL
+from gpu_operator.testenv import releases
+from gpu_operator.testenv.releases import OLDEST
 from tests.e2e.helm_support import CHART, NS, RELEASE, Helm
 from tests.e2e.support import (
     NotYet,
@@ -91,6 +93,7 @@ VALUES_SETS = {
 }
 
 
+@pytest.mark.no_cluster  # helm alone: the same on every release
 @pytest.mark.parametrize("name", sorted(VALUES_SETS))
 def test_lint_and_template_give_valid_objects(
     testenv_bin_dir: Path, tmp_path: Path, nvidia_values_file: Path, name: str
@@ -99,7 +102,10 @@ def test_lint_and_template_give_valid_objects(
     helm_ = Helm(testenv_bin_dir, tmp_path)
     lint = helm_.run("lint", "--strict", str(CHART), *args)
     assert "0 chart(s) failed" in lint.stdout
-    objects = helm_.template(*args, "--kube-version", "1.34.4")
+    objects = helm_.template(*args, "--kube-version", OLDEST)  # the oldest claimed is taken
+    older = f"1.{releases.minor(OLDEST) - 1}.0"
+    refused = helm_.run("template", RELEASE, str(CHART), *args, "--kube-version", older, ok=False)
+    assert refused.returncode != 0 and "kubeVersion" in refused.stderr, refused.stderr
     crd_schema = strict(clusterpolicy_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
     kinds = []
     for obj in objects:
@@ -138,6 +144,7 @@ def _get(obj: Any, path: str) -> Any:
     return obj
 
 
+@pytest.mark.no_cluster  # helm alone: the same on every release
 def test_every_nvidia_value_lands_where_its_key_says(
     testenv_bin_dir: Path, tmp_path: Path, nvidia_values_file: Path
 ) -> None:
@@ -161,6 +168,7 @@ def test_every_nvidia_value_lands_where_its_key_says(
     assert got == expected
 
 
+@pytest.mark.no_cluster  # helm alone: the same on every release
 def test_unknown_keys_fail_by_name_and_values_stay_data(
     testenv_bin_dir: Path, tmp_path: Path
 ) -> None:

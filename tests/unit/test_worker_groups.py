@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from gpu_operator.testenv.binaries import versions
+from gpu_operator.testenv.releases import OLDEST
 from tests.conftest import (
     DRIVER_REAL_CLUSTER,
     OWN_REAL_CLUSTERS,
@@ -22,6 +24,14 @@ def test_real_node_modules_split_by_whose_cluster_they_use() -> None:
     assert xdist_group("tests/e2e/test_real_driver.py::test_x") == REAL_NODES_DRIVER
     assert xdist_group("tests/e2e/test_real_demo.py::test_x") == REAL_NODES_OWN
     assert xdist_group("tests/e2e/test_upgrade.py::test_x") == "tests/e2e/test_upgrade.py"
+    # A module's tests on the oldest release: a unit apart, so both releases run side by side
+    default = versions()["K8S_VERSION"]
+    assert xdist_group(f"tests/e2e/test_upgrade.py::test_x[{default}]") == (
+        "tests/e2e/test_upgrade.py"
+    )
+    assert xdist_group(f"tests/e2e/test_upgrade.py::test_x[{OLDEST}]") == (
+        f"tests/e2e/test_upgrade.py@{OLDEST}"
+    )
     for name in SOLO_REAL_CLUSTERS:  # a group of its own
         assert xdist_group(f"tests/e2e/{name}::test_x") == f"tests/e2e/{name}"
 

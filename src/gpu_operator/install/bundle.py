@@ -20,7 +20,6 @@ from gpu_operator.render.images import join_reference, split_reference, with_os_
 
 PACKAGE = "gpu-operator"
 CHANNEL = "stable"
-MIN_KUBE_VERSION = "1.29.0"
 CSV_FILE = "manifests/gpu-operator.clusterserviceversion.yaml"
 CRD_FILE = "manifests/nvidia.com_clusterpolicies.yaml"
 GPUCLUSTER_CRD_FILE = "manifests/nvidia.com_gpuclusters.yaml"
@@ -256,7 +255,7 @@ def cluster_service_version(
             "displayName": "GPU Operator",
             "description": DESCRIPTION,
             "version": version,
-            "minKubeVersion": MIN_KUBE_VERSION,
+            "minKubeVersion": manifests.MIN_KUBE_VERSION,
             "maturity": "alpha",
             "provider": {"name": "gpu-operator project", "url": manifests.PROJECT_URL},
             "maintainers": [

@@ -256,7 +256,7 @@ def chart_yaml(version: str) -> dict[str, Any]:
         "type": "application",
         "version": version,
         "appVersion": f"v{version}",
-        "kubeVersion": ">=1.29.0-0",
+        "kubeVersion": f">={manifests.MIN_KUBE_VERSION}-0",
         "home": manifests.PROJECT_URL,
         "sources": [manifests.PROJECT_URL],
         "keywords": ["gpu", "nvidia", "cuda", "driver", "device-plugin", "mig", "dcgm"],

@@ -20,6 +20,9 @@ from gpu_operator.render.components import REGISTRY, default_image
 from gpu_operator.render.driver import DEFAULT_MANAGER
 from gpu_operator.render.facts import DEFAULT_OPERATOR_IMAGE
 
+# The oldest Kubernetes release claimed (README, "Kubernetes releases"); testenv's OLDEST is
+# the patch release of it that CI runs. The chart's kubeVersion and the bundle's minKubeVersion.
+MIN_KUBE_VERSION = "1.33.0"
 NAME = "gpu-operator"
 NAMESPACE = "gpu-operator"
 METRICS_SERVICE = "gpu-operator-metrics"

@@ -50,7 +50,7 @@ def test_csv_required_fields(csv: dict[str, Any]) -> None:
     assert csv["metadata"]["name"] == "gpu-operator.v0.1.0"
     spec = csv["spec"]
     assert spec["version"] == "0.1.0"
-    assert spec["minKubeVersion"] == "1.29.0"
+    assert spec["minKubeVersion"] == "1.33.0"
     for field in ("displayName", "description", "provider", "maintainers", "links", "keywords"):
         assert spec[field], field
     assert spec["maturity"] in {"planning", "pre-alpha", "alpha", "beta", "stable", "mature"}
