@@ -41,7 +41,8 @@ in_ci = testenv.binaries.in_ci
 
 
 # The kwok modules that run on the oldest release the README claims (releases.OLDEST) as well
-# as on the default one: each of their tests that starts a control plane runs once on each.
+# as on the default one: each of their tests runs once on each, but those marked one_release
+# (nothing they check depends on the release).
 # The real-node modules run on the default release only.
 OLDEST_RELEASE_MODULES = frozenset(
     {
@@ -57,11 +58,11 @@ OLDEST_RELEASE_MODULES = frozenset(
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Each test of OLDEST_RELEASE_MODULES that starts a control plane, on both releases."""
+    """Each test of OLDEST_RELEASE_MODULES, but the one_release ones, on both releases."""
     if (
         metafunc.module.__name__.rpartition(".")[2] + ".py" in OLDEST_RELEASE_MODULES
         and "testenv_bin_dir" in metafunc.fixturenames
-        and metafunc.definition.get_closest_marker("no_cluster") is None
+        and metafunc.definition.get_closest_marker("one_release") is None
     ):
         default = testenv.binaries.versions()["K8S_VERSION"]
         metafunc.parametrize(

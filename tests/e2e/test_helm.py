@@ -93,7 +93,7 @@ VALUES_SETS = {
 }
 
 
-@pytest.mark.no_cluster  # helm alone: the same on every release
+@pytest.mark.one_release  # helm alone: the same on every release
 @pytest.mark.parametrize("name", sorted(VALUES_SETS))
 def test_lint_and_template_give_valid_objects(
     testenv_bin_dir: Path, tmp_path: Path, nvidia_values_file: Path, name: str
@@ -144,7 +144,7 @@ def _get(obj: Any, path: str) -> Any:
     return obj
 
 
-@pytest.mark.no_cluster  # helm alone: the same on every release
+@pytest.mark.one_release  # helm alone: the same on every release
 def test_every_nvidia_value_lands_where_its_key_says(
     testenv_bin_dir: Path, tmp_path: Path, nvidia_values_file: Path
 ) -> None:
@@ -168,7 +168,7 @@ def test_every_nvidia_value_lands_where_its_key_says(
     assert got == expected
 
 
-@pytest.mark.no_cluster  # helm alone: the same on every release
+@pytest.mark.one_release  # helm alone: the same on every release
 def test_unknown_keys_fail_by_name_and_values_stay_data(
     testenv_bin_dir: Path, tmp_path: Path
 ) -> None:
@@ -472,6 +472,7 @@ def crd_fields(kube: Kube) -> tuple[str, set[str]]:
     return crd["metadata"]["annotations"][VERSION_ANNOTATION], set(schema["properties"])
 
 
+@pytest.mark.one_release  # the install on the oldest release: the NVIDIA-defaults test
 def test_real_world_values_new_crd_first_and_nothing_left(
     testenv_bin_dir: Path, tmp_path: Path
 ) -> None:

@@ -2,7 +2,9 @@
 CPU kwok nodes, then each change a platform team makes.
 
 Every test gets a cluster of its own, converged on the Helm default (the ``env`` fixture), so
-none depends on what another did or on the order they run in.
+none depends on what another did or on the order they run in. Those whose outcome the API
+server's release shapes (convergence by server-side apply, pruning, a restart, the watches'
+quiet, deletion) run on the oldest release claimed too; the rest are marked ``one_release``.
 """
 
 from __future__ import annotations
@@ -198,6 +200,7 @@ def test_helm_default_converges(env: Env) -> None:
     assert USER_TAINT in gpu0["spec"]["taints"]
 
 
+@pytest.mark.one_release  # the operator's own logic: the same on every release
 def test_every_child_is_owned_by_the_policy(env: Env) -> None:
     uid = env.kube.get("ClusterPolicy", "cluster-policy")["metadata"]["uid"]  # type: ignore[index]
     for kind in ("DaemonSet", "ServiceAccount", "ConfigMap", "Service", "Role", "RoleBinding"):
@@ -206,6 +209,7 @@ def test_every_child_is_owned_by_the_policy(env: Env) -> None:
             assert [r["uid"] for r in refs] == [uid], (kind, obj["metadata"]["name"])
 
 
+@pytest.mark.one_release  # the operator's own logic: the same on every release
 def test_image_version_change_updates_only_that_daemonset(env: Env) -> None:
     before = {n: d["metadata"]["generation"] for n, d in daemonsets(env.kube).items()}
     env.kube.merge_patch(
@@ -264,6 +268,7 @@ def test_disabling_a_component_prunes_it(env: Env) -> None:
     wait_for("ready without the exporter in the status", reported, timeout=90)
 
 
+@pytest.mark.one_release  # the operator's own logic: the same on every release
 def test_edited_device_plugin_config_rolls_its_pods(env: Env) -> None:
     config = {
         "apiVersion": "v1",
@@ -297,6 +302,7 @@ def test_edited_device_plugin_config_rolls_its_pods(env: Env) -> None:
     wait_ready(env.kube)
 
 
+@pytest.mark.one_release  # the operator's own logic: the same on every release
 def test_second_policy_is_ignored(env: Env) -> None:
     second = helm_default()
     second["metadata"] = {"name": "zz-second"}
@@ -387,6 +393,7 @@ def test_steady_state_is_silent(env: Env) -> None:
     assert reads == [], [(r["verb"], r["objectRef"]) for r in reads]
 
 
+@pytest.mark.one_release  # the operator's own logic: the same on every release
 def test_node_joining_and_losing_its_gpu(env: Env) -> None:
     env.cluster.create_gpu_node("gpu-node-4")
 
