@@ -15,16 +15,21 @@ from tests.unit.controller.builders import CONFIG
 from tests.unit.controller.gpucluster.test_decide import cluster, node
 
 
-def test_a_refused_apply_is_retried_by_itself_and_not_again_once_applied() -> None:
-    """No watch event follows a refused write: the pass itself asks to be run again."""
-    kube = FakeKube().add(cluster(), {"kind": "Node", "metadata": {"name": "gpu-a"}})
+def controller_on(kube: FakeKube) -> GPUClusterController:
+    """The loop's shell over ``kube``, its indexes holding one GPUCluster and one GPU node."""
     stores: dict[str, list[Any]] = {
         "gpuclusters": [cluster()], "nodes": [node("gpu-a")], "clusterpolicies": [],
         "daemonsets": [],
     }  # fmt: skip
-    controller = GPUClusterController(
+    return GPUClusterController(
         kube, CONFIG, PrometheusMetrics(), lambda index: stores[index], lambda nodes: None
     )
+
+
+def test_a_refused_apply_is_retried_by_itself_and_not_again_once_applied() -> None:
+    """No watch event follows a refused write: the pass itself asks to be run again."""
+    kube = FakeKube().add(cluster(), {"kind": "Node", "metadata": {"name": "gpu-a"}})
+    controller = controller_on(kube)
     kube.refuse("apply", "DeviceClass", status=409, times=1)
     start = time.time()
     retry = asyncio.run(run_pass(controller, False))
@@ -37,13 +42,7 @@ def test_a_refused_apply_is_retried_by_itself_and_not_again_once_applied() -> No
 def test_without_dras_api_nothing_is_applied_and_discovery_is_asked_again_only_at_resync() -> None:
     kube = FakeKube(unserved=frozenset({"resource.k8s.io/v1"}), server_release="v1.33.13")
     kube.add(cluster())
-    stores: dict[str, list[Any]] = {
-        "gpuclusters": [cluster()], "nodes": [node("gpu-a")], "clusterpolicies": [],
-        "daemonsets": [],
-    }  # fmt: skip
-    controller = GPUClusterController(
-        kube, CONFIG, PrometheusMetrics(), lambda index: stores[index], lambda nodes: None
-    )
+    controller = controller_on(kube)
     for resync in (False, False, True):
         asyncio.run(run_pass(controller, resync))
     asked = [c for c in kube.calls if c.kind == "discovery"]
