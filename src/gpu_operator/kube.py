@@ -373,7 +373,7 @@ class Kube:
 
     def server_version(self) -> tuple[int, int]:
         """The API server's Kubernetes version, ``(1, 34)`` (a ``34+`` minor read as 34)."""
-        info = self.request("GET", "/version") or {}
+        info = self._version()
         major, minor = (re.match(r"\d+", str(info.get(k, ""))) for k in ("major", "minor"))
         if major is None or minor is None:
             raise ValueError(f"the API server's /version says {info}: no major and minor")
@@ -381,8 +381,11 @@ class Kube:
 
     def release(self) -> str:
         """The API server's release as it names it (``v1.33.13``); "" when it says none."""
-        info = self.request("GET", "/version") or {}
-        return str(info.get("gitVersion") or "")
+        return str(self._version().get("gitVersion") or "")
+
+    def _version(self) -> dict[str, Any]:
+        info: dict[str, Any] = self.request("GET", "/version") or {}
+        return info
 
     def serves(self, api_version: str) -> bool:
         """Whether the API server serves ``api_version`` (``resource.k8s.io/v1``): one

@@ -66,7 +66,7 @@ def scenario(testenv_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     policy = yaml.safe_load(prerequisites.nvidia("clusterpolicy-helm-default.yaml").read_text())
     cluster_doc = example_document()
     cluster_doc["spec"]["draDriver"]["computeDomains"] = {"enabled": True}
-    dra = releases.minor(releases.release_of(testenv_bin_dir)) >= releases.DRA_GA_MINOR
+    dra = releases.serves_dra(releases.release_of(testenv_bin_dir))
     tmp = tmp_path_factory.mktemp("releases")
     with private_cluster(testenv_bin_dir, gpu_nodes=2) as cluster, cluster.api_client() as api:
         kube = Kube(api)

@@ -83,9 +83,14 @@ def gates_off_by_default(help_text: str, wanted: Sequence[str]) -> list[str]:
     return [g for g in wanted if g in off]
 
 
+def serves_dra(release: str) -> bool:
+    """Whether ``release`` has DRA's GA API, which the project's DRA parts need."""
+    return minor(release) >= DRA_GA_MINOR
+
+
 def wanted_gates(release: str) -> tuple[str, ...]:
     """The gates the project's parts need on ``release``: DRA's, where its GA API is."""
-    return DRA_GATES if minor(release) >= DRA_GA_MINOR else ()
+    return DRA_GATES if serves_dra(release) else ()
 
 
 @functools.cache

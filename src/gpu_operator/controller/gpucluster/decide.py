@@ -39,6 +39,7 @@ from gpu_operator.controller.conditions import condition
 from gpu_operator.controller.runtime.plan import Owner, content_hash, stamp
 from gpu_operator.events import event_body
 from gpu_operator.jsonpatch import finalizer_body, merge_patch_to
+from gpu_operator.kinds import KINDS
 from gpu_operator.labels import DEPLOY_PREFIX, DRA_TEARDOWN_FINALIZER
 from gpu_operator.node_labels import is_gpu_node
 from gpu_operator.render.facts import Facts
@@ -58,7 +59,7 @@ DEVICE_PLUGIN_LABEL = DEPLOY_PREFIX + "device-plugin"
 FINALIZER = DRA_TEARDOWN_FINALIZER
 CLAIM_HOLDERS = (VALIDATOR, EXPORTER)  # their pods hold ResourceClaims of the plugin's driver
 DOMAINS_RECHECK_S = 10.0  # how soon a teardown waiting for ComputeDomains looks again
-DRA_API = "resource.k8s.io/v1"  # GA in Kubernetes 1.34; every DRA object here is of it
+DRA_API = KINDS["DeviceClass"].api_version  # the stack's DRA objects' (GA in 1.34)
 DRA_MIN_RELEASE = "1.34"
 TOO_OLD = "KubernetesTooOld"
 
